@@ -1,0 +1,441 @@
+"""Dividing a power reduction among jobs (MODEL.md section 5).
+
+Given a GPU-level reduction `R` [W], choose each job's mean power per GPU `p_j` in
+`[lo_j, P_j]` to
+
+    maximise   sum_j w_j * x_j(p_j)     subject to   sum_j n_j * (P_j - p_j) = R
+
+Strategies share the bounds and deliver the target exactly when it is feasible, and the
+maximum (with `feasible = False`) when it is not:
+
+- `equal`: the same fraction of uncapped power from every flexible job;
+- `pfi`: the study's heuristic, cut shares proportional to `n_j * P_j * PFI_j / X_j`;
+- `optimal`: the optimum on each job's curve. Curves are piecewise linear, so on concave curves
+  this is the exact LP optimum: a fractional knapsack over curve segments taken cheapest
+  (least weighted throughput lost per watt) first. A non-concave curve is replaced by its
+  concave hull; the one job that can end inside a bridged stretch is repaired (kept, moved to
+  either end of the stretch with the difference taken from or given to the others, whichever
+  is best on the real curves, the `equal` and `pfi` answers included);
+- `oracle`: `optimal` on true curves (simulation only).
+
+Every answer reports `optimality_gap_bound`: the optimum on the hulls (an upper bound on the true
+optimum) minus the answer's objective. It is 0 for `optimal` on concave curves and measures what
+`equal` and `pfi` leave on the table.
+
+Bounds (`power_bounds`): the GPU's minimum cap, the QoS floor `min_throughput_fraction`, and
+`protected` jobs that give nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from flexmodel.curves import (
+    Array,
+    Curves,
+    cap_for_power,
+    interp_rows,
+    operating_point,
+    power_for_throughput,
+    throughput_at_power,
+)
+from flexmodel.errors import FlexModelError
+from flexmodel.facility import gpu_reduction_kw
+from flexmodel.jobs import JobMix
+
+Strategy = Literal["equal", "pfi", "optimal", "oracle"]
+Objective = Literal["throughput", "gpu_fraction"]
+STRATEGIES: tuple[str, ...] = ("equal", "pfi", "optimal", "oracle")
+OBJECTIVES: tuple[str, ...] = ("throughput", "gpu_fraction")
+#: Relative tolerance on watts and on throughput when comparing curve values.
+_TOL = 1e-9
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What every strategy needs: curves, GPU counts, weights and power bounds per job."""
+
+    curves: Curves
+    gpus: Array  #: (J,) GPUs per job
+    weights: Array  #: (J,) objective weight per unit of whole-job throughput
+    lo_w: Array  #: (J,) lowest allowed mean power per GPU [W]
+    pfi: Array  #: (J,) PFI per job, for the `pfi` strategy
+
+    @property
+    def hi_w(self) -> Array:
+        return self.curves.uncapped_power_w
+
+    @property
+    def max_cut_w(self) -> Array:
+        """Largest reduction each job can give, whole job [W]."""
+        return self.gpus * (self.hi_w - self.lo_w)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Per-job operating points for a GPU-level reduction."""
+
+    strategy: str
+    objective: str
+    feasible: bool
+    target_w: float  #: requested GPU reduction [W]
+    achieved_w: float  #: delivered GPU reduction [W]
+    max_w: float  #: largest feasible GPU reduction [W]
+    cap_w: Array  #: (J,) per-GPU cap [W]
+    power_w: Array  #: (J,) mean power per GPU under the cap [W]
+    throughput: Array  #: (J,) whole-job throughput [tokens/s]
+    throughput_before: Array  #: (J,) uncapped throughput [tokens/s]
+    value: float  #: the objective after the cut
+    value_before: float  #: the objective uncapped
+    optimality_gap_bound: float  #: how far `value` can be below the optimum (objective units)
+
+
+def power_bounds(
+    curves: Curves,
+    *,
+    min_cap_w: ArrayLike,
+    min_throughput_fraction: ArrayLike,
+    protected: ArrayLike,
+) -> Array:
+    """Lowest allowed mean power per GPU [W]: minimum cap, QoS floor, protection."""
+    hi = curves.uncapped_power_w
+    at_min_cap = operating_point(curves, min_cap_w)[0]
+    floor = np.asarray(min_throughput_fraction, dtype=float) * curves.uncapped_throughput
+    at_floor = power_for_throughput(curves, floor)
+    lo = np.maximum(at_min_cap, at_floor)
+    return np.minimum(np.where(np.asarray(protected, dtype=bool), hi, lo), hi)
+
+
+def objective_weights(objective: str, weights: ArrayLike, gpus: Array, throughput: Array) -> Array:
+    """Per-job weight on whole-job throughput for an objective."""
+    w = np.asarray(weights, dtype=float)
+    if objective == "throughput":
+        return w * np.ones_like(gpus)
+    if objective == "gpu_fraction":
+        return w * gpus / throughput
+    raise FlexModelError(f"unknown objective '{objective}' (choose from {', '.join(OBJECTIVES)})")
+
+
+def allocate(
+    problem: Problem, reduction_w: float, strategy: str, objective: str = "throughput"
+) -> Allocation:
+    """Per-job operating points that cut `reduction_w` [W] of GPU power with `strategy`.
+
+    For `oracle`, pass a problem built on the true curves.
+    """
+    if strategy not in STRATEGIES:
+        raise FlexModelError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGIES)})")
+    if not np.isfinite(reduction_w) or reduction_w < 0:
+        raise FlexModelError(f"reduction {reduction_w!r} W must be a finite number of at least 0")
+    max_w = float(problem.max_cut_w.sum())
+    feasible = reduction_w <= max_w * (1 + _TOL)
+    target = min(reduction_w, max_w)
+    space = _cut_space(problem)
+    cut, bound_loss = _hull_cut(space, target)
+    if strategy == "equal":
+        cut = _equal_cut(problem, target)
+    elif strategy == "pfi":
+        cut = _pfi_cut(problem, target)
+    else:
+        # On a bridged stretch the hull answer can fall short: keep the best real candidate.
+        candidates = [cut]
+        if _bridged(space, cut).size:
+            candidates += _repairs(space, cut, int(_bridged(space, cut)[0]))
+            candidates += [_equal_cut(problem, target), _pfi_cut(problem, target)]
+        cut = min(candidates, key=lambda c: float(space.loss_at(c, hull=False).sum()))
+    power = np.clip(problem.hi_w - cut / problem.gpus, problem.lo_w, problem.hi_w)
+    throughput = throughput_at_power(problem.curves, power)
+    before = problem.curves.uncapped_throughput
+    value = float(problem.weights @ throughput)
+    value_before = float(problem.weights @ before)
+    return Allocation(
+        strategy=strategy,
+        objective=objective,
+        feasible=bool(feasible),
+        target_w=float(reduction_w),
+        achieved_w=float(cut.sum()),
+        max_w=max_w,
+        cap_w=cap_for_power(problem.curves, power),
+        power_w=power,
+        throughput=throughput,
+        throughput_before=before,
+        value=value,
+        value_before=value_before,
+        optimality_gap_bound=max(value_before - bound_loss - value, 0.0),
+    )
+
+
+def _proportional_fill(share: Array, max_cut: Array, target: float) -> Array:
+    """Cuts `min(beta * share_j, max_cut_j)` with `beta` chosen so they sum to `target` exactly.
+
+    What a job's bound blocks is redistributed to the others in proportion to their shares.
+    """
+    cut = np.zeros_like(max_cut)
+    flexible = (max_cut > 0) & (share > 0)
+    if target <= 0 or not flexible.any():
+        return cut
+    share_f, max_f = share[flexible], max_cut[flexible]
+    stop = max_f / share_f  # beta at which each job reaches its bound
+    order = np.argsort(stop, kind="stable")
+    stop_s, share_s, max_s = stop[order], share_f[order], max_f[order]
+    # Total cut at beta = stop_s[i]: jobs before i are at their bound, the rest proportional.
+    done = np.concatenate([[0.0], np.cumsum(max_s)[:-1]])
+    open_share = np.cumsum(share_s[::-1])[::-1]
+    total_at_stop = done + stop_s * open_share
+    i = int(np.searchsorted(total_at_stop, target))
+    if i >= len(order):
+        out = max_f
+    else:
+        beta = (target - done[i]) / open_share[i]
+        out = np.minimum(beta * share_f, max_f)
+        out[order[:i]] = max_s[:i]
+    cut[flexible] = out
+    # Absorb rounding so the cuts sum to the target to the last bit a float allows.
+    cut[np.argmax(max_cut - cut)] += target - cut.sum()
+    return np.minimum(cut, max_cut)
+
+
+@dataclass(frozen=True)
+class _CutSpace:
+    """Each job's curve seen as (watts cut, weighted throughput lost), from uncapped down."""
+
+    cut: Array  #: (J, K) whole-job watts cut at each point, ascending from 0
+    loss: Array  #: (J, K) weighted throughput lost at each point (the real curve)
+    hull: Array  #: (J, K) the lower convex hull of `loss`, at the same points
+
+    def loss_at(self, cut: Array, *, hull: bool) -> Array:
+        return interp_rows(self.cut, self.hull if hull else self.loss, cut)
+
+
+def _cut_space(problem: Problem) -> _CutSpace:
+    curves = problem.curves
+    lo = problem.lo_w[:, None]
+    power = np.maximum(curves.power_w, lo)
+    x_lo = throughput_at_power(curves, problem.lo_w)[:, None]
+    thr = np.where(curves.power_w < lo, x_lo, curves.throughput)
+    n, w = problem.gpus[:, None], problem.weights[:, None]
+    cut = n * (curves.uncapped_power_w[:, None] - power[:, ::-1])
+    loss = w * (curves.uncapped_throughput[:, None] - thr[:, ::-1])
+    cut = np.maximum.accumulate(np.maximum(cut, 0.0), axis=1)
+    return _CutSpace(cut=cut, loss=loss, hull=_lower_hull(cut, loss))
+
+
+def _lower_hull(cut: Array, loss: Array) -> Array:
+    """The lower convex hull of each row's points, evaluated at the same points.
+
+    Rows that are already convex are returned as they are; the others are wrapped vertex by
+    vertex (gift wrapping, vectorised over those rows).
+    """
+    d_cut, d_loss = np.diff(cut, axis=1), np.diff(loss, axis=1)
+    scale = np.maximum(np.abs(loss).max(axis=1, keepdims=True), 1e-300)
+    flat = d_cut <= _TOL * np.maximum(cut[:, -1:], 1.0)
+    jump = flat & (d_loss > _TOL * scale)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope = np.where(flat, np.nan, d_loss / d_cut)
+    previous = np.fmax.accumulate(slope, axis=1)
+    previous = np.concatenate([np.full((len(cut), 1), -np.inf), previous[:, :-1]], axis=1)
+    bent = ~flat & (slope < np.nan_to_num(previous, nan=-np.inf) - _TOL * (1 + np.abs(slope)))
+    rows = np.flatnonzero((bent | jump).any(axis=1))
+    hull = loss.copy()
+    if rows.size == 0:
+        return hull
+    c, l_ = cut[rows], loss[rows]
+    k = c.shape[1]
+    idx = np.arange(k)
+    vertex = np.zeros_like(c, dtype=bool)
+    vertex[:, 0] = True
+    cur = np.zeros(len(rows), dtype=int)
+    r = np.arange(len(rows))
+    for _ in range(k - 1):
+        dc = c - c[r, cur][:, None]
+        dl = l_ - l_[r, cur][:, None]
+        ok = (idx > cur[:, None]) & (dc > _TOL * np.maximum(c[:, -1:], 1.0))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = np.where(ok, dl / dc, np.inf)
+        best = s.min(axis=1)
+        live = np.isfinite(best)
+        if not live.any():
+            break
+        near = ok & (s <= best[:, None] + _TOL * (1 + np.abs(best[:, None])))
+        nxt = np.where(near, idx, -1).max(axis=1)
+        cur = np.where(live, nxt, cur)
+        vertex[r[live], cur[live]] = True
+    # Interpolate the hull between consecutive vertices at every point.
+    prev_v = np.maximum.accumulate(np.where(vertex, idx, 0), axis=1)
+    next_v = np.minimum.accumulate(np.where(vertex, idx, k - 1)[:, ::-1], axis=1)[:, ::-1]
+    rr = np.arange(len(rows))[:, None]
+    c0, c1 = c[rr, prev_v], c[rr, next_v]
+    l0, l1 = l_[rr, prev_v], l_[rr, next_v]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(c1 > c0, (c - c0) / (c1 - c0), 0.0)
+    # Points past the last vertex (flat tail) take the last vertex's loss.
+    hull[rows] = np.minimum(l0 + np.clip(t, 0.0, 1.0) * (l1 - l0), l_)
+    return hull
+
+
+def _equal_cut(problem: Problem, target: float) -> Array:
+    return _proportional_fill(problem.gpus * problem.hi_w, problem.max_cut_w, target)
+
+
+def _pfi_cut(problem: Problem, target: float) -> Array:
+    share = problem.gpus * problem.hi_w * problem.pfi / problem.curves.uncapped_throughput
+    return _proportional_fill(share, problem.max_cut_w, target)
+
+
+def _segments(space: _CutSpace) -> tuple[Array, NDArray[np.intp]]:
+    """Every hull segment's width [W] and the order that takes the cheapest first."""
+    width = np.diff(space.cut, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cost = np.where(width > 0, np.diff(space.hull, axis=1) / width, np.inf)
+    return width, np.argsort(cost, axis=None, kind="stable")
+
+
+def _hull_cut(space: _CutSpace, target: float) -> tuple[Array, float]:
+    """Cuts [W] that are optimal on the hulls, and their hull loss: a bound on every answer."""
+    width, order = _segments(space)
+    cut = _take(order, width, target)
+    return cut, float(space.loss_at(cut, hull=True).sum())
+
+
+def _bridged(space: _CutSpace, cut: Array) -> NDArray[np.intp]:
+    """Jobs whose cut ends where the hull lies below the real curve."""
+    hull = space.loss_at(cut, hull=True)
+    return np.flatnonzero(space.loss_at(cut, hull=False) > hull + _TOL * (1.0 + np.abs(hull)))
+
+
+def _take(order: NDArray[np.intp], width: Array, amount: float) -> Array:
+    """Per-job watts when `amount` is taken from segments `width` (J, S) in flat `order`."""
+    w = width.ravel()[order]
+    taken = np.clip(amount - (np.cumsum(w) - w), 0.0, w)
+    per_job = np.bincount(order // width.shape[1], weights=taken, minlength=width.shape[0])
+    return np.asarray(per_job, dtype=float)
+
+
+def _repairs(space: _CutSpace, cut: Array, job: int) -> list[Array]:
+    """Allocations that move `job` to either end of its bridged hull stretch.
+
+    The difference is given back by (or taken from) the other jobs' most (least) expensive
+    segments, which keeps every other job on its own cheapest-first prefix.
+    """
+    width, order = _segments(space)
+    row = space.cut[job]
+    vertex = np.isclose(space.hull[job], space.loss[job], rtol=_TOL, atol=0.0)
+    deeper = row[vertex & (row >= cut[job])]
+    shallower = row[vertex & (row <= cut[job])]
+    held = np.clip(cut[:, None] - space.cut[:, :-1], 0.0, width)
+    others = order[order // width.shape[1] != job]
+    out = []
+    if deeper.size:
+        extra = float(deeper.min() - cut[job])
+        back = _take(others[::-1], held, extra)
+        if back.sum() >= extra * (1 - _TOL):
+            out.append(np.where(np.arange(len(cut)) == job, deeper.min(), cut - back))
+    if shallower.size:
+        short = float(cut[job] - shallower.max())
+        more = _take(others, width - held, short)
+        if more.sum() >= short * (1 - _TOL):
+            out.append(np.where(np.arange(len(cut)) == job, shallower.max(), cut + more))
+    return out
+
+
+def build_problem(
+    jobs_curves: Curves,
+    *,
+    gpus: ArrayLike,
+    min_cap_w: ArrayLike,
+    min_throughput_fraction: ArrayLike,
+    protected: ArrayLike,
+    weights: ArrayLike,
+    pfi: ArrayLike,
+    objective: str = "throughput",
+) -> Problem:
+    """Assemble a `Problem` from per-job arrays."""
+    n = np.asarray(gpus, dtype=float)
+    return Problem(
+        curves=jobs_curves,
+        gpus=n,
+        weights=objective_weights(objective, weights, n, jobs_curves.uncapped_throughput),
+        lo_w=power_bounds(
+            jobs_curves,
+            min_cap_w=min_cap_w,
+            min_throughput_fraction=min_throughput_fraction,
+            protected=protected,
+        ),
+        pfi=np.asarray(pfi, dtype=float),
+    )
+
+
+def allocation_dict(
+    allocation: Allocation,
+    *,
+    job_ids: list[str],
+    overhead_factor: float,
+    requested_facility_kw: float,
+) -> dict[str, Any]:
+    """The allocation in the JSON shape of CONTRACT.md (facility figures from `k`)."""
+    k = overhead_factor
+    before = allocation.throughput_before
+    return {
+        "strategy": allocation.strategy,
+        "objective": allocation.objective,
+        "feasible": allocation.feasible,
+        "requested_facility_kw": requested_facility_kw,
+        "target_gpu_kw": gpu_reduction_kw(requested_facility_kw, k),
+        "achieved_gpu_kw": allocation.achieved_w / 1000.0,
+        "achieved_facility_kw": k * allocation.achieved_w / 1000.0,
+        "max_facility_kw": k * allocation.max_w / 1000.0,
+        "throughput_before": float(before.sum()),
+        "throughput_after": float(allocation.throughput.sum()),
+        "optimality_gap_bound": allocation.optimality_gap_bound,
+        "jobs": [
+            {
+                "id": job_id,
+                "cap_w": float(cap),
+                "power_w": float(power),
+                "throughput": float(thr),
+                "throughput_fraction": float(thr / x0),
+            }
+            for job_id, cap, power, thr, x0 in zip(
+                job_ids,
+                allocation.cap_w,
+                allocation.power_w,
+                allocation.throughput,
+                before,
+                strict=True,
+            )
+        ],
+    }
+
+
+def mix_problem(mix: JobMix, objective: str = "throughput") -> Problem:
+    """The allocation problem of a job mix, on the curves built from what is known of each job."""
+    return build_problem(
+        mix.curves,
+        gpus=mix.array("gpus"),
+        min_cap_w=mix.array("min_cap_w"),
+        min_throughput_fraction=mix.array("min_throughput_fraction"),
+        protected=[j.protected for j in mix.jobs],
+        weights=mix.array("weight"),
+        pfi=[j.pfi_value for j in mix.jobs],
+        objective=objective,
+    )
+
+
+def allocate_mix(
+    mix: JobMix, facility_kw: float, *, strategy: str = "optimal", objective: str = "throughput"
+) -> dict[str, Any]:
+    """Per-job caps that shed `facility_kw` at the meter, as the JSON of CONTRACT.md."""
+    if not np.isfinite(facility_kw) or facility_kw < 0:
+        raise FlexModelError(f"reduction {facility_kw!r} kW must be a finite number of at least 0")
+    gpu_w = gpu_reduction_kw(facility_kw, mix.overhead_factor) * 1000.0
+    result = allocate(mix_problem(mix, objective), gpu_w, strategy, objective)
+    return allocation_dict(
+        result,
+        job_ids=[j.id for j in mix.jobs],
+        overhead_factor=mix.overhead_factor,
+        requested_facility_kw=facility_kw,
+    )

@@ -1,0 +1,117 @@
+import csv
+
+import numpy as np
+import pytest
+
+from flexmodel.curves import waveform_levels
+from flexmodel.errors import InvalidJobError, InvalidSweepError
+from flexmodel.pfi import (
+    COARSE_GRID_W,
+    FINE_GRID_W,
+    default_grid_w,
+    family_pfi,
+    grid_matrix,
+    pfi_of_sweep,
+    solve_insensitive_share,
+)
+
+
+def test_pfi_of_a_small_sweep_by_hand():
+    # (1 - 300/600)/(1 - 600/1000) = 0.5/0.4 = 1.25 ; (1 - 450/600)/(1 - 900/1000) = 0.25/0.1 = 2.5
+    points = [(700, 600.0, 1000.0), (300, 300.0, 600.0), (500, 450.0, 900.0)]
+    result = pfi_of_sweep(points)
+    assert result.pfi == pytest.approx((1.25 + 2.5) / 2)
+    assert result.grid_w == (300, 500, 700)
+    assert result.points == 3
+
+
+def test_pfi_uses_measured_power_not_the_cap():
+    # Same caps, different measured power: the PFI must change.
+    a = pfi_of_sweep([(700, 600.0, 1000.0), (400, 400.0, 700.0)]).pfi
+    b = pfi_of_sweep([(700, 600.0, 1000.0), (400, 380.0, 700.0)]).pfi
+    assert a == pytest.approx((1 - 400 / 600) / 0.3)
+    assert b == pytest.approx((1 - 380 / 600) / 0.3)
+
+
+@pytest.mark.parametrize(
+    ("points", "message"),
+    [
+        ([(700, 600.0, 1000.0)], "at least two points"),
+        ([(700, 600.0, 1000.0), (700, 500.0, 900.0)], "share a cap"),
+        ([(700, 600.0, 1000.0), (600, 590.0, 1000.0)], "not below the uncapped"),
+        ([(700, 0.0, 1000.0), (600, 0.0, 900.0)], "positive power"),
+    ],
+)
+def test_pfi_refuses_sweeps_it_cannot_define(points, message):
+    with pytest.raises(InvalidSweepError, match=message):
+        pfi_of_sweep(points)
+
+
+def test_default_grids_follow_the_study():
+    assert default_grid_w(8) == FINE_GRID_W
+    assert default_grid_w(4) == FINE_GRID_W
+    assert default_grid_w(16) == COARSE_GRID_W
+
+
+def _levels(power_w=650.0, duty=0.8, rho=0.5):
+    return waveform_levels(power_w, duty, rho, 700.0)
+
+
+@pytest.mark.parametrize("target", [1.10, 1.27, 1.43, 2.10, 2.67])
+@pytest.mark.parametrize("grid", [FINE_GRID_W, COARSE_GRID_W])
+def test_solved_share_reproduces_the_pfi(target, grid):
+    g = grid_matrix([grid])
+    m = solve_insensitive_share(
+        [target], g, power_w=650.0, max_cap_w=700.0, duty=0.8, comm_power_fraction=0.5
+    )
+    compute, comm = _levels()
+    got = family_pfi(g, compute_w=compute, comm_w=comm, duty=0.8, insensitive_share=m)
+    assert got[0] == pytest.approx(target, rel=1e-9)
+
+
+def test_family_pfi_rises_with_the_insensitive_share():
+    compute, comm = _levels()
+    m = np.linspace(-1.0, 0.9, 40)
+    g = grid_matrix([FINE_GRID_W] * len(m))
+    pfi = family_pfi(g, compute_w=compute, comm_w=comm, duty=0.8, insensitive_share=m)
+    assert np.all(np.diff(pfi) > 0)
+
+
+def test_a_pfi_the_family_cannot_reach_names_the_job():
+    with pytest.raises(InvalidJobError, match=r"job 'x'.*outside what the fleet family"):
+        solve_insensitive_share(
+            [0.2],
+            grid_matrix([FINE_GRID_W]),
+            power_w=650.0,
+            max_cap_w=700.0,
+            duty=0.8,
+            comm_power_fraction=0.5,
+            names=["x"],
+        )
+
+
+def test_table_pfis_map_to_the_documented_shares(shared):
+    """Calibration (docs/model.md): the fleet shape fits the study's table and group medians."""
+    with (shared / "data" / "h200_pfi_table.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    grids = [FINE_GRID_W if r["caps_in_grid"] == "6" else COARSE_GRID_W for r in rows]
+    m = solve_insensitive_share(
+        [float(r["pfi"]) for r in rows],
+        grid_matrix(grids),
+        power_w=650.0,
+        max_cap_w=700.0,
+        duty=0.8,
+        comm_power_fraction=0.5,
+        names=[r["job"] for r in rows],
+    )
+    group = {r["job"]: (r["architecture"], r["task"]) for r in rows}
+    by = {
+        key: np.median([mi for r, mi in zip(rows, m, strict=True) if group[r["job"]] == key])
+        for key in set(group.values())
+    }
+    dense = np.median([mi for r, mi in zip(rows, m, strict=True) if r["architecture"] == "dense"])
+    assert abs(dense) < 0.1  # dense jobs near m ~ 0
+    assert by[("moe", "finetune")] == pytest.approx(0.5, abs=0.08)  # MoE fine-tuning near 0.5
+    assert 0.1 < by[("moe", "pretrain")] < 0.3
+    assert m.min() > -0.3
+    assert m.max() < 0.7
