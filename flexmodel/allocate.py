@@ -28,6 +28,7 @@ Bounds (`power_bounds`): the GPU's minimum cap, the QoS floor `min_throughput_fr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -286,19 +287,49 @@ def _pfi_cut(problem: Problem, target: float) -> Array:
     return _proportional_fill(share, problem.max_cut_w, target)
 
 
-def _segments(space: _CutSpace) -> tuple[Array, NDArray[np.intp]]:
-    """Every hull segment's width [W] and the order that takes the cheapest first."""
+def _segments(space: _CutSpace) -> tuple[Array, Array]:
+    """Every hull segment's width [W] and cost (weighted throughput lost per W)."""
     width = np.diff(space.cut, axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         cost = np.where(width > 0, np.diff(space.hull, axis=1) / width, np.inf)
-    return width, np.argsort(cost, axis=None, kind="stable")
+    return width, cost
 
 
 def _hull_cut(space: _CutSpace, target: float) -> tuple[Array, float]:
     """Cuts [W] that are optimal on the hulls, and their hull loss: a bound on every answer."""
-    width, order = _segments(space)
-    cut = _take(order, width, target)
+    width, cost = _segments(space)
+    cut = _take_cheapest(cost, width, target)
     return cut, float(space.loss_at(cut, hull=True).sum())
+
+
+def _take_cheapest(cost: Array, width: Array, amount: float) -> Array:
+    """Per-job watts when `amount` is taken from the cheapest segments first.
+
+    The same answer as a stable sort of every segment by cost, without sorting them all: a
+    strided sample brackets the threshold cost, segments below the bracket are taken whole and
+    only those inside it are sorted (a full sort when the bracket misses).
+    """
+    c, w = cost.ravel(), width.ravel()
+    rows = width.shape[0]
+    step = max(1, c.size // 20_000)
+    while math.gcd(step, width.shape[1]) != 1:  # a stride sharing a factor with the row length
+        step += 1  # would sample the same few columns of every row
+    by_cost = np.argsort(c[::step])
+    sample = c[::step][by_cost]
+    sample_cum = np.cumsum(w[::step][by_cost]) * step
+    i = int(np.searchsorted(sample_cum, amount))
+    margin = max(8, sample.size // 100)
+    lo = sample[i - margin] if i - margin >= 0 else -np.inf
+    hi = sample[i + margin] if i + margin < sample.size else np.inf
+    below = c < lo
+    band = ~below & (c <= hi)
+    whole = float(w[below].sum())
+    if whole > amount or (np.isfinite(hi) and whole + float(w[band].sum()) < amount):
+        below, band, whole = np.zeros_like(below), np.ones_like(band), 0.0
+    idx = np.flatnonzero(band)
+    order = idx[np.argsort(c[idx], kind="stable")]
+    cut = np.bincount(np.flatnonzero(below) // width.shape[1], w[below], minlength=rows)
+    return np.asarray(cut, dtype=float) + _take(order, width, amount - whole)
 
 
 def _bridged(space: _CutSpace, cut: Array) -> NDArray[np.intp]:
@@ -321,7 +352,8 @@ def _repairs(space: _CutSpace, cut: Array, job: int) -> list[Array]:
     The difference is given back by (or taken from) the other jobs' most (least) expensive
     segments, which keeps every other job on its own cheapest-first prefix.
     """
-    width, order = _segments(space)
+    width, cost = _segments(space)
+    order = np.argsort(cost, axis=None, kind="stable")
     row = space.cut[job]
     vertex = np.isclose(space.hull[job], space.loss[job], rtol=_TOL, atol=0.0)
     deeper = row[vertex & (row >= cut[job])]

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from flexmodel.allocate import allocate, allocate_mix, mix_problem
+from flexmodel.allocate import _take, _take_cheapest, allocate, allocate_mix, mix_problem
 from flexmodel.errors import FlexModelError
 from flexmodel.jobs import parse_job_mix
 from tests.flexmodel.helpers import lp_min_loss, milp_min_loss, pwl_problem
@@ -247,3 +247,20 @@ def test_an_empty_mix_can_shed_nothing():
     assert out["feasible"] is False
     assert out["max_facility_kw"] == 0.0
     assert allocate_mix(mix, 0.0)["feasible"] is True
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bracketed_selection_equals_a_full_stable_sort(seed):
+    """Large instances take the sampled-bracket path; ties must fall as a stable sort has them."""
+    rng = np.random.default_rng(seed)
+    jobs, segs = 5000, 23
+    cost = np.sort(np.round(rng.gamma(2.0, 1.0, (jobs, segs)), 1), axis=1)  # many ties
+    width = rng.uniform(0.0, 50.0, (jobs, segs))
+    width[rng.random((jobs, segs)) < 0.1] = 0.0
+    cost[width == 0] = np.inf
+    amount = rng.uniform(0.0, 1.0) * width.sum()
+    order = np.argsort(cost, axis=None, kind="stable")
+    expected = _take(order, width, amount)
+    got = _take_cheapest(cost, width, amount)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+    assert got.sum() == pytest.approx(amount, rel=1e-12)

@@ -1,0 +1,149 @@
+"""The `flexgate` command as a user runs it: a subprocess, its exit code, stdout and stderr."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLES, ROOT
+
+
+def flexgate(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+
+
+def write(tmp_path: Path, name: str, content: str | dict) -> Path:
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+JOB = {"id": "a", "gpus": 8, "power_w": 600.0, "throughput": 20000.0, "pfi": 1.5}
+
+
+def mix_with(**changes) -> dict:
+    return {"overhead_factor": 1.3, "jobs": [{**JOB, **changes}]}
+
+
+def assert_bad_input(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+    assert result.stdout == ""
+
+
+def test_allocate_json_follows_the_contract():
+    result = flexgate("allocate", EXAMPLES / "site.json", "--reduction-kw", "25", "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["strategy"] == "optimal"
+    assert doc["feasible"] is True
+    assert doc["achieved_facility_kw"] == pytest.approx(25.0)
+    assert doc["target_gpu_kw"] == pytest.approx(25.0 / 1.3)
+    ids = [j["id"] for j in json.loads((EXAMPLES / "site.json").read_text())["jobs"]]
+    assert [j["id"] for j in doc["jobs"]] == ids
+    for row in doc["jobs"]:
+        assert row["power_w"] <= row["cap_w"] + 1e-9
+
+
+def test_reduction_fraction_is_of_gpu_attributable_facility_power(tmp_path):
+    path = write(tmp_path, "mix.json", mix_with())
+    doc = json.loads(flexgate("allocate", path, "--reduction-fraction", "0.1", "--json").stdout)
+    assert doc["requested_facility_kw"] == pytest.approx(0.1 * 1.3 * 8 * 600.0 / 1000.0)
+    assert doc["reduction_fraction"] == 0.1
+
+
+def test_infeasible_is_a_valid_answer(tmp_path):
+    path = write(tmp_path, "mix.json", mix_with())
+    result = flexgate("allocate", path, "--reduction-kw", "1000", "--strategy", "equal", "--json")
+    assert result.returncode == 0
+    doc = json.loads(result.stdout)
+    assert doc["feasible"] is False
+    assert doc["achieved_facility_kw"] == pytest.approx(doc["max_facility_kw"])
+
+
+def test_human_output_is_a_table():
+    result = flexgate("allocate", EXAMPLES / "site.json", "--reduction-kw", "25")
+    assert result.returncode == 0, result.stderr
+    assert "qwen3-32b-pt-x32" in result.stdout
+    assert "feasible" in result.stdout
+
+
+def test_pfi_from_csv_and_json_agree(tmp_path):
+    csv_result = flexgate("pfi", EXAMPLES / "sweep.csv", "--json")
+    assert csv_result.returncode == 0, csv_result.stderr
+    doc = json.loads(csv_result.stdout)
+    assert doc["grid_w"] == [200.0, 300.0, 400.0, 500.0, 600.0, 700.0]
+    assert doc["points"] == 6
+    points = [
+        {"cap_w": 700, "power_w": 600.0, "throughput": 1000.0},
+        {"cap_w": 300, "power_w": 300.0, "throughput": 600.0},
+    ]
+    path = write(tmp_path, "sweep.json", {"points": points})
+    doc = json.loads(flexgate("pfi", path, "--json").stdout)
+    assert doc == {"pfi": pytest.approx(1.25), "grid_w": [300.0, 700.0], "points": 2}
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "fragments"),
+    [
+        (None, ["--reduction-kw", "1"], ["no such file"]),
+        ("{not json", ["--reduction-kw", "1"], ["invalid JSON at line 1"]),
+        (
+            '{"jobs": [{"id": "a", "gpus": 8, "power_w": NaN, "throughput": 1}]}',
+            ["--reduction-kw", "1"],
+            ["NaN is not a number JSON allows"],
+        ),
+        (mix_with(colour="red"), ["--reduction-kw", "1"], ["job 'a'", "unknown field", "colour"]),
+        (mix_with(power_w=-600.0), ["--reduction-kw", "1"], ["'power_w' must be above 0"]),
+        (mix_with(gpus=0), ["--reduction-kw", "1"], ["'gpus' must be a whole number"]),
+        (mix_with(power_w=800.0), ["--reduction-kw", "1"], ["above max_cap_w"]),
+        (mix_with(min_cap_w=100.0, max_cap_w=90.0), ["--reduction-kw", "1"], ["min_cap_w"]),
+        (mix_with(), ["--reduction-kw", "-5"], ["--reduction-kw must be at least 0"]),
+        (mix_with(), ["--reduction-kw", "nan"], ["expected a finite number"]),
+        (mix_with(), ["--reduction-kw", "lots"], ["expected a number"]),
+        (mix_with(), [], ["one of the arguments --reduction-kw --reduction-fraction"]),
+        (mix_with(), ["--reduction-kw", "1", "--strategy", "fair"], ["invalid choice: 'fair'"]),
+        (mix_with(), ["--reduction-kw", "1", "--reduction-fraction", "0.1"], ["not allowed"]),
+    ],
+)
+def test_allocate_bad_input_exits_2_with_one_line(tmp_path, content, args, fragments):
+    path = tmp_path / "missing.json" if content is None else write(tmp_path, "mix.json", content)
+    assert_bad_input(flexgate("allocate", path, *args), *fragments)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fragments"),
+    [
+        (
+            "s.csv",
+            "cap,power,tput\n700,600,1000\n",
+            ["CSV header must be cap_w,power_w,throughput"],
+        ),
+        ("s.csv", "cap_w,power_w,throughput\n700,600,1000\n300,abc,600\n", ["line 3", "power_w"]),
+        ("s.csv", "cap_w,power_w,throughput\n700,600,1000\n", ["at least two points"]),
+        ("s.csv", "cap_w,power_w,throughput\n700,600,1000\n600,590,1000\n", ["not below"]),
+        ("s.json", {"points": [{"cap_w": 700}]}, ["points[0] must have exactly"]),
+        ("s.json", {"rows": []}, ['expected {"points"']),
+    ],
+)
+def test_pfi_bad_input_exits_2_with_one_line(tmp_path, name, content, fragments):
+    assert_bad_input(flexgate("pfi", write(tmp_path, name, content)), *fragments)
+
+
+def test_unknown_command_is_bad_input():
+    assert_bad_input(flexgate("frobnicate"), "invalid choice")
