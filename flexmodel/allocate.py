@@ -28,8 +28,8 @@ Bounds (`power_bounds`): the GPU's minimum cap, the QoS floor `min_throughput_fr
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -74,6 +74,11 @@ class Problem:
     def max_cut_w(self) -> Array:
         """Largest reduction each job can give, whole job [W]."""
         return self.gpus * (self.hi_w - self.lo_w)
+
+    @cached_property
+    def cut_space(self) -> _CutSpace:
+        """The curves seen from uncapped down, with their hulls (built once per problem)."""
+        return _cut_space(self)
 
 
 @dataclass(frozen=True)
@@ -135,19 +140,19 @@ def allocate(
     max_w = float(problem.max_cut_w.sum())
     feasible = reduction_w <= max_w * (1 + _TOL)
     target = min(reduction_w, max_w)
-    space = _cut_space(problem)
-    cut, bound_loss = _hull_cut(space, target)
+    space = problem.cut_space
+    cut, hull_loss = _hull_cut(space, target)
+    bound_loss = float(hull_loss.sum())
     if strategy == "equal":
         cut = _equal_cut(problem, target)
     elif strategy == "pfi":
         cut = _pfi_cut(problem, target)
     else:
-        # On a bridged stretch the hull answer can fall short: keep the best real candidate.
-        candidates = [cut]
-        if _bridged(space, cut).size:
-            candidates += _repairs(space, cut, int(_bridged(space, cut)[0]))
+        bridged = _bridged(space, cut, hull_loss)
+        if bridged.size:  # the hull answer can fall short there: keep the best real candidate
+            candidates = [cut, *_repairs(space, cut, int(bridged[0]))]
             candidates += [_equal_cut(problem, target), _pfi_cut(problem, target)]
-        cut = min(candidates, key=lambda c: float(space.loss_at(c, hull=False).sum()))
+            cut = min(candidates, key=lambda c: float(space.loss_at(c, hull=False).sum()))
     power = np.clip(problem.hi_w - cut / problem.gpus, problem.lo_w, problem.hi_w)
     throughput = throughput_at_power(problem.curves, power)
     before = problem.curves.uncapped_throughput
@@ -215,9 +220,10 @@ class _CutSpace:
 def _cut_space(problem: Problem) -> _CutSpace:
     curves = problem.curves
     lo = problem.lo_w[:, None]
-    power = np.maximum(curves.power_w, lo)
-    x_lo = throughput_at_power(curves, problem.lo_w)[:, None]
-    thr = np.where(curves.power_w < lo, x_lo, curves.throughput)
+    power, thr = curves.power_w, curves.throughput
+    if np.any(power < lo):  # points below a job's bound collapse onto the bound
+        x_lo = throughput_at_power(curves, problem.lo_w)[:, None]
+        power, thr = np.maximum(power, lo), np.where(power < lo, x_lo, thr)
     n, w = problem.gpus[:, None], problem.weights[:, None]
     cut = n * (curves.uncapped_power_w[:, None] - power[:, ::-1])
     loss = w * (curves.uncapped_throughput[:, None] - thr[:, ::-1])
@@ -232,15 +238,15 @@ def _lower_hull(cut: Array, loss: Array) -> Array:
     vertex (gift wrapping, vectorised over those rows).
     """
     d_cut, d_loss = np.diff(cut, axis=1), np.diff(loss, axis=1)
-    scale = np.maximum(np.abs(loss).max(axis=1, keepdims=True), 1e-300)
     flat = d_cut <= _TOL * np.maximum(cut[:, -1:], 1.0)
-    jump = flat & (d_loss > _TOL * scale)
     with np.errstate(divide="ignore", invalid="ignore"):
-        slope = np.where(flat, np.nan, d_loss / d_cut)
-    previous = np.fmax.accumulate(slope, axis=1)
-    previous = np.concatenate([np.full((len(cut), 1), -np.inf), previous[:, :-1]], axis=1)
-    bent = ~flat & (slope < np.nan_to_num(previous, nan=-np.inf) - _TOL * (1 + np.abs(slope)))
-    rows = np.flatnonzero((bent | jump).any(axis=1))
+        slope = d_loss / d_cut
+    # A flat segment is neutral unless the loss jumps there; a slope below an earlier one bends.
+    slope[flat] = np.where(d_loss[flat] > _TOL * (1.0 + np.abs(loss[:, 1:][flat])), np.inf, -np.inf)
+    highest = np.maximum.accumulate(slope, axis=1)
+    later = slope[:, 1:]
+    bent = ~flat[:, 1:] & (later < highest[:, :-1] - _TOL * (1.0 + np.abs(later)))
+    rows = np.flatnonzero(bent.any(axis=1) | np.isposinf(slope).any(axis=1))
     hull = loss.copy()
     if rows.size == 0:
         return hull
@@ -295,46 +301,24 @@ def _segments(space: _CutSpace) -> tuple[Array, Array]:
     return width, cost
 
 
-def _hull_cut(space: _CutSpace, target: float) -> tuple[Array, float]:
-    """Cuts [W] that are optimal on the hulls, and their hull loss: a bound on every answer."""
+def _hull_cut(space: _CutSpace, target: float) -> tuple[Array, Array]:
+    """Cuts [W] optimal on the hulls, and each job's hull loss (in sum, a bound on any answer)."""
     width, cost = _segments(space)
     cut = _take_cheapest(cost, width, target)
-    return cut, float(space.loss_at(cut, hull=True).sum())
+    return cut, space.loss_at(cut, hull=True)
 
 
 def _take_cheapest(cost: Array, width: Array, amount: float) -> Array:
     """Per-job watts when `amount` is taken from the cheapest segments first.
 
-    The same answer as a stable sort of every segment by cost, without sorting them all: a
-    strided sample brackets the threshold cost, segments below the bracket are taken whole and
-    only those inside it are sorted (a full sort when the bracket misses).
+    Each row's costs rise along the row (hulls are convex), so any order that sorts by cost
+    fills every job from the top; ties, within a row or across rows, cost the same either way.
     """
-    c, w = cost.ravel(), width.ravel()
-    rows = width.shape[0]
-    step = max(1, c.size // 20_000)
-    while math.gcd(step, width.shape[1]) != 1:  # a stride sharing a factor with the row length
-        step += 1  # would sample the same few columns of every row
-    by_cost = np.argsort(c[::step])
-    sample = c[::step][by_cost]
-    sample_cum = np.cumsum(w[::step][by_cost]) * step
-    i = int(np.searchsorted(sample_cum, amount))
-    margin = max(8, sample.size // 100)
-    lo = sample[i - margin] if i - margin >= 0 else -np.inf
-    hi = sample[i + margin] if i + margin < sample.size else np.inf
-    below = c < lo
-    band = ~below & (c <= hi)
-    whole = float(w[below].sum())
-    if whole > amount or (np.isfinite(hi) and whole + float(w[band].sum()) < amount):
-        below, band, whole = np.zeros_like(below), np.ones_like(band), 0.0
-    idx = np.flatnonzero(band)
-    order = idx[np.argsort(c[idx], kind="stable")]
-    cut = np.bincount(np.flatnonzero(below) // width.shape[1], w[below], minlength=rows)
-    return np.asarray(cut, dtype=float) + _take(order, width, amount - whole)
+    return _take(np.argsort(cost, axis=None), width, amount)
 
 
-def _bridged(space: _CutSpace, cut: Array) -> NDArray[np.intp]:
-    """Jobs whose cut ends where the hull lies below the real curve."""
-    hull = space.loss_at(cut, hull=True)
+def _bridged(space: _CutSpace, cut: Array, hull: Array) -> NDArray[np.intp]:
+    """Jobs whose cut ends where the hull loss `hull` lies below the real curve's."""
     return np.flatnonzero(space.loss_at(cut, hull=False) > hull + _TOL * (1.0 + np.abs(hull)))
 
 
@@ -353,7 +337,7 @@ def _repairs(space: _CutSpace, cut: Array, job: int) -> list[Array]:
     segments, which keeps every other job on its own cheapest-first prefix.
     """
     width, cost = _segments(space)
-    order = np.argsort(cost, axis=None, kind="stable")
+    order = np.argsort(cost, axis=None)
     row = space.cut[job]
     vertex = np.isclose(space.hull[job], space.loss[job], rtol=_TOL, atol=0.0)
     deeper = row[vertex & (row >= cut[job])]
