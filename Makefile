@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	@touch $@
 
 demo: $(STAMP)
-	$(BIN)/flexgate allocate examples/site.json --reduction-kw 60
-	$(BIN)/flexgate allocate examples/site.json --reduction-kw 60 --strategy equal
+	$(BIN)/flexgate allocate examples/site.json --reduction-kw 25
+	$(BIN)/flexgate allocate examples/site.json --reduction-kw 25 --strategy equal
+	$(BIN)/flexgate allocate examples/site.json --reduction-kw 25 --objective gpu_fraction
 	$(BIN)/flexgate pfi examples/sweep.csv
 
 lint: $(STAMP)
