@@ -31,6 +31,9 @@ DEFAULT_PFI = 1.35
 DEFAULT_PFI_STDERR = 0.30
 #: A capped point counts only where the cap lowered throughput by more than this fraction.
 _BINDING = 1e-9
+#: A solved curve's PFI matches its target to this relative error.
+_PFI_TOLERANCE = 1e-12
+_MAX_ITERATIONS = 100
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ def solve_insensitive_share(
 ) -> Array:
     """The clock-insensitive share `m` per job so that the family's PFI on `grid_w` equals `pfi`.
 
-    The family's PFI rises with `m`, so a vectorised bisection finds it. A PFI outside what the
+    The family's PFI rises with `m`, so a vectorised bracketing solver finds it. A PFI outside what the
     family can represent on that grid raises `InvalidJobError` naming the job. Jobs that no grid
     cap binds (uncapped power below every capped grid point) keep `m = 0`: any cap leaves them
     untouched.
@@ -161,12 +164,22 @@ def solve_insensitive_share(
             f"{who}: pfi {target[j]:g} is outside what the fleet family can represent on grid "
             f"{_grid_text(grid_w[j])} for this job ({pfi_lo[j]:.3f} to {pfi_hi[j]:.3f})"
         )
-    for _ in range(48):
-        mid = 0.5 * (lo + hi)
-        below = pfi_at(mid) < target
-        lo = np.where(below, mid, lo)
-        hi = np.where(below, hi, mid)
-    return np.where(unbound, 0.0, 0.5 * (lo + hi))
+    # Illinois (regula falsi that halves a stale end): about ten evaluations instead of 48.
+    f_lo, f_hi = np.where(unbound, -1.0, pfi_lo - target), np.where(unbound, 1.0, pfi_hi - target)
+    m = lo.copy()
+    last = np.zeros(target.shape)
+    for _ in range(_MAX_ITERATIONS):
+        m = np.clip((lo * f_hi - hi * f_lo) / (f_hi - f_lo), lo, hi)
+        f = np.where(unbound, 0.0, pfi_at(m) - target)
+        if np.all(np.abs(f) <= _PFI_TOLERANCE * target):
+            break
+        left = f < 0
+        lo, f_lo = np.where(left, m, lo), np.where(left, f, f_lo)
+        hi, f_hi = np.where(left, hi, m), np.where(left, f_hi, f)
+        f_hi = np.where(left & (last < 0), f_hi / 2, f_hi)
+        f_lo = np.where(~left & (last > 0), f_lo / 2, f_lo)
+        last = np.where(left, -1.0, 1.0)
+    return np.where(unbound, 0.0, m)
 
 
 def grid_matrix(grids: list[tuple[float, ...]]) -> Array:
