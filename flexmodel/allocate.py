@@ -325,7 +325,7 @@ def _bridged(space: _CutSpace, cut: Array, hull: Array) -> NDArray[np.intp]:
 def _take(order: NDArray[np.intp], width: Array, amount: float) -> Array:
     """Per-job watts when `amount` is taken from segments `width` (J, S) in flat `order`."""
     w = width.ravel()[order]
-    taken = np.clip(amount - (np.cumsum(w) - w), 0.0, w)
+    taken = np.minimum(np.maximum(amount - (np.cumsum(w) - w), 0.0), w)
     per_job = np.bincount(order // width.shape[1], weights=taken, minlength=width.shape[0])
     return np.asarray(per_job, dtype=float)
 

@@ -66,6 +66,15 @@ class Curves:
     def __len__(self) -> int:
         return int(self.cap_w.shape[0])
 
+    def select(self, index: slice | NDArray[np.intp] | NDArray[np.bool_]) -> Curves:
+        """The curves of the jobs picked by `index`."""
+        return Curves(
+            cap_w=self.cap_w[index],
+            power_w=self.power_w[index],
+            throughput=self.throughput[index],
+            period_s=self.period_s[index],
+        )
+
 
 def waveform_levels(
     power_w: ArrayLike, duty: ArrayLike, comm_power_fraction: ArrayLike, max_cap_w: ArrayLike
@@ -81,7 +90,8 @@ def waveform_levels(
     rho = np.asarray(comm_power_fraction, dtype=float)
     compute = np.minimum(p / (d + (1.0 - d) * rho), np.asarray(max_cap_w, dtype=float))
     with np.errstate(divide="ignore", invalid="ignore"):
-        comm = np.where(d < 1.0, (p - d * compute) / (1.0 - d), compute * rho)
+        # Near duty 1 the communication phase is too short to carry a level of its own.
+        comm = np.where(d < 1.0 - 1e-9, (p - d * compute) / (1.0 - d), compute * rho)
     return compute, np.minimum(comm, compute)
 
 
@@ -230,16 +240,18 @@ def interp_rows(xp: Array, fp: Array, x: ArrayLike) -> Array:
     `x` is clipped to each row's range (no extrapolation). Where several points share `x`, the
     last (highest-cap) one wins.
     """
-    at = np.clip(np.asarray(x, dtype=float), xp[:, 0], xp[:, -1])
+    # np.minimum/np.maximum rather than np.clip: this runs in the inner loop of simulations,
+    # where np.clip's Python-level overhead costs more than the arithmetic.
+    at = np.minimum(np.maximum(np.asarray(x, dtype=float), xp[:, 0]), xp[:, -1])
     k = xp.shape[1]
-    i = np.minimum(np.sum(xp <= at[:, None], axis=1) - 1, k - 2)
+    i = np.minimum((xp <= at[:, None]).sum(axis=1) - 1, k - 2)
     rows = np.arange(xp.shape[0])
     x0, x1 = xp[rows, i], xp[rows, i + 1]
     f0, f1 = fp[rows, i], fp[rows, i + 1]
     span = x1 - x0
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.where(span > 0, (at - x0) / span, 1.0)
-    return np.asarray(f0 + np.clip(t, 0.0, 1.0) * (f1 - f0), dtype=float)
+    return np.asarray(f0 + np.minimum(np.maximum(t, 0.0), 1.0) * (f1 - f0), dtype=float)
 
 
 def operating_point(curves: Curves, cap_w: ArrayLike) -> tuple[Array, Array, Array]:

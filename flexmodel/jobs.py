@@ -211,31 +211,35 @@ def parse_job(doc: Any, index: int = 0) -> Job:
     return job
 
 
-def job_curves(jobs: tuple[Job, ...] | list[Job]) -> Curves:
+def job_curves(jobs: tuple[Job, ...] | list[Job], pfi: Array | None = None) -> Curves:
     """Every job's curve from its best source, in the order of `jobs`.
 
     Family jobs (a PFI or the fleet default) are built together, vectorised; each sweep is its
-    own table. An empty list gives an empty table.
+    own table. `pfi` (one value per job) replaces the family jobs' PFIs, taken as the nearest
+    the family reaches (for what-if curves, such as a quote's lower PFI). An empty list gives
+    an empty table.
     """
     if not jobs:
         empty = np.zeros((0, 2))
         return Curves(cap_w=empty, power_w=empty, throughput=empty, period_s=np.zeros(0))
-    family = [j for j in jobs if j.sweep is None]
-    parts: dict[str, Curves] = {}
+    family = [i for i, j in enumerate(jobs) if j.sweep is None]
+    sweeps = [i for i, j in enumerate(jobs) if j.sweep is not None]
+    parts = []
     if family:
-        table = _family_table(family)
-        for i, job in enumerate(family):
-            parts[job.id] = _row(table, i)
-    for job in jobs:
-        if job.sweep is not None:
-            parts[job.id] = sweep_curve(
-                job.full_sweep, period_s=job.period_s, name=f"job '{job.id}' sweep"
-            )
-    return stack([parts[j.id] for j in jobs])
+        chosen = None if pfi is None else np.asarray(pfi, dtype=float)[family]
+        parts.append(_family_table([jobs[i] for i in family], chosen))
+    parts += [
+        sweep_curve(jobs[i].full_sweep, period_s=jobs[i].period_s, name=f"job '{jobs[i].id}' sweep")
+        for i in sweeps
+    ]
+    table = stack(parts) if len(parts) > 1 else parts[0]
+    return table.select(np.argsort(family + sweeps))
 
 
-def _family_table(jobs: list[Job]) -> Curves:
-    pfi = np.array([j.pfi if j.pfi is not None else DEFAULT_PFI for j in jobs])
+def _family_table(jobs: list[Job], pfi: Array | None = None) -> Curves:
+    stated = pfi is None
+    if pfi is None:
+        pfi = np.array([j.pfi if j.pfi is not None else DEFAULT_PFI for j in jobs])
     m = solve_insensitive_share(
         pfi,
         grid_matrix([j.grid_w for j in jobs]),
@@ -244,6 +248,7 @@ def _family_table(jobs: list[Job]) -> Curves:
         duty=field_array(jobs, "duty"),
         comm_power_fraction=field_array(jobs, "comm_power_fraction"),
         names=[j.id for j in jobs],
+        clip=not stated,
     )
     return family_curves(
         power_w=field_array(jobs, "power_w"),
@@ -254,15 +259,6 @@ def _family_table(jobs: list[Job]) -> Curves:
         comm_power_fraction=field_array(jobs, "comm_power_fraction"),
         insensitive_share=m,
         period_s=field_array(jobs, "period_s"),
-    )
-
-
-def _row(curves: Curves, i: int) -> Curves:
-    return Curves(
-        cap_w=curves.cap_w[i : i + 1],
-        power_w=curves.power_w[i : i + 1],
-        throughput=curves.throughput[i : i + 1],
-        period_s=curves.period_s[i : i + 1],
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
 
 from flexmodel.curves import (
     EXPONENT,
@@ -73,6 +73,25 @@ def pfi_of_sweep(points: list[tuple[float, float, float]], name: str = "sweep") 
     return PfiResult(pfi=float(np.mean(ratios)), grid_w=tuple(caps), points=len(ordered))
 
 
+def pfi_rows(grid_w: Array, power_w: Array, throughput: Array) -> Array:
+    """Eq. 1 per row, from power [W] and throughput sampled at each row's grid caps (J, G).
+
+    Grids are NaN-padded; a row's highest cap is its uncapped reference. Caps that did not
+    lower throughput are left out, as a sweep would leave out a cap that did not bind; a row no
+    cap binds gets NaN.
+    """
+    grid = np.asarray(grid_w, dtype=float)
+    top = np.nanargmax(grid, axis=1)
+    rows = np.arange(grid.shape[0])
+    p_max, t_max = power_w[rows, top][:, None], throughput[rows, top][:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        loss = 1.0 - throughput / t_max
+        binding = ~np.isnan(grid) & (grid < grid[rows, top][:, None]) & (loss > _BINDING)
+        ratio = np.where(binding, (1.0 - power_w / p_max) / loss, 0.0)
+        count = binding.sum(axis=1)
+        return np.where(count > 0, ratio.sum(axis=1) / count, np.nan)
+
+
 def family_pfi(
     grid_w: Array,
     *,
@@ -83,13 +102,8 @@ def family_pfi(
     static_share: ArrayLike = STATIC_SHARE,
     exponent: ArrayLike = EXPONENT,
 ) -> Array:
-    """Eq. 1 for family jobs on their grids (J, G), NaN-padded; the last valid cap is uncapped.
-
-    Caps at or above a job's compute level do not bind and are left out, as a sweep would
-    leave out a cap that did not lower throughput. A job no grid cap binds gets NaN.
-    """
+    """Eq. 1 for family jobs on their grids (J, G), NaN-padded (see `pfi_rows`)."""
     grid = np.asarray(grid_w, dtype=float)
-    top = np.nanmax(grid, axis=1, keepdims=True)
     power, frac = family_point(
         np.nan_to_num(grid, nan=0.0),
         compute_w=_column(compute_w),
@@ -99,21 +113,7 @@ def family_pfi(
         static_share=_column(static_share),
         exponent=_column(exponent),
     )
-    p_max, t_max = family_point(
-        top,
-        compute_w=_column(compute_w),
-        comm_w=_column(comm_w),
-        duty=_column(duty),
-        insensitive_share=_column(insensitive_share),
-        static_share=_column(static_share),
-        exponent=_column(exponent),
-    )
-    loss = 1.0 - frac / t_max
-    binding = ~np.isnan(grid) & (grid < top) & (loss > _BINDING)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(binding, (1.0 - power / p_max) / loss, 0.0)
-        count = binding.sum(axis=1)
-        return np.where(count > 0, ratio.sum(axis=1) / count, np.nan)
+    return pfi_rows(grid, power, frac)
 
 
 def solve_insensitive_share(
@@ -127,13 +127,15 @@ def solve_insensitive_share(
     static_share: ArrayLike = STATIC_SHARE,
     exponent: ArrayLike = EXPONENT,
     names: list[str] | None = None,
+    clip: bool = False,
 ) -> Array:
     """The clock-insensitive share `m` per job so that the family's PFI on `grid_w` equals `pfi`.
 
     The family's PFI rises with `m`, so a vectorised bracketing solver finds it. A PFI outside what the
     family can represent on that grid raises `InvalidJobError` naming the job. Jobs that no grid
     cap binds (uncapped power below every capped grid point) keep `m = 0`: any cap leaves them
-    untouched.
+    untouched. With `clip`, a PFI out of reach is taken as the nearest one the family reaches
+    (for noisy estimates, such as predicted PFIs).
     """
     target = np.atleast_1d(np.asarray(pfi, dtype=float))
     compute, comm = waveform_levels(power_w, duty, comm_power_fraction, max_cap_w)
@@ -141,21 +143,23 @@ def solve_insensitive_share(
     shape = {"static_share": static_share, "exponent": exponent}
     s, a = (np.broadcast_to(np.asarray(v, dtype=float), target.shape) for v in shape.values())
 
-    def pfi_at(m: Array) -> Array:
+    def pfi_at(m: Array, rows: slice | NDArray[np.intp] = slice(None)) -> Array:
         return family_pfi(
-            grid_w,
-            compute_w=compute,
-            comm_w=comm,
-            duty=d,
+            grid_w[rows],
+            compute_w=compute[rows],
+            comm_w=comm[rows],
+            duty=d[rows],
             insensitive_share=m,
-            static_share=s,
-            exponent=a,
+            static_share=s[rows],
+            exponent=a[rows],
         )
 
     lo = np.full(target.shape, INSENSITIVE_SHARE_RANGE[0])
     hi = np.full(target.shape, INSENSITIVE_SHARE_RANGE[1])
     pfi_lo, pfi_hi = pfi_at(lo), pfi_at(hi)
     unbound = np.isnan(pfi_lo)
+    if clip:
+        target = np.where(unbound, target, np.clip(target, pfi_lo, pfi_hi))
     bad = ~unbound & ((target < pfi_lo) | (target > pfi_hi))
     if np.any(bad):
         j = int(np.flatnonzero(bad)[0])
@@ -164,22 +168,30 @@ def solve_insensitive_share(
             f"{who}: pfi {target[j]:g} is outside what the fleet family can represent on grid "
             f"{_grid_text(grid_w[j])} for this job ({pfi_lo[j]:.3f} to {pfi_hi[j]:.3f})"
         )
-    # Illinois (regula falsi that halves a stale end): about ten evaluations instead of 48.
-    f_lo, f_hi = np.where(unbound, -1.0, pfi_lo - target), np.where(unbound, 1.0, pfi_hi - target)
-    m = lo.copy()
+    # Illinois (regula falsi that halves a stale end), on the jobs not yet converged.
+    f_lo, f_hi = pfi_lo - target, pfi_hi - target
+    m = np.zeros(target.shape)
     last = np.zeros(target.shape)
+    active = np.flatnonzero(~unbound)
     for _ in range(_MAX_ITERATIONS):
-        m = np.clip((lo * f_hi - hi * f_lo) / (f_hi - f_lo), lo, hi)
-        f = np.where(unbound, 0.0, pfi_at(m) - target)
-        if np.all(np.abs(f) <= _PFI_TOLERANCE * target):
+        if active.size == 0:
             break
+        lo_a, hi_a, fl, fh = lo[active], hi[active], f_lo[active], f_hi[active]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mid = (lo_a * fh - hi_a * fl) / (fh - fl)
+        mid = np.clip(np.where(np.isfinite(mid), mid, 0.5 * (lo_a + hi_a)), lo_a, hi_a)
+        f = pfi_at(mid, active) - target[active]
+        m[active] = mid
+        done = (np.abs(f) <= _PFI_TOLERANCE * target[active]) | (hi_a - lo_a <= 1e-13)
         left = f < 0
-        lo, f_lo = np.where(left, m, lo), np.where(left, f, f_lo)
-        hi, f_hi = np.where(left, hi, m), np.where(left, f_hi, f)
-        f_hi = np.where(left & (last < 0), f_hi / 2, f_hi)
-        f_lo = np.where(~left & (last > 0), f_lo / 2, f_lo)
-        last = np.where(left, -1.0, 1.0)
-    return np.where(unbound, 0.0, m)
+        lo[active], f_lo[active] = np.where(left, mid, lo_a), np.where(left, f, fl)
+        hi[active], f_hi[active] = np.where(left, hi_a, mid), np.where(left, fh, f)
+        stale_hi, stale_lo = left & (last[active] < 0), ~left & (last[active] > 0)
+        f_hi[active] = np.where(stale_hi, f_hi[active] / 2, f_hi[active])
+        f_lo[active] = np.where(stale_lo, f_lo[active] / 2, f_lo[active])
+        last[active] = np.where(left, -1.0, 1.0)
+        active = active[~done]
+    return m
 
 
 def grid_matrix(grids: list[tuple[float, ...]]) -> Array:
