@@ -317,6 +317,33 @@ def _take_cheapest(cost: Array, width: Array, amount: float) -> Array:
     return _take(np.argsort(cost, axis=None), width, amount)
 
 
+def hull_cuts(problem: Problem, reductions_w: ArrayLike) -> Array:
+    """Per-job whole-job cuts [W] (P, J) optimal on the hulls, at each of P reductions.
+
+    One sort serves every point; each reduction is clipped to what the problem can shed.
+    """
+    space = problem.cut_space
+    width, cost = _segments(space)
+    order = np.argsort(cost, axis=None)
+    w = width.ravel()[order]
+    before = np.cumsum(w) - w
+    rows = order // width.shape[1]
+    amounts = np.minimum(np.asarray(reductions_w, dtype=float), float(problem.max_cut_w.sum()))
+    out = np.empty((amounts.size, len(problem.gpus)))
+    for i, amount in enumerate(amounts):  # a few dozen points, each vectorised over segments
+        taken = np.minimum(np.maximum(amount - before, 0.0), w)
+        out[i] = np.bincount(rows, weights=taken, minlength=len(problem.gpus))
+    return out
+
+
+def loss_of_cuts(problem: Problem, cuts: Array) -> Array:
+    """Each job's weighted throughput lost at whole-job cuts [W] (any shape ending in J)."""
+    space = problem.cut_space
+    flat = np.asarray(cuts, dtype=float).reshape(-1, len(problem.gpus))
+    losses = np.stack([space.loss_at(row, hull=False) for row in flat])
+    return losses.reshape(np.shape(cuts))
+
+
 def _bridged(space: _CutSpace, cut: Array, hull: Array) -> NDArray[np.intp]:
     """Jobs whose cut ends where the hull loss `hull` lies below the real curve's."""
     return np.flatnonzero(space.loss_at(cut, hull=False) > hull + _TOL * (1.0 + np.abs(hull)))
@@ -427,14 +454,27 @@ def allocation_dict(
     }
 
 
-def mix_problem(mix: JobMix, objective: str = "throughput") -> Problem:
-    """The allocation problem of a job mix, on the curves built from what is known of each job."""
+def mix_problem(
+    mix: JobMix,
+    objective: str = "throughput",
+    *,
+    curves: Curves | None = None,
+    unavailable: ArrayLike | None = None,
+) -> Problem:
+    """The allocation problem of a job mix, on the curves built from what is known of each job.
+
+    `curves` replaces the mix's own (a what-if); `unavailable` jobs give nothing, like
+    protected ones (a quote's jobs that end inside its window).
+    """
+    protected = np.array([j.protected for j in mix.jobs], dtype=bool)
+    if unavailable is not None:
+        protected |= np.asarray(unavailable, dtype=bool)
     return build_problem(
-        mix.curves,
+        mix.curves if curves is None else curves,
         gpus=mix.array("gpus"),
         min_cap_w=mix.array("min_cap_w"),
         min_throughput_fraction=mix.array("min_throughput_fraction"),
-        protected=[j.protected for j in mix.jobs],
+        protected=protected,
         weights=mix.array("weight"),
         pfi=[j.pfi_value for j in mix.jobs],
         objective=objective,

@@ -131,11 +131,11 @@ def solve_insensitive_share(
 ) -> Array:
     """The clock-insensitive share `m` per job so that the family's PFI on `grid_w` equals `pfi`.
 
-    The family's PFI rises with `m`, so a vectorised bracketing solver finds it. A PFI outside what the
-    family can represent on that grid raises `InvalidJobError` naming the job. Jobs that no grid
-    cap binds (uncapped power below every capped grid point) keep `m = 0`: any cap leaves them
-    untouched. With `clip`, a PFI out of reach is taken as the nearest one the family reaches
-    (for noisy estimates, such as predicted PFIs).
+    The family's PFI rises with `m`, so a vectorised bracketing solver finds it. A PFI outside
+    what the family can represent on that grid raises `InvalidJobError` naming the job. Jobs
+    that no grid cap binds (uncapped power below every capped grid point) keep `m = 0`: any cap
+    leaves them untouched. With `clip`, a PFI out of reach is taken as the nearest one the
+    family reaches (for noisy estimates, such as predicted PFIs).
     """
     target = np.atleast_1d(np.asarray(pfi, dtype=float))
     compute, comm = waveform_levels(power_w, duty, comm_power_fraction, max_cap_w)

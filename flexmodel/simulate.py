@@ -68,11 +68,13 @@ def simulate(
             s: (None if gap < _GAP_FLOOR else float((by[s] - by["equal"]) / gap))
             for s in ("pfi", "optimal")
         }
-        results.append({
-            "reduction": level,
-            "tokens_per_s_per_job": {s: float(v) for s, v in by.items()},
-            "gap_closed": closed,
-        })
+        results.append(
+            {
+                "reduction": level,
+                "tokens_per_s_per_job": {s: float(v) for s, v in by.items()},
+                "gap_closed": closed,
+            }
+        )
     return {
         "workloads": workloads,
         "jobs": jobs,
@@ -81,7 +83,9 @@ def simulate(
         "seed": seed,
         "results": results,
         "predictor": sample.predictor.as_dict(),
-        "pfi_error_rmse": float(np.sqrt(np.mean((sample.predicted_pfi - sample.measured_pfi) ** 2))),
+        "pfi_error_rmse": float(
+            np.sqrt(np.mean((sample.predicted_pfi - sample.measured_pfi) ** 2))
+        ),
     }
 
 
@@ -116,18 +120,33 @@ def per_job_tokens(
 def model_curves(sample: Workloads, pfi: np.ndarray) -> Curves:
     """What a planner that knows only each job's PFI (and its waveform) believes."""
     m = solve_insensitive_share(
-        pfi, sample.grid_w, power_w=sample.power_w, max_cap_w=MAX_CAP_W, duty=sample.duty,
-        comm_power_fraction=sample.comm_power_fraction, clip=True,
+        pfi,
+        sample.grid_w,
+        power_w=sample.power_w,
+        max_cap_w=MAX_CAP_W,
+        duty=sample.duty,
+        comm_power_fraction=sample.comm_power_fraction,
+        clip=True,
     )
     return family_curves(
-        power_w=sample.power_w, throughput=sample.throughput, min_cap_w=MIN_CAP_W,
-        max_cap_w=MAX_CAP_W, duty=sample.duty, comm_power_fraction=sample.comm_power_fraction,
-        insensitive_share=m, period_s=sample.period_s,
+        power_w=sample.power_w,
+        throughput=sample.throughput,
+        min_cap_w=MIN_CAP_W,
+        max_cap_w=MAX_CAP_W,
+        duty=sample.duty,
+        comm_power_fraction=sample.comm_power_fraction,
+        insensitive_share=m,
+        period_s=sample.period_s,
     )
 
 
-def _problem(curves: Curves, sample: Workloads, rows: slice, lo: np.ndarray, pfi: np.ndarray) -> Problem:
+def _problem(
+    curves: Curves, sample: Workloads, rows: slice, lo: np.ndarray, pfi: np.ndarray
+) -> Problem:
     return Problem(
-        curves=curves, gpus=sample.gpus[rows], weights=np.ones(sample.jobs), lo_w=lo[rows],
+        curves=curves,
+        gpus=sample.gpus[rows],
+        weights=np.ones(sample.jobs),
+        lo_w=lo[rows],
         pfi=pfi[rows],
     )

@@ -57,8 +57,11 @@ class JobType:
 
 
 def _t(name: str, gpus: int, grid: int, pfi: float, params: float, set_: str = "main") -> JobType:
-    architecture = "moe" if ("a3b" in name or "gpt-oss" in name or "a4b" in name
-                             or "deepseek" in name) else "dense"
+    architecture = (
+        "moe"
+        if ("a3b" in name or "gpt-oss" in name or "a4b" in name or "deepseek" in name)
+        else "dense"
+    )
     task = "finetune" if "-ft-" in name else "pretrain"
     return JobType(name, architecture, task, gpus, grid, pfi, set_, params)
 
@@ -205,8 +208,13 @@ def fit_pfi_predictor(feature: Array, pfi: Array, groups: list[str]) -> PfiPredi
         a, b = fit(labels != g)
         logo[labels == g] = a + b * x[labels == g]
     return PfiPredictor(
-        intercept=intercept, slope=slope, samples=int(x.size), r2=r2(intercept + slope * x),
-        loo_r2=r2(loo), logo_r2=r2(logo), loo_rmse=float(np.sqrt(np.mean((y - loo) ** 2))),
+        intercept=intercept,
+        slope=slope,
+        samples=int(x.size),
+        r2=r2(intercept + slope * x),
+        loo_r2=r2(loo),
+        logo_r2=r2(logo),
+        loo_rmse=float(np.sqrt(np.mean((y - loo) ** 2))),
     )
 
 
@@ -243,29 +251,56 @@ def generate(workloads: int, jobs: int, *, mix: str = "production", seed: int = 
     grid = table["grid"][index]
     target = table["pfi"][index] * np.exp(rng.normal(0.0, PFI_SPREAD, n))
     m = solve_insensitive_share(
-        target, grid, power_w=power, max_cap_w=700.0, duty=duty, comm_power_fraction=rho,
-        static_share=s, exponent=a, clip=True,
+        target,
+        grid,
+        power_w=power,
+        max_cap_w=700.0,
+        duty=duty,
+        comm_power_fraction=rho,
+        static_share=s,
+        exponent=a,
+        clip=True,
     )
     exact = family_curves(
-        power_w=power, throughput=throughput, min_cap_w=200.0, max_cap_w=700.0, duty=duty,
-        comm_power_fraction=rho, insensitive_share=m, period_s=period, static_share=s,
+        power_w=power,
+        throughput=throughput,
+        min_cap_w=200.0,
+        max_cap_w=700.0,
+        duty=duty,
+        comm_power_fraction=rho,
+        insensitive_share=m,
+        period_s=period,
+        static_share=s,
         exponent=a,
     )
     truth = _with_noise(exact, rng)
     measured = measured_pfi(truth, grid)
     feature = dram_copy_product(measured, rng)
     return Workloads(
-        workloads=workloads, jobs=jobs, type_index=index, gpus=gpus, power_w=power,
-        throughput=throughput, period_s=period, duty=duty, comm_power_fraction=rho,
-        grid_w=grid, true_curves=truth, measured_pfi=measured, feature=feature,
-        predicted_pfi=predictor.predict(feature), predictor=predictor,
+        workloads=workloads,
+        jobs=jobs,
+        type_index=index,
+        gpus=gpus,
+        power_w=power,
+        throughput=throughput,
+        period_s=period,
+        duty=duty,
+        comm_power_fraction=rho,
+        grid_w=grid,
+        true_curves=truth,
+        measured_pfi=measured,
+        feature=feature,
+        predicted_pfi=predictor.predict(feature),
+        predictor=predictor,
     )
 
 
 def measured_pfi(curves: Curves, grid_w: Array) -> Array:
     """Eq. 1 on each curve at its grid's caps, as the study measured it."""
-    columns = [operating_point(curves, np.nan_to_num(grid_w[:, g], nan=0.0))
-               for g in range(grid_w.shape[1])]
+    columns = [
+        operating_point(curves, np.nan_to_num(grid_w[:, g], nan=0.0))
+        for g in range(grid_w.shape[1])
+    ]
     power = np.stack([c[0] for c in columns], axis=1)
     thr = np.stack([c[1] for c in columns], axis=1)
     return pfi_rows(grid_w, power, thr)

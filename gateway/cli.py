@@ -17,12 +17,17 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from flexmodel.allocate import OBJECTIVES, allocate_mix
 from flexmodel.errors import FlexModelError
 from flexmodel.jobs import JobMix, parse_job_mix
 from flexmodel.pfi import pfi_of_sweep
+from flexmodel.quote import DEFAULT_CONFIDENCE, DEFAULT_WINDOW_S, quote
+from flexmodel.simulate import DEFAULT_REDUCTIONS, PFI_SOURCES, simulate
+from flexmodel.workload import MIX_NAMES
+from gateway.plots import plot_simulation
 
 
 class BadInputError(Exception):
@@ -83,7 +88,75 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     alloc.add_argument("--json", action="store_true", help="print one JSON document")
     alloc.set_defaults(command=_cmd_allocate, name="allocate")
+
+    quote = sub.add_parser("quote", help="supply curve, achievable and firm kW of a job mix")
+    quote.add_argument("jobs", type=Path, metavar="JOBS", help="job-mix JSON file")
+    quote.add_argument(
+        "--reduction-kw", type=_finite, metavar="R", help="price this reduction [kW]"
+    )
+    quote.add_argument(
+        "--window-s",
+        type=_finite,
+        default=DEFAULT_WINDOW_S,
+        metavar="S",
+        help="how long the reduction must hold [s] (default 3600)",
+    )
+    quote.add_argument(
+        "--confidence",
+        type=_finite,
+        default=DEFAULT_CONFIDENCE,
+        metavar="C",
+        help="probability that firm kW can be delivered (default 0.9)",
+    )
+    quote.add_argument("--json", action="store_true", help="print one JSON document")
+    quote.set_defaults(command=_cmd_quote, name="quote")
+
+    sim = sub.add_parser("simulate", help="the PFI study's scheduling experiment, all strategies")
+    sim.add_argument("--workloads", type=_positive_int, default=500, metavar="W")
+    sim.add_argument("--jobs", type=_positive_int, default=100, metavar="N")
+    sim.add_argument("--mix", choices=MIX_NAMES, default="production")
+    sim.add_argument(
+        "--reductions",
+        type=_fractions,
+        default=list(DEFAULT_REDUCTIONS),
+        metavar="LIST",
+        help="comma-separated fractions in [0, 1) (default 0,0.1,0.2,0.3,0.4)",
+    )
+    sim.add_argument("--pfi-source", choices=PFI_SOURCES, default="predicted")
+    sim.add_argument("--seed", type=_seed, default=1, metavar="N")
+    sim.add_argument("--plot", type=Path, metavar="FILE", help="write a PNG of the results")
+    sim.add_argument("--json", action="store_true", help="print one JSON document")
+    sim.set_defaults(command=_cmd_simulate, name="simulate")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
+    return value
+
+
+def _fractions(text: str) -> list[float]:
+    values = [_finite(part) for part in text.split(",") if part.strip()]
+    if not values or any(not 0.0 <= v < 1.0 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"expected fractions in [0, 1) separated by commas, got {text!r}"
+        )
+    return values
 
 
 def _finite(text: str) -> float:
@@ -133,6 +206,51 @@ def _cmd_allocate(args: argparse.Namespace) -> int:
         _print_json(doc)
     else:
         _show_allocation(doc, mix)
+    return 0
+
+
+def _cmd_quote(args: argparse.Namespace) -> int:
+    mix = read_job_mix(args.jobs)
+    doc = quote(
+        mix, window_s=args.window_s, confidence=args.confidence, reduction_kw=args.reduction_kw
+    )
+    if args.json:
+        _print_json(doc)
+    else:
+        _show_quote(doc)
+    return 0
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    if args.plot is not None and not args.plot.parent.is_dir():
+        raise BadInputError(f"--plot: folder {args.plot.parent} does not exist")
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("simulating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as bar:
+        task = bar.add_task("workloads", total=args.workloads)
+        doc = simulate(
+            workloads=args.workloads,
+            jobs=args.jobs,
+            mix=args.mix,
+            reductions=args.reductions,
+            pfi_source=args.pfi_source,
+            seed=args.seed,
+            progress=lambda done, _total: bar.update(task, completed=done),
+        )
+    if args.plot is not None:
+        plot_simulation(doc, args.plot)
+        doc["plot"] = str(args.plot)
+    if args.json:
+        _print_json(doc)
+    else:
+        _show_simulation(doc)
     return 0
 
 
@@ -256,6 +374,61 @@ def _show_allocation(doc: dict[str, Any], mix: JobMix) -> None:
         f"throughput {doc['throughput_before']:,.0f} -> {doc['throughput_after']:,.0f} tokens/s "
         f"({kept:.1%} kept); optimality gap bound {doc['optimality_gap_bound']:.3g}"
     )
+
+
+def _show_quote(doc: dict[str, Any]) -> None:
+    console = Console()
+    table = Table(title=f"supply curve over {doc['window_s']:g} s (k = {doc['overhead_factor']:g})")
+    for name in ("facility kW shed", "tokens/s lost", "share of throughput"):
+        table.add_column(name, justify="right")
+    for row in doc["supply_curve"]:
+        table.add_row(
+            f"{row['facility_kw']:.1f}",
+            f"{row['throughput_loss']:,.0f}",
+            f"{row['throughput_loss_fraction']:.1%}",
+        )
+    console.print(table)
+    console.print(
+        f"achievable {doc['achievable_kw']:.1f} kW "
+        f"(losing {doc['achievable_throughput_loss']:,.0f} tokens/s); "
+        f"firm at {doc['confidence']:.0%}: {doc['firm_kw']:.1f} kW "
+        f"(losing {doc['firm_throughput_loss']:,.0f} tokens/s); "
+        f"{doc['jobs_counted']} of {len(doc['jobs'])} jobs run through the window"
+    )
+    if "requested_kw" in doc:
+        verdict = "feasible" if doc["requested_feasible"] else "[red]not feasible[/]"
+        console.print(
+            f"requested {doc['requested_kw']:.1f} kW: {verdict}, losing "
+            f"{doc['requested_throughput_loss']:,.0f} tokens/s"
+        )
+
+
+def _show_simulation(doc: dict[str, Any]) -> None:
+    console = Console()
+    table = Table(
+        title=(
+            f"tokens/s per job: {doc['workloads']} workloads x {doc['jobs']} jobs, "
+            f"{doc['mix']} mix, PFI {doc['pfi_source']}, seed {doc['seed']}"
+        )
+    )
+    for name in ("reduction", "equal", "pfi", "optimal", "oracle", "pfi closes", "optimal closes"):
+        table.add_column(name, justify="right")
+    for r in doc["results"]:
+        by, closed = r["tokens_per_s_per_job"], r["gap_closed"]
+        table.add_row(
+            f"{r['reduction']:.0%}",
+            *(f"{by[s]:,.0f}" for s in ("equal", "pfi", "optimal", "oracle")),
+            *("-" if closed[s] is None else f"{closed[s]:.1%}" for s in ("pfi", "optimal")),
+        )
+    console.print(table)
+    p = doc["predictor"]
+    console.print(
+        f"PFI predictor (DRAM copy product, {p['samples']} job types): LOO R^2 {p['loo_r2']:.2f}, "
+        f"leave-one-group-out R^2 {p['logo_r2']:.2f}; predicted-PFI error RMSE "
+        f"{doc['pfi_error_rmse']:.2f}"
+    )
+    if "plot" in doc:
+        console.print(f"plot: {doc['plot']}")
 
 
 if __name__ == "__main__":

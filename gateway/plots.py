@@ -1,0 +1,59 @@
+"""Figures for people: PNG files written with matplotlib's Agg backend (no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # the backend must be chosen before pyplot loads
+
+STRATEGY_STYLE = {
+    "equal": ("tab:gray", "equal (DVFS fair)"),
+    "pfi": ("tab:blue", "pfi (study's heuristic)"),
+    "optimal": ("tab:green", "optimal (from PFI)"),
+    "oracle": ("black", "oracle (true curves)"),
+}
+
+
+def plot_simulation(doc: dict[str, Any], path: Path) -> None:
+    """Tokens/s per job against reduction for every strategy, and the share of the gap closed."""
+    results = doc["results"]
+    x = [100 * r["reduction"] for r in results]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    for name, (colour, label) in STRATEGY_STYLE.items():
+        y = [r["tokens_per_s_per_job"][name] / 1000 for r in results]
+        left.plot(x, y, "o--" if name == "oracle" else "o-", color=colour, label=label)
+    left.set(
+        xlabel="power reduction [% of uncapped GPU power]",
+        ylabel="tokens/s per job [thousands]",
+        title="Throughput kept",
+    )
+    left.legend(frameon=False)
+    left.grid(alpha=0.3)
+    for name in ("pfi", "optimal"):
+        colour, label = STRATEGY_STYLE[name]
+        pts = [
+            (xi, 100 * r["gap_closed"][name])
+            for xi, r in zip(x, results, strict=True)
+            if r["gap_closed"][name] is not None
+        ]
+        if pts:
+            right.plot(*zip(*pts, strict=True), "o-", color=colour, label=label)
+    right.axhline(63, color="tab:blue", alpha=0.4, linestyle=":", label="study: pfi at 30%, 63%")
+    right.set(
+        xlabel="power reduction [% of uncapped GPU power]",
+        ylim=(0, 105),
+        ylabel="equal-to-oracle gap closed [%]",
+        title="Gap closed",
+    )
+    right.legend(frameon=False, loc="lower right")
+    right.grid(alpha=0.3)
+    fig.suptitle(
+        f"{doc['workloads']} workloads x {doc['jobs']} jobs, {doc['mix']} mix, "
+        f"PFI {doc['pfi_source']}, seed {doc['seed']}"
+    )
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
