@@ -27,7 +27,6 @@ from flexmodel.pfi import pfi_of_sweep
 from flexmodel.quote import DEFAULT_CONFIDENCE, DEFAULT_WINDOW_S, quote
 from flexmodel.simulate import DEFAULT_REDUCTIONS, PFI_SOURCES, simulate
 from flexmodel.workload import MIX_NAMES
-from gateway.plots import plot_simulation
 
 
 class BadInputError(Exception):
@@ -245,6 +244,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             progress=lambda done, _total: bar.update(task, completed=done),
         )
     if args.plot is not None:
+        from gateway.plots import plot_simulation  # matplotlib costs 0.2 s: load it when asked
+
         plot_simulation(doc, args.plot)
         doc["plot"] = str(args.plot)
     if args.json:

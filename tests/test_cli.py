@@ -147,3 +147,93 @@ def test_pfi_bad_input_exits_2_with_one_line(tmp_path, name, content, fragments)
 
 def test_unknown_command_is_bad_input():
     assert_bad_input(flexgate("frobnicate"), "invalid choice")
+
+
+def test_quote_json_follows_the_contract():
+    result = flexgate(
+        "quote", EXAMPLES / "site.json", "--reduction-kw", "20", "--window-s", "1800", "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert set(doc) >= {
+        "window_s",
+        "overhead_factor",
+        "confidence",
+        "achievable_kw",
+        "firm_kw",
+        "supply_curve",
+        "requested_kw",
+        "requested_feasible",
+        "requested_throughput_loss",
+        "jobs",
+    }
+    assert (doc["window_s"], doc["confidence"]) == (1800.0, 0.9)
+    assert doc["firm_kw"] <= doc["achievable_kw"]
+    assert set(doc["supply_curve"][0]) == {
+        "facility_kw",
+        "throughput_loss",
+        "throughput_loss_fraction",
+    }
+    assert set(doc["jobs"][0]) >= {"id", "max_reduction_w", "supply_curve"}
+
+
+def test_quote_human_output():
+    result = flexgate("quote", EXAMPLES / "site.json", "--reduction-kw", "20")
+    assert result.returncode == 0, result.stderr
+    assert "achievable" in result.stdout
+    assert "firm at 90%" in result.stdout
+
+
+def test_simulate_json_and_plot(tmp_path):
+    plot = tmp_path / "sim.png"
+    result = flexgate(
+        "simulate",
+        "--workloads",
+        "5",
+        "--jobs",
+        "20",
+        "--reductions",
+        "0,0.3",
+        "--seed",
+        "4",
+        "--plot",
+        plot,
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert (doc["workloads"], doc["jobs"], doc["seed"]) == (5, 20, 4)
+    assert [r["reduction"] for r in doc["results"]] == [0.0, 0.3]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    again = flexgate(
+        "simulate",
+        "--workloads",
+        "5",
+        "--jobs",
+        "20",
+        "--reductions",
+        "0,0.3",
+        "--seed",
+        "4",
+        "--json",
+    )
+    assert json.loads(again.stdout)["results"] == doc["results"]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["quote", EXAMPLES / "site.json", "--confidence", "1.5"], ["confidence"]),
+        (["quote", EXAMPLES / "site.json", "--window-s", "-1"], ["window"]),
+        (["quote", EXAMPLES / "site.json", "--reduction-kw", "-3"], ["reduction"]),
+        (["quote", "nope.json"], ["no such file"]),
+        (["simulate", "--workloads", "0"], ["expected at least 1"]),
+        (["simulate", "--jobs", "ten"], ["expected a whole number"]),
+        (["simulate", "--reductions", "0,1.5"], ["fractions in [0, 1)"]),
+        (["simulate", "--mix", "busy"], ["invalid choice"]),
+        (["simulate", "--seed", "-1"], ["expected 0 or more"]),
+        (["simulate", "--workloads", "1", "--plot", "/no/such/dir/x.png"], ["does not exist"]),
+    ],
+)
+def test_quote_and_simulate_bad_input(args, fragments):
+    assert_bad_input(flexgate(*args), *fragments)
