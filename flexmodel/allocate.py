@@ -28,7 +28,7 @@ Bounds (`power_bounds`): the GPU's minimum cap, the QoS floor `min_throughput_fr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Literal
 
@@ -46,7 +46,6 @@ from flexmodel.curves import (
 )
 from flexmodel.errors import FlexModelError
 from flexmodel.facility import gpu_reduction_kw
-from flexmodel.jobs import JobMix
 
 Strategy = Literal["equal", "pfi", "optimal", "oracle"]
 Objective = Literal["throughput", "gpu_fraction"]
@@ -79,6 +78,18 @@ class Problem:
     def cut_space(self) -> _CutSpace:
         """The curves seen from uncapped down, with their hulls (built once per problem)."""
         return _cut_space(self)
+
+    def excluding(self, gone: ArrayLike) -> Problem:
+        """The same problem with the `gone` jobs giving nothing; the hulls are reused."""
+        out = replace(self, lo_w=np.where(gone, self.hi_w, self.lo_w))
+        space = self.cut_space
+        rows = np.asarray(gone, dtype=bool)[:, None]
+        out.__dict__["cut_space"] = _CutSpace(  # what cached_property would compute, cheaper
+            cut=np.where(rows, 0.0, space.cut),
+            loss=np.where(rows, 0.0, space.loss),
+            hull=np.where(rows, 0.0, space.hull),
+        )
+        return out
 
 
 @dataclass(frozen=True)
@@ -320,28 +331,27 @@ def _take_cheapest(cost: Array, width: Array, amount: float) -> Array:
 def hull_cuts(problem: Problem, reductions_w: ArrayLike) -> Array:
     """Per-job whole-job cuts [W] (P, J) optimal on the hulls, at each of P reductions.
 
-    One sort serves every point; each reduction is clipped to what the problem can shed.
+    One sort serves every point: a segment taken whole at one reduction is taken at every
+    larger one, so each segment is added once, at the first point that takes it whole, and a
+    running sum over the points does the rest. Reductions are clipped to what can be shed.
     """
-    space = problem.cut_space
-    width, cost = _segments(space)
+    width, cost = _segments(problem.cut_space)
     order = np.argsort(cost, axis=None)
     w = width.ravel()[order]
-    before = np.cumsum(w) - w
+    end = np.cumsum(w)
     rows = order // width.shape[1]
-    amounts = np.minimum(np.asarray(reductions_w, dtype=float), float(problem.max_cut_w.sum()))
-    out = np.empty((amounts.size, len(problem.gpus)))
-    for i, amount in enumerate(amounts):  # a few dozen points, each vectorised over segments
-        taken = np.minimum(np.maximum(amount - before, 0.0), w)
-        out[i] = np.bincount(rows, weights=taken, minlength=len(problem.gpus))
-    return out
-
-
-def loss_of_cuts(problem: Problem, cuts: Array) -> Array:
-    """Each job's weighted throughput lost at whole-job cuts [W] (any shape ending in J)."""
-    space = problem.cut_space
-    flat = np.asarray(cuts, dtype=float).reshape(-1, len(problem.gpus))
-    losses = np.stack([space.loss_at(row, hull=False) for row in flat])
-    return losses.reshape(np.shape(cuts))
+    jobs = width.shape[0]
+    amounts = np.minimum(np.asarray(reductions_w, dtype=float), float(end[-1]) if end.size else 0.0)
+    # Segments up to `full[p]` (exclusive) are taken whole at point p; segment `full[p]` in part.
+    full = np.searchsorted(end, amounts * (1 + 1e-12) - 1e-9, side="right")
+    first = np.searchsorted(full, np.arange(w.size), side="right")  # first point taking it whole
+    whole = np.zeros((len(amounts) + 1, jobs))
+    np.add.at(whole, (first, rows), w)
+    cuts = np.cumsum(whole, axis=0)[:-1]
+    partial = full < w.size
+    at = full[partial]
+    cuts[np.flatnonzero(partial), rows[at]] += amounts[partial] - (end[at] - w[at])
+    return cuts
 
 
 def _bridged(space: _CutSpace, cut: Array, hull: Array) -> NDArray[np.intp]:
@@ -452,46 +462,3 @@ def allocation_dict(
             )
         ],
     }
-
-
-def mix_problem(
-    mix: JobMix,
-    objective: str = "throughput",
-    *,
-    curves: Curves | None = None,
-    unavailable: ArrayLike | None = None,
-) -> Problem:
-    """The allocation problem of a job mix, on the curves built from what is known of each job.
-
-    `curves` replaces the mix's own (a what-if); `unavailable` jobs give nothing, like
-    protected ones (a quote's jobs that end inside its window).
-    """
-    protected = np.array([j.protected for j in mix.jobs], dtype=bool)
-    if unavailable is not None:
-        protected |= np.asarray(unavailable, dtype=bool)
-    return build_problem(
-        mix.curves if curves is None else curves,
-        gpus=mix.array("gpus"),
-        min_cap_w=mix.array("min_cap_w"),
-        min_throughput_fraction=mix.array("min_throughput_fraction"),
-        protected=protected,
-        weights=mix.array("weight"),
-        pfi=[j.pfi_value for j in mix.jobs],
-        objective=objective,
-    )
-
-
-def allocate_mix(
-    mix: JobMix, facility_kw: float, *, strategy: str = "optimal", objective: str = "throughput"
-) -> dict[str, Any]:
-    """Per-job caps that shed `facility_kw` at the meter, as the JSON of CONTRACT.md."""
-    if not np.isfinite(facility_kw) or facility_kw < 0:
-        raise FlexModelError(f"reduction {facility_kw!r} kW must be a finite number of at least 0")
-    gpu_w = gpu_reduction_kw(facility_kw, mix.overhead_factor) * 1000.0
-    result = allocate(mix_problem(mix, objective), gpu_w, strategy, objective)
-    return allocation_dict(
-        result,
-        job_ids=[j.id for j in mix.jobs],
-        overhead_factor=mix.overhead_factor,
-        requested_facility_kw=facility_kw,
-    )

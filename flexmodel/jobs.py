@@ -1,4 +1,4 @@
-"""Job mixes: parsing and validation of the JSON form (CONTRACT.md), and their curves.
+"""Job mixes: parsing and validation of the JSON form (CONTRACT.md), their curves and problems.
 
 `parse_job_mix` takes the decoded JSON document and returns a `JobMix`, or raises
 `InvalidJobError` with a one-line message naming the job and field at fault. Unknown fields
@@ -13,9 +13,12 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
+from flexmodel.allocate import Problem, allocate, allocation_dict, build_problem
 from flexmodel.curves import Array, Curves, family_curves, stack, sweep_curve
 from flexmodel.errors import FlexModelError, InvalidJobError
+from flexmodel.facility import gpu_reduction_kw
 from flexmodel.pfi import (
     DEFAULT_PFI,
     DEFAULT_PFI_STDERR,
@@ -33,6 +36,8 @@ DEFAULT_MAX_CAP_W = 700.0
 DEFAULT_PERIOD_S = 2.0
 DEFAULT_DUTY = 0.8
 DEFAULT_COMM_POWER_FRACTION = 0.5
+#: Finite-difference step for the sensitivity of a job's largest cut to its PFI.
+PFI_STEP = 0.05
 #: How far a sweep's uncapped point may differ from the job's `power_w` and `throughput`.
 SWEEP_MATCH_TOLERANCE = 0.05
 
@@ -111,6 +116,22 @@ class JobMix:
     def curves(self) -> Curves:
         """Every job's curve (built once, on first use)."""
         return job_curves(self.jobs)
+
+    @cached_property
+    def problem(self) -> Problem:
+        """The allocation problem of the mix (built once, with its hulls, on first use)."""
+        return mix_problem(self)
+
+    @cached_property
+    def shed_per_pfi_w(self) -> Array:
+        """How much each job's largest cut [W] grows per unit of PFI (0 for sweep jobs).
+
+        A finite difference over `PFI_STEP`: the curves rebuilt at a lower PFI, once per mix.
+        """
+        pfi = np.array([j.pfi_value for j in self.jobs])
+        lower = mix_problem(self, curves=job_curves(self.jobs, pfi=pfi - PFI_STEP))
+        slope = (self.problem.max_cut_w - lower.max_cut_w) / PFI_STEP
+        return np.where([j.curve_source == "sweep" for j in self.jobs], 0.0, slope)
 
     def array(self, name: str) -> Array:
         """One numeric job field as an array over the jobs."""
@@ -396,3 +417,47 @@ def _placement(value: Any, where: str, gpus: int) -> tuple[Placement, ...] | Non
     if placed != gpus:
         raise InvalidJobError(f"{where}: placement covers {placed} GPUs but the job has {gpus}")
     return tuple(out)
+
+
+def mix_problem(
+    mix: JobMix,
+    objective: str = "throughput",
+    *,
+    curves: Curves | None = None,
+    unavailable: ArrayLike | None = None,
+) -> Problem:
+    """The allocation problem of a job mix, on the curves built from what is known of each job.
+
+    `curves` replaces the mix's own (a what-if); `unavailable` jobs give nothing, like
+    protected ones (a quote's jobs that end inside its window).
+    """
+    protected = np.array([j.protected for j in mix.jobs], dtype=bool)
+    if unavailable is not None:
+        protected |= np.asarray(unavailable, dtype=bool)
+    return build_problem(
+        mix.curves if curves is None else curves,
+        gpus=mix.array("gpus"),
+        min_cap_w=mix.array("min_cap_w"),
+        min_throughput_fraction=mix.array("min_throughput_fraction"),
+        protected=protected,
+        weights=mix.array("weight"),
+        pfi=[j.pfi_value for j in mix.jobs],
+        objective=objective,
+    )
+
+
+def allocate_mix(
+    mix: JobMix, facility_kw: float, *, strategy: str = "optimal", objective: str = "throughput"
+) -> dict[str, Any]:
+    """Per-job caps that shed `facility_kw` at the meter, as the JSON of CONTRACT.md."""
+    if not np.isfinite(facility_kw) or facility_kw < 0:
+        raise FlexModelError(f"reduction {facility_kw!r} kW must be a finite number of at least 0")
+    gpu_w = gpu_reduction_kw(facility_kw, mix.overhead_factor) * 1000.0
+    problem = mix.problem if objective == "throughput" else mix_problem(mix, objective)
+    result = allocate(problem, gpu_w, strategy, objective)
+    return allocation_dict(
+        result,
+        job_ids=[j.id for j in mix.jobs],
+        overhead_factor=mix.overhead_factor,
+        requested_facility_kw=facility_kw,
+    )

@@ -9,10 +9,11 @@ toward what it can hold (they may be gone before it ends), so they give nothing 
 - `firm_kw`: what can be shed with probability `confidence` given the PFI standard errors
   (`pfi_stderr`) and the overhead factor's (`overhead_factor_stderr`). An analytic bound, not
   a Monte Carlo: the shed is `F = k * sum_j S_j(PFI_j)`, and to first order
-  `Var F = (S * se_k)^2 + k^2 * sum_j (dS_j/dPFI * se_j)^2`, with the derivative from one
-  rebuild of the curves at `PFI - PFI_STEP` (a lower PFI lowers what a job can give: its QoS
-  floor and its power at the minimum cap both rise). `firm_kw = k*S - z_C * sd(F)`, clipped to
-  `[0, achievable_kw]`. Sweep jobs carry no PFI uncertainty (their curve is measured).
+  `Var F = (S * se_k)^2 + k^2 * sum_j (dS_j/dPFI * se_j)^2`, the derivative from one rebuild
+  of the curves at a lower PFI (`JobMix.shed_per_pfi_w`): a lower PFI lowers what a job can
+  give, as its QoS floor and its power at the minimum cap both rise.
+  `firm_kw = k*S - z_C * sd(F)`, clipped to `[0, achievable_kw]`. Sweep jobs carry no PFI
+  uncertainty (their curve is measured).
 """
 
 from __future__ import annotations
@@ -23,16 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from flexmodel.allocate import allocate, hull_cuts, mix_problem
+from flexmodel.allocate import Problem, allocate, hull_cuts
 from flexmodel.curves import throughput_at_power
 from flexmodel.errors import FlexModelError
-from flexmodel.jobs import JobMix, job_curves
+from flexmodel.jobs import JobMix
 
 DEFAULT_WINDOW_S = 3600.0
 DEFAULT_CONFIDENCE = 0.9
 CURVE_POINTS = 21
-#: Finite-difference step for the sensitivity of a job's shed to its PFI.
-PFI_STEP = 0.05
 
 
 def quote(
@@ -46,8 +45,8 @@ def quote(
     """A quote in the JSON shape of CONTRACT.md (`flexgate quote --json`, `POST /v1/quotes`)."""
     _check(window_s, confidence, reduction_kw, points)
     k = mix.overhead_factor
-    gone = np.array([j.remaining_s is not None and j.remaining_s < window_s for j in mix.jobs])
-    problem = mix_problem(mix, unavailable=gone)
+    counted = np.array([j.remaining_s is None or j.remaining_s >= window_s for j in mix.jobs])
+    problem = mix.problem if counted.all() else mix.problem.excluding(~counted)
     max_cut = problem.max_cut_w
     shed_w = float(max_cut.sum())
     levels = np.linspace(0.0, shed_w, points)
@@ -61,7 +60,7 @@ def quote(
     )
     total = lost.sum(axis=1)
     achievable_kw = k * shed_w / 1000.0
-    firm_kw = _firm_kw(mix, gone, max_cut, confidence)
+    firm_kw = _firm_kw(mix, counted, shed_w, confidence)
     curve_kw = k * levels / 1000.0
     doc: dict[str, Any] = {
         "window_s": window_s,
@@ -71,35 +70,28 @@ def quote(
         "firm_kw": firm_kw,
         "achievable_throughput_loss": float(total[-1]),
         "firm_throughput_loss": float(np.interp(firm_kw, curve_kw, total)),
-        "jobs_counted": int((~gone).sum()),
+        "jobs_counted": int(counted.sum()),
         "supply_curve": [
-            {
-                "facility_kw": float(kw),
-                "throughput_loss": float(loss),
-                "throughput_loss_fraction": float(loss / before.sum()) if before.sum() else 0.0,
-            }
-            for kw, loss in zip(curve_kw, total, strict=True)
+            {"facility_kw": kw, "throughput_loss": loss, "throughput_loss_fraction": share}
+            for kw, loss, share in zip(
+                curve_kw.tolist(),
+                total.tolist(),
+                (total / max(before.sum(), 1e-300)).tolist(),
+                strict=True,
+            )
         ],
     }
     if reduction_kw is not None:
-        asked_w = reduction_kw * 1000.0 / k
-        answer = allocate(problem, min(asked_w, shed_w), "optimal")
-        doc |= {
-            "requested_kw": reduction_kw,
-            "requested_feasible": bool(asked_w <= shed_w * (1 + 1e-9)),
-            "requested_throughput_loss": float(before.sum() - answer.throughput.sum()),
-        }
+        doc |= _requested(problem, reduction_kw, reduction_kw * 1000.0 / k, shed_w)
+    job_kw, job_loss = (k * cuts / 1000.0).T.tolist(), lost.T.tolist()
     doc["jobs"] = [
         {
             "id": job.id,
-            "counted": not bool(gone[j]),
+            "counted": bool(counted[j]),
             "max_reduction_w": float(max_cut[j]),
             "supply_curve": [
-                {
-                    "facility_kw": float(k * cuts[p, j] / 1000.0),
-                    "throughput_loss": float(lost[p, j]),
-                }
-                for p in range(points)
+                {"facility_kw": kw, "throughput_loss": loss}
+                for kw, loss in zip(job_kw[j], job_loss[j], strict=True)
             ],
         }
         for j, job in enumerate(mix.jobs)
@@ -107,20 +99,27 @@ def quote(
     return doc
 
 
-def _firm_kw(mix: JobMix, gone: np.ndarray, max_cut: np.ndarray, confidence: float) -> float:
+def _requested(
+    problem: Problem, reduction_kw: float, asked_w: float, shed_w: float
+) -> dict[str, Any]:
+    """Feasibility and cost of a requested reduction (`asked_w` of GPU power), from `optimal`."""
+    answer = allocate(problem, min(asked_w, shed_w), "optimal")
+    return {
+        "requested_kw": reduction_kw,
+        "requested_feasible": bool(asked_w <= shed_w * (1 + 1e-9)),
+        "requested_throughput_loss": float(
+            answer.throughput_before.sum() - answer.throughput.sum()
+        ),
+    }
+
+
+def _firm_kw(mix: JobMix, counted: np.ndarray, shed_w: float, confidence: float) -> float:
     k, se_k = mix.overhead_factor, mix.overhead_factor_stderr
-    shed = float(max_cut.sum())
-    se = np.array([0.0 if j.curve_source == "sweep" else j.pfi_error for j in mix.jobs])
-    se[gone] = 0.0
-    var_jobs = 0.0
-    if np.any(se > 0):
-        pfi = np.array([j.pfi_value for j in mix.jobs])
-        lower = mix_problem(mix, curves=job_curves(mix.jobs, pfi=pfi - PFI_STEP), unavailable=gone)
-        slope = (max_cut - lower.max_cut_w) / PFI_STEP  # W of shed per unit of PFI
-        var_jobs = float(np.sum((slope * se) ** 2))
-    sd = math.sqrt((shed * se_k) ** 2 + k**2 * var_jobs)
+    se = np.where(counted, [j.pfi_error for j in mix.jobs], 0.0)
+    var_jobs = float(np.sum((mix.shed_per_pfi_w * se) ** 2)) if np.any(se > 0) else 0.0
+    sd = math.sqrt((shed_w * se_k) ** 2 + k**2 * var_jobs)
     z = NormalDist().inv_cdf(confidence)
-    return float(min(max(k * shed - z * sd, 0.0), k * shed) / 1000.0)
+    return float(min(max(k * shed_w - z * sd, 0.0), k * shed_w) / 1000.0)
 
 
 def _check(window_s: float, confidence: float, reduction_kw: float | None, points: int) -> None:

@@ -20,9 +20,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from flexmodel.allocate import OBJECTIVES, allocate_mix
+from flexmodel.allocate import OBJECTIVES
 from flexmodel.errors import FlexModelError
-from flexmodel.jobs import JobMix, parse_job_mix
+from flexmodel.jobs import JobMix, allocate_mix, parse_job_mix
 from flexmodel.pfi import pfi_of_sweep
 from flexmodel.quote import DEFAULT_CONFIDENCE, DEFAULT_WINDOW_S, quote
 from flexmodel.simulate import DEFAULT_REDUCTIONS, PFI_SOURCES, simulate

@@ -3,9 +3,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from flexmodel.allocate import allocate, allocate_mix, mix_problem
+from flexmodel.allocate import allocate
 from flexmodel.errors import FlexModelError
-from flexmodel.jobs import parse_job_mix
+from flexmodel.jobs import allocate_mix, mix_problem, parse_job_mix
 from tests.flexmodel.helpers import lp_min_loss, milp_min_loss, pwl_problem
 
 # Two linear jobs: A (2 GPUs, 600 W, 1000 tok/s, PFI 10/9) and B (1 GPU, 400 W, 2000, PFI 1).
