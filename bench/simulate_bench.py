@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -60,14 +61,23 @@ def main() -> None:
         rows.append({"pfi_source": source, "seconds": seconds, "at_30": at_30})
         print(f"simulate 500x100x5x4 ({source}): {seconds:.2f} s", flush=True)
     document = big_mix(10_000)
-    parse_s, mix = timed(lambda: parse_job_mix(document))  # parsing builds the curves
-    cold_s, _ = timed(lambda: quote(mix, reduction_kw=500.0))
-    warm_s = min(timed(lambda: quote(mix, reduction_kw=500.0))[0] for _ in range(5))
-    quote_row = {"jobs": 10_000, "parse_and_curves_s": parse_s, "cold_s": cold_s, "warm_s": warm_s}
-    print(
-        f"quote 10k jobs: cold {cold_s * 1e3:.1f} ms, warm {warm_s * 1e3:.1f} ms, "
-        f"parse + curves {parse_s * 1e3:.0f} ms"
-    )
+    quote_row: dict[str, float] = {"jobs": 10_000}
+    for per_job in (True, False):
+        label = "" if per_job else "_without_per_job_curves"
+        parse_s, mix = timed(lambda: parse_job_mix(document))  # parsing builds the curves
+        run = functools.partial(quote, mix, reduction_kw=500.0, per_job_curves=per_job)
+        cold_s, _ = timed(run)
+        warm_s = min(timed(run)[0] for _ in range(5))
+        quote_row |= {
+            "parse_and_curves_s": parse_s,
+            f"cold{label}_s": cold_s,
+            f"warm{label}_s": warm_s,
+        }
+        print(
+            f"quote 10k jobs{label.replace('_', ' ')}: cold {cold_s * 1e3:.1f} ms, "
+            f"warm {warm_s * 1e3:.1f} ms (parse + curves {parse_s * 1e3:.0f} ms)",
+            flush=True,
+        )
     RESULTS.mkdir(exist_ok=True)
     out = {"benchmark": "simulate", "simulate": rows, "quote": quote_row}
     (RESULTS / "simulate.json").write_text(json.dumps(out, indent=2) + "\n")

@@ -245,8 +245,9 @@ def _cut_space(problem: Problem) -> _CutSpace:
 def _lower_hull(cut: Array, loss: Array) -> Array:
     """The lower convex hull of each row's points, evaluated at the same points.
 
-    Rows that are already convex are returned as they are; the others are wrapped vertex by
-    vertex (gift wrapping, vectorised over those rows).
+    Rows that are already convex are returned as they are. On the others, every point above the
+    chord of its neighbouring vertices is dropped, round after round, until none is (a point
+    above a chord of two real points is never on the hull, so dropping them together is safe).
     """
     d_cut, d_loss = np.diff(cut, axis=1), np.diff(loss, axis=1)
     flat = d_cut <= _TOL * np.maximum(cut[:, -1:], 1.0)
@@ -264,28 +265,31 @@ def _lower_hull(cut: Array, loss: Array) -> Array:
     c, l_ = cut[rows], loss[rows]
     k = c.shape[1]
     idx = np.arange(k)
-    vertex = np.zeros_like(c, dtype=bool)
-    vertex[:, 0] = True
-    cur = np.zeros(len(rows), dtype=int)
-    r = np.arange(len(rows))
-    for _ in range(k - 1):
-        dc = c - c[r, cur][:, None]
-        dl = l_ - l_[r, cur][:, None]
-        ok = (idx > cur[:, None]) & (dc > _TOL * np.maximum(c[:, -1:], 1.0))
+    rr = np.arange(len(rows))[:, None]
+    # Losses never fall along a row, so a point at the cut of the one before it is not below it.
+    vertex = np.concatenate(
+        [np.ones((len(rows), 1), bool), np.diff(c, axis=1) > _TOL * np.maximum(c[:, -1:], 1.0)],
+        axis=1,
+    )
+    live = np.arange(len(rows))  # rows that dropped a vertex in the last round
+    while live.size:  # drop every vertex above the chord of its neighbours, round after round
+        v, cl, ll = vertex[live], c[live], l_[live]
+        at = np.arange(live.size)[:, None]
+        before = np.maximum.accumulate(np.where(v, idx, -1), axis=1)
+        after = np.minimum.accumulate(np.where(v, idx, k)[:, ::-1], axis=1)[:, ::-1]
+        p = np.concatenate([np.full((live.size, 1), -1), before[:, :-1]], axis=1)
+        n = np.concatenate([after[:, 1:], np.full((live.size, 1), k)], axis=1)
+        inner = v & (p >= 0) & (n < k)
+        p, n = np.where(inner, p, 0), np.where(inner, n, k - 1)
         with np.errstate(divide="ignore", invalid="ignore"):
-            s = np.where(ok, dl / dc, np.inf)
-        best = s.min(axis=1)
-        live = np.isfinite(best)
-        if not live.any():
-            break
-        near = ok & (s <= best[:, None] + _TOL * (1 + np.abs(best[:, None])))
-        nxt = np.where(near, idx, -1).max(axis=1)
-        cur = np.where(live, nxt, cur)
-        vertex[r[live], cur[live]] = True
+            slope_in = (ll - ll[at, p]) / (cl - cl[at, p])
+            slope_out = (ll[at, n] - ll) / (cl[at, n] - cl)
+        above = inner & (slope_in > slope_out + _TOL * (1.0 + np.abs(slope_out)))
+        vertex[live] = v & ~above
+        live = live[above.any(axis=1)]
     # Interpolate the hull between consecutive vertices at every point.
     prev_v = np.maximum.accumulate(np.where(vertex, idx, 0), axis=1)
     next_v = np.minimum.accumulate(np.where(vertex, idx, k - 1)[:, ::-1], axis=1)[:, ::-1]
-    rr = np.arange(len(rows))[:, None]
     c0, c1 = c[rr, prev_v], c[rr, next_v]
     l0, l1 = l_[rr, prev_v], l_[rr, next_v]
     with np.errstate(divide="ignore", invalid="ignore"):

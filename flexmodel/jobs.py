@@ -124,14 +124,29 @@ class JobMix:
 
     @cached_property
     def shed_per_pfi_w(self) -> Array:
-        """How much each job's largest cut [W] grows per unit of PFI (0 for sweep jobs).
+        """How much each job's largest cut [W] grows per unit of PFI.
 
-        A finite difference over `PFI_STEP`: the curves rebuilt at a lower PFI, once per mix.
+        A finite difference over `PFI_STEP`: the curves of the jobs whose PFI is uncertain,
+        rebuilt at a lower PFI, once per mix. 0 for the others (sweep jobs are measured).
         """
-        pfi = np.array([j.pfi_value for j in self.jobs])
-        lower = mix_problem(self, curves=job_curves(self.jobs, pfi=pfi - PFI_STEP))
-        slope = (self.problem.max_cut_w - lower.max_cut_w) / PFI_STEP
-        return np.where([j.curve_source == "sweep" for j in self.jobs], 0.0, slope)
+        slope = np.zeros(len(self.jobs))
+        uncertain = [
+            i for i, j in enumerate(self.jobs) if j.curve_source != "sweep" and j.pfi_error
+        ]
+        if uncertain:
+            jobs = [self.jobs[i] for i in uncertain]
+            pfi = np.array([j.pfi_value for j in jobs]) - PFI_STEP
+            lower = build_problem(
+                job_curves(jobs, pfi=pfi),
+                gpus=field_array(jobs, "gpus"),
+                min_cap_w=field_array(jobs, "min_cap_w"),
+                min_throughput_fraction=field_array(jobs, "min_throughput_fraction"),
+                protected=[j.protected for j in jobs],
+                weights=field_array(jobs, "weight"),
+                pfi=pfi,
+            )
+            slope[uncertain] = (self.problem.max_cut_w[uncertain] - lower.max_cut_w) / PFI_STEP
+        return slope
 
     def array(self, name: str) -> Array:
         """One numeric job field as an array over the jobs."""

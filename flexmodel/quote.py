@@ -41,8 +41,13 @@ def quote(
     confidence: float = DEFAULT_CONFIDENCE,
     reduction_kw: float | None = None,
     points: int = CURVE_POINTS,
+    per_job_curves: bool = True,
 ) -> dict[str, Any]:
-    """A quote in the JSON shape of CONTRACT.md (`flexgate quote --json`, `POST /v1/quotes`)."""
+    """A quote in the JSON shape of CONTRACT.md (`flexgate quote --json`, `POST /v1/quotes`).
+
+    Without `per_job_curves` each job lists its largest cut but not its own supply curve (for a
+    10k-job site those curves are 210k entries, most of the quote's time and size).
+    """
     _check(window_s, confidence, reduction_kw, points)
     k = mix.overhead_factor
     counted = np.array([j.remaining_s is None or j.remaining_s >= window_s for j in mix.jobs])
@@ -89,13 +94,15 @@ def quote(
             "id": job.id,
             "counted": bool(counted[j]),
             "max_reduction_w": float(max_cut[j]),
-            "supply_curve": [
-                {"facility_kw": kw, "throughput_loss": loss}
-                for kw, loss in zip(job_kw[j], job_loss[j], strict=True)
-            ],
         }
         for j, job in enumerate(mix.jobs)
     ]
+    if per_job_curves:
+        for j, row in enumerate(doc["jobs"]):
+            row["supply_curve"] = [
+                {"facility_kw": kw, "throughput_loss": loss}
+                for kw, loss in zip(job_kw[j], job_loss[j], strict=True)
+            ]
     return doc
 
 
