@@ -18,8 +18,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/flexgate allocate examples/site.json --reduction-kw 25
 	$(BIN)/flexgate allocate examples/site.json --reduction-kw 25 --strategy equal
-	$(BIN)/flexgate allocate examples/site.json --reduction-kw 25 --objective gpu_fraction
+	$(BIN)/flexgate quote examples/site.json --reduction-kw 25 --window-s 3600
 	$(BIN)/flexgate pfi examples/sweep.csv
+	@mkdir -p out
+	$(BIN)/flexgate simulate --workloads 200 --plot out/simulate.png
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
