@@ -26,6 +26,8 @@ from flexmodel.jobs import JobMix, allocate_mix, parse_job_mix
 from flexmodel.pfi import pfi_of_sweep
 from flexmodel.quote import DEFAULT_CONFIDENCE, DEFAULT_WINDOW_S, quote
 from flexmodel.simulate import DEFAULT_REDUCTIONS, PFI_SOURCES, simulate
+from flexmodel.sync import DEFAULT_GAIN_PER_S, VERDICTS, analyse, worst_verdict
+from flexmodel.syncsim import THROTTLES, simulate_sync
 from flexmodel.workload import MIX_NAMES
 
 
@@ -126,7 +128,63 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--plot", type=Path, metavar="FILE", help="write a PNG of the results")
     sim.add_argument("--json", action="store_true", help="print one JSON document")
     sim.set_defaults(command=_cmd_simulate, name="simulate")
+    _add_sync(sub)
     return parser
+
+
+def _add_sync(sub: Any) -> None:
+    sync = sub.add_parser("sync", help="phase-locking: analysis and simulation")
+    verbs = sync.add_subparsers(required=True, metavar="VERB", parser_class=_Parser)
+    check = verbs.add_parser("check", help="coupling per harmonic, critical coupling, verdict")
+    check.add_argument("--period-s", type=_positive, metavar="T", help="iteration period [s]")
+    check.add_argument("--duty", type=_fraction, metavar="D", help="compute share, in (0, 1)")
+    check.add_argument("--delay-s", type=_non_negative, required=True, metavar="TAU")
+    check.add_argument(
+        "--window-s",
+        type=_non_negative,
+        default=0.0,
+        metavar="W",
+        help="the loop's moving-average window [s] (default 0)",
+    )
+    check.add_argument(
+        "--spread",
+        type=_non_negative,
+        default=0.0,
+        metavar="F",
+        help="half-width of the jobs' rate spread, as a fraction of the rate",
+    )
+    check.add_argument(
+        "--gain-per-s",
+        type=_non_negative,
+        default=DEFAULT_GAIN_PER_S,
+        metavar="K",
+        help=f"coupling at the fundamental [rad/s] (default {DEFAULT_GAIN_PER_S})",
+    )
+    check.add_argument("--job-mix", type=Path, metavar="FILE", help="analyse every job of a mix")
+    check.add_argument("--json", action="store_true", help="print one JSON document")
+    check.set_defaults(command=_cmd_sync_check, name="sync check")
+
+    run = verbs.add_parser("simulate", help="integrate the delayed-throttle model")
+    run.add_argument("--jobs", type=_positive_int, required=True, metavar="N")
+    run.add_argument("--period-s", type=_positive, required=True, metavar="T")
+    run.add_argument("--duty", type=_fraction, required=True, metavar="D")
+    run.add_argument("--delay-s", type=_non_negative, required=True, metavar="TAU")
+    run.add_argument("--window-s", type=_non_negative, default=0.0, metavar="W")
+    run.add_argument("--spread", type=_non_negative, default=0.0, metavar="F")
+    run.add_argument("--gain-per-s", type=_non_negative, default=DEFAULT_GAIN_PER_S, metavar="K")
+    run.add_argument("--duration-s", type=_positive, default=600.0, metavar="S")
+    run.add_argument(
+        "--noise",
+        type=_non_negative,
+        default=0.0,
+        metavar="SIGMA",
+        help="phase noise [cycles per sqrt(s)]",
+    )
+    run.add_argument("--throttle", choices=THROTTLES, default="linear")
+    run.add_argument("--seed", type=_seed, default=1, metavar="N")
+    run.add_argument("--plot", type=Path, metavar="FILE", help="aggregate power and r1 over time")
+    run.add_argument("--json", action="store_true", help="print one JSON document")
+    run.set_defaults(command=_cmd_sync_simulate, name="sync simulate")
 
 
 def _positive_int(text: str) -> int:
@@ -156,6 +214,29 @@ def _fractions(text: str) -> list[float]:
             f"expected fractions in [0, 1) separated by commas, got {text!r}"
         )
     return values
+
+
+def _positive(text: str) -> float:
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _finite(text)
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(
+            f"expected a number strictly between 0 and 1, got {text!r}"
+        )
+    return value
 
 
 def _finite(text: str) -> float:
@@ -252,6 +333,94 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         _print_json(doc)
     else:
         _show_simulation(doc)
+    return 0
+
+
+def _cmd_sync_check(args: argparse.Namespace) -> int:
+    loop = {
+        "delay_s": args.delay_s,
+        "window_s": args.window_s,
+        "spread": args.spread,
+        "gain_per_s": args.gain_per_s,
+    }
+    if args.job_mix is None:
+        if args.period_s is None or args.duty is None:
+            raise BadInputError("--period-s and --duty are required without --job-mix")
+        doc = analyse(args.period_s, args.duty, **loop).job_dict(0)
+    else:
+        doc = fleet_check(read_job_mix(args.job_mix), **loop)
+    if args.json:
+        _print_json(doc)
+    else:
+        _show_sync_check(doc)
+    return 0
+
+
+def fleet_check(mix: JobMix, **loop: float) -> dict[str, Any]:
+    """Every job's verdict under one loop; the top level describes the worst job."""
+    waving = [j for j in mix.jobs if 0.0 < j.duty < 1.0]
+    if not waving:
+        raise BadInputError("no job of the mix has a two-level waveform (every duty is 1)")
+    result = analyse([j.period_s for j in waving], [j.duty for j in waving], **loop)
+    verdicts = result.verdict
+    index = {j.id: i for i, j in enumerate(waving)}
+    worst = max(
+        range(len(waving)), key=lambda i: (VERDICTS.index(verdicts[i]), -result.max_safe_delay_s[i])
+    )
+    doc = result.job_dict(worst)
+    doc["worst_job"] = waving[worst].id
+    doc["verdict"] = worst_verdict(verdicts)
+    doc["jobs"] = [
+        {"id": j.id, "verdict": "safe", "worst_m": None, "max_safe_delay_s": None}
+        if j.id not in index
+        else {
+            "id": j.id,
+            "verdict": verdicts[index[j.id]],
+            "worst_m": int(result.worst_m[index[j.id]]),
+            "max_safe_delay_s": float(result.max_safe_delay_s[index[j.id]]),
+        }
+        for j in mix.jobs
+    ]
+    return doc
+
+
+def _cmd_sync_simulate(args: argparse.Namespace) -> int:
+    if args.plot is not None and not args.plot.parent.is_dir():
+        raise BadInputError(f"--plot: folder {args.plot.parent} does not exist")
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("integrating"),
+        BarColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as bar:
+        task = bar.add_task("run", total=1.0)
+        run = simulate_sync(
+            jobs=args.jobs,
+            period_s=args.period_s,
+            duty=args.duty,
+            delay_s=args.delay_s,
+            window_s=args.window_s,
+            gain_per_s=args.gain_per_s,
+            spread=args.spread,
+            duration_s=args.duration_s,
+            seed=args.seed,
+            noise=args.noise,
+            throttle=args.throttle,
+            progress=lambda done: bar.update(task, completed=done),
+        )
+    doc = run.as_dict()
+    if args.plot is not None:
+        from gateway.plots import plot_sync  # matplotlib costs 0.2 s: load it when asked
+
+        plot_sync(run, args.plot)
+        doc["plot"] = str(args.plot)
+    if args.json:
+        _print_json(doc)
+    else:
+        _show_sync_run(doc)
     return 0
 
 
@@ -430,6 +599,54 @@ def _show_simulation(doc: dict[str, Any]) -> None:
     )
     if "plot" in doc:
         console.print(f"plot: {doc['plot']}")
+
+
+def _show_sync_check(doc: dict[str, Any]) -> None:
+    console = Console()
+    table = Table(
+        title=(
+            f"loop delay {doc['delay_s']:g} s, window {doc['window_s']:g} s on jobs of period "
+            f"{doc['period_s']:g} s, duty {doc['duty']:g}"
+            + (f" (worst job: {doc['worst_job']})" if "worst_job" in doc else "")
+        )
+    )
+    for name in ("m", "weight", "significant", "coupling /s", "attractive", "critical /s"):
+        table.add_column(name, justify="right")
+    for h in doc["harmonics"]:
+        crit = h["critical_coupling_per_s"]
+        table.add_row(
+            str(h["m"]),
+            f"{h['weight']:.4f}",
+            "yes" if h["significant"] else "no",
+            f"{h['coupling_per_s']:+.4f}",
+            "[red]yes[/]" if h["attractive"] else "no",
+            "-" if crit is None else f"{crit:.4f}",
+        )
+    console.print(table)
+    colour = {"safe": "green", "at-risk": "yellow", "unsafe": "red"}[doc["verdict"]]
+    console.print(
+        f"verdict: [{colour}]{doc['verdict']}[/]; in phase stable for two jobs: "
+        f"{'yes' if doc['in_phase_stable'] else 'no'}; safe below a delay of "
+        f"{doc['max_safe_delay_s']:.3g} s"
+    )
+    for job in doc.get("jobs", []):
+        if job["verdict"] != "safe":
+            console.print(f"  {job['id']}: {job['verdict']} (harmonic {job['worst_m']})")
+
+
+def _show_sync_run(doc: dict[str, Any]) -> None:
+    final = doc["final"]
+    line = (
+        f"{doc['jobs']} jobs, period {doc['period_s']:g} s, duty {doc['duty']:g}, delay "
+        f"{doc['delay_s']:g} s over {doc['duration_s']:g} s: r1 {final['r1']:.2f}, "
+        f"r2 {final['r2']:.2f}, r3 {final['r3']:.2f}; aggregate swing "
+        f"{doc['aggregate_swing_ratio']:.2f}x the incoherent one"
+    )
+    if "phase_difference" in final:
+        line += f"; phase difference {final['phase_difference']:.2f} rad"
+    Console().print(line)
+    if "plot" in doc:
+        Console().print(f"plot: {doc['plot']}")
 
 
 if __name__ == "__main__":

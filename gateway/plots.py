@@ -57,3 +57,24 @@ def plot_simulation(doc: dict[str, Any], path: Path) -> None:
     )
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_sync(run: Any, path: Path) -> None:
+    """Aggregate power and the order parameter r1 over a synchronisation run."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True, constrained_layout=True)
+    top.plot(run.time_s, run.aggregate, color="tab:orange", lw=0.8)
+    top.set(
+        ylabel="aggregate power\n(mean over jobs)",
+        title=(
+            f"{run.jobs} jobs, T = {run.period_s:g} s, duty {run.duty:g}, delay {run.delay_s:g} s, "
+            f"gain {run.gain_per_s:g} rad/s, spread {run.spread:g}"
+        ),
+    )
+    top.grid(alpha=0.3)
+    for m, colour in ((1, "black"), (3, "tab:purple")):
+        bottom.plot(run.time_s, run.order[:, m - 1], color=colour, lw=1.0, label=f"r{m}")
+    bottom.set(xlabel="time [s]", ylabel="order parameter", ylim=(0, 1.05))
+    bottom.legend(frameon=False)
+    bottom.grid(alpha=0.3)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

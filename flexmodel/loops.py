@@ -1,0 +1,184 @@
+"""A site's control loops, their phase-locking verdicts, and phase scattering (MODEL.md 8).
+
+The loops of a flexgate site, each with its own delay and measurement window:
+
+1. `firmware`: each GPU's power cap, enforced by the GPU from its own power within
+   milliseconds. It couples no jobs: always safe.
+2. `agent-node-budget`: an agent holding a node budget (rather than per-GPU caps) couples the
+   jobs sharing the node; its delay is the agent's measured actuation delay.
+3. `gateway`: reconciliation and site tracking. Its window spans at least three of the longest
+   iteration periods it sees, so its gain at their frequencies is small; its effective delay
+   is the reconciliation period plus dispatch.
+
+`scatter` plans the mitigation: small per-job cap offsets that spread iteration rates beyond
+the locking range of every attractive harmonic, and splay phase offsets, with their cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from flexmodel.curves import cap_for_power, power_for_throughput
+from flexmodel.errors import FlexModelError
+from flexmodel.jobs import JobMix
+from flexmodel.sync import DEFAULT_GAIN_PER_S, HARMONICS, Analysis, analyse, worst_verdict
+
+#: The gateway averages site power over at least this many of the longest iteration periods.
+GATEWAY_WINDOW_PERIODS = 3.0
+FIRMWARE_DELAY_S = 0.05
+
+
+@dataclass(frozen=True)
+class ControlLoop:
+    name: str
+    delay_s: float
+    window_s: float
+    couples_jobs: bool
+
+    def evaluate(
+        self,
+        period_s: ArrayLike,
+        duty: ArrayLike,
+        *,
+        gain_per_s: float = DEFAULT_GAIN_PER_S,
+        spread: float = 0.0,
+    ) -> dict[str, Any]:
+        """This loop's verdict on the jobs it touches, and its delay against their half periods."""
+        periods = np.atleast_1d(np.asarray(period_s, dtype=float))
+        base = {
+            "name": self.name,
+            "delay_s": self.delay_s,
+            "window_s": self.window_s,
+            "couples_jobs": self.couples_jobs,
+            "shortest_half_period_s": float(periods.min() / 2) if periods.size else None,
+        }
+        if not self.couples_jobs or periods.size == 0:
+            return base | {"verdict": "safe", "max_safe_delay_s": None}
+        result = analyse(
+            periods,
+            duty,
+            delay_s=self.delay_s,
+            window_s=self.window_s,
+            spread=spread,
+            gain_per_s=gain_per_s,
+        )
+        return base | {
+            "verdict": worst_verdict(result.verdict),
+            "max_safe_delay_s": float(result.max_safe_delay_s.min()),
+        }
+
+
+def site_loops(
+    *,
+    periods_s: ArrayLike,
+    reconcile_period_s: float,
+    dispatch_delay_s: float = 0.0,
+    agent_delay_s: float | None = None,
+    agent_window_s: float = 0.0,
+) -> list[ControlLoop]:
+    """The loops of a site; the agent loop only when agents hold node budgets."""
+    periods = np.atleast_1d(np.asarray(periods_s, dtype=float))
+    longest = float(periods.max()) if periods.size else 0.0
+    loops = [ControlLoop("firmware", FIRMWARE_DELAY_S, 0.0, couples_jobs=False)]
+    if agent_delay_s is not None:
+        loops.append(ControlLoop("agent-node-budget", agent_delay_s, agent_window_s, True))
+    loops.append(
+        ControlLoop(
+            "gateway",
+            delay_s=reconcile_period_s + dispatch_delay_s,
+            window_s=GATEWAY_WINDOW_PERIODS * longest,
+            couples_jobs=True,
+        )
+    )
+    return loops
+
+
+def required_spread(result: Analysis) -> float:
+    """The rate spread (fraction of the rate, Lorentzian half-width) at which no significant
+    harmonic of any job attracts beyond its critical coupling."""
+    need = 0.0
+    w = 2.0 * np.pi / result.period_s
+    tau = result.delay_s + result.window_s / 2.0
+    for j, i in zip(*np.nonzero(result.attractive & result.significant), strict=True):
+        target, m = result.coupling_per_s[j, i], float(HARMONICS[i])
+        lo, hi = 0.0, 1.0  # solve 2 m gamma exp(m gamma tau) = a_m for gamma = spread * w
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            gamma = mid * w[j]
+            lo, hi = (mid, hi) if 2 * m * gamma * np.exp(m * gamma * tau) < target else (lo, mid)
+        need = max(need, hi)
+    return need
+
+
+def scatter(
+    mix: JobMix,
+    loop: ControlLoop,
+    *,
+    gain_per_s: float = DEFAULT_GAIN_PER_S,
+    spread: float = 0.0,
+    budget_fraction: float = 0.02,
+) -> dict[str, Any]:
+    """Per-job cap offsets (detuning) and splay phase offsets that keep `loop` from locking.
+
+    Rates can only be lowered by caps, so jobs are slowed by evenly spaced fractions in
+    `[0, 2 * delta]`. A uniform spread of half-width `delta` has critical coupling `4 delta/pi`
+    (Kuramoto) against `2 gamma` for a Lorentzian of half-width `gamma`, so
+    `delta = (pi / 2) * gamma_needed`, less the spread the jobs already have. The largest
+    offsets go to the jobs with the least throughput (the cheapest order). Each job's cap is the
+    one its curve gives for the slower throughput. `feasible` is whether the cost stays within
+    `budget_fraction` of the site's throughput.
+    """
+    if not 0.0 <= budget_fraction <= 1.0:
+        raise FlexModelError("budget_fraction must lie in [0, 1]")
+    jobs = mix.jobs
+    if not jobs:
+        return {
+            "loop": loop.name,
+            "required_spread": 0.0,
+            "jobs": [],
+            "throughput_cost": 0.0,
+            "throughput_cost_fraction": 0.0,
+            "feasible": True,
+        }
+    period = mix.array("period_s")
+    duty = mix.array("duty")
+    result = analyse(
+        period,
+        np.clip(duty, 1e-6, 1 - 1e-6),
+        delay_s=loop.delay_s,
+        window_s=loop.window_s,
+        spread=spread,
+        gain_per_s=gain_per_s,
+    )
+    needed = required_spread(result) if loop.couples_jobs else 0.0
+    half_width = max(np.pi / 2.0 * (needed - spread), 0.0)
+    order = np.argsort(mix.curves.uncapped_throughput)  # least throughput first
+    slow = np.zeros(len(jobs))
+    if half_width > 0 and len(jobs) > 1:
+        slow[order] = np.linspace(2.0 * half_width, 0.0, len(jobs))
+    curves = mix.curves
+    before = curves.uncapped_throughput
+    floor_power = power_for_throughput(curves, (1.0 - slow) * before)
+    caps = cap_for_power(curves, floor_power)
+    cost = float((slow * before).sum())
+    splay = 2.0 * np.pi * np.arange(len(jobs)) / len(jobs)
+    return {
+        "loop": loop.name,
+        "required_spread": needed,
+        "jobs": [
+            {
+                "id": job.id,
+                "rate_offset": -float(slow[j]),
+                "cap_w": float(caps[j]),
+                "phase_offset_rad": float(splay[j]),
+            }
+            for j, job in enumerate(jobs)
+        ],
+        "throughput_cost": cost,
+        "throughput_cost_fraction": cost / float(before.sum()) if before.sum() else 0.0,
+        "feasible": cost <= budget_fraction * float(before.sum()),
+    }
