@@ -48,12 +48,25 @@ class SyncRun:
     gain_per_s: float
     spread: float
     duration_s: float
+    comm_power_fraction: float
+    dt_s: float
     time_s: Array  #: (S,) sample times
     order: Array  #: (S, 3) r_1..r_3 at each sample
-    aggregate: Array  #: (S,) aggregate power (mean over jobs, compute level = 1)
+    aggregate: Array  #: (steps,) aggregate power at every step (mean over jobs, compute = 1)
     final_phases: Array  #: (N,) in cycles
-    swing_ratio: float
     phase_difference: float | None  #: two jobs only, radians in [0, pi]
+
+    @property
+    def swing_single(self) -> float:
+        """One job's power standard deviation (compute level 1): the incoherent unit."""
+        return float((1.0 - self.comm_power_fraction) * np.sqrt(self.duty * (1.0 - self.duty)))
+
+    @property
+    def swing_ratio(self) -> float:
+        """The aggregate's standard deviation over the last quarter, against the incoherent
+        `sqrt(N)` times one job's (about 1 when independent, `sqrt(N)` when locked)."""
+        tail = self.aggregate[int(0.75 * self.aggregate.size) :]
+        return float(np.sqrt(self.jobs) * tail.std() / self.swing_single)
 
     @property
     def final_order(self) -> Array:
@@ -119,7 +132,7 @@ def simulate_sync(
     history = np.zeros(steps + 1)
     level = np.empty(steps)
     every = max(steps // samples, 1)
-    times, order, agg = [], [], []
+    times, order = [], []
     noise_scale = noise * np.sqrt(dt)
     kicks = np.zeros((0, jobs))
     for k in range(steps):
@@ -146,12 +159,8 @@ def simulate_sync(
             times.append((k + 1) * dt)
             angle = 2.0 * np.pi * phase
             order.append([np.abs(np.exp(1j * m * angle).mean()) for m in (1, 2, 3)])
-            agg.append(now)
             if progress is not None:
                 progress((k + 1) / steps)
-    tail = level[int(0.75 * steps) :]
-    single = swing * np.sqrt(duty * (1.0 - duty))
-    ratio = float(np.sqrt(jobs) * tail.std() / single)
     difference = None
     if jobs == 2:
         gap = 2.0 * np.pi * (phase[0] - phase[1])
@@ -165,11 +174,12 @@ def simulate_sync(
         gain_per_s=gain_per_s,
         spread=spread,
         duration_s=steps * dt,
+        comm_power_fraction=comm_power_fraction,
+        dt_s=dt,
         time_s=np.array(times),
         order=np.array(order),
-        aggregate=np.array(agg),
+        aggregate=level,
         final_phases=phase,
-        swing_ratio=ratio,
         phase_difference=difference,
     )
 

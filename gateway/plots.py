@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # the backend must be chosen before pyplot loads
@@ -60,11 +61,25 @@ def plot_simulation(doc: dict[str, Any], path: Path) -> None:
 
 
 def plot_sync(run: Any, path: Path) -> None:
-    """Aggregate power and the order parameter r1 over a synchronisation run."""
+    """The aggregate swing per period and the order parameters r1, r3 over a run."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True, constrained_layout=True)
-    top.plot(run.time_s, run.aggregate, color="tab:orange", lw=0.8)
+    # Per period: the aggregate's standard deviation against the incoherent sqrt(N) one.
+    per = round(run.period_s / run.dt_s)
+    usable = len(run.aggregate) // per * per
+    chunks = run.aggregate[:usable].reshape(-1, per)
+    single = run.swing_single
+    t = (np.arange(chunks.shape[0]) + 0.5) * per * run.dt_s
+    top.plot(t, np.sqrt(run.jobs) * chunks.std(axis=1) / single, color="tab:orange", lw=1.0)
+    top.axhline(1.0, color="grey", ls=":", label="independent jobs (1)")
+    top.axhline(
+        np.sqrt(run.jobs),
+        color="tab:red",
+        ls=":",
+        label=f"locked (sqrt N = {np.sqrt(run.jobs):.1f})",
+    )
+    top.legend(frameon=False, loc="center right")
     top.set(
-        ylabel="aggregate power\n(mean over jobs)",
+        ylabel="aggregate swing\n(x incoherent)",
         title=(
             f"{run.jobs} jobs, T = {run.period_s:g} s, duty {run.duty:g}, delay {run.delay_s:g} s, "
             f"gain {run.gain_per_s:g} rad/s, spread {run.spread:g}"
