@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import EXAMPLES, ROOT
@@ -236,4 +237,125 @@ def test_simulate_json_and_plot(tmp_path):
     ],
 )
 def test_quote_and_simulate_bad_input(args, fragments):
+    assert_bad_input(flexgate(*args), *fragments)
+
+
+def test_sync_check_json_follows_the_contract():
+    result = flexgate(
+        "sync", "check", "--period-s", "2", "--duty", "0.5", "--delay-s", "0.2", "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert set(doc) == {
+        "period_s",
+        "duty",
+        "delay_s",
+        "window_s",
+        "spread",
+        "gain_per_s",
+        "harmonics",
+        "in_phase_stable",
+        "verdict",
+        "max_safe_delay_s",
+    }
+    assert doc["verdict"] == "safe"
+    assert doc["max_safe_delay_s"] == pytest.approx(1 / 3)
+    assert set(doc["harmonics"][0]) == {
+        "m",
+        "weight",
+        "significant",
+        "coupling_per_s",
+        "attractive",
+        "critical_coupling_per_s",
+    }
+
+
+def test_sync_check_over_a_job_mix():
+    result = flexgate(
+        "sync", "check", "--delay-s", "1.2", "--job-mix", EXAMPLES / "site.json", "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    ids = [j["id"] for j in json.loads((EXAMPLES / "site.json").read_text())["jobs"]]
+    assert [j["id"] for j in doc["jobs"]] == ids
+    assert doc["verdict"] == "unsafe"
+    assert set(doc["jobs"][0]) == {"id", "verdict", "worst_m", "max_safe_delay_s"}
+    human = flexgate("sync", "check", "--delay-s", "0.1", "--job-mix", EXAMPLES / "site.json")
+    assert "verdict:" in human.stdout
+
+
+def test_sync_simulate_json_and_plot(tmp_path):
+    plot = tmp_path / "sync.png"
+    result = flexgate(
+        "sync",
+        "simulate",
+        "--jobs",
+        "2",
+        "--period-s",
+        "2",
+        "--duty",
+        "0.5",
+        "--delay-s",
+        "1.4",
+        "--gain-per-s",
+        "0.3",
+        "--duration-s",
+        "120",
+        "--plot",
+        plot,
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["final"]["phase_difference"] == pytest.approx(0.0, abs=0.1)
+    assert doc["aggregate_swing_ratio"] == pytest.approx(np.sqrt(2), rel=0.05)
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["sync", "check", "--duty", "0.5", "--delay-s", "0.2"], ["--period-s and --duty"]),
+        (
+            ["sync", "check", "--period-s", "2", "--duty", "1", "--delay-s", "0"],
+            ["between 0 and 1"],
+        ),
+        (["sync", "check", "--period-s", "-2", "--duty", "0.5", "--delay-s", "0"], ["positive"]),
+        (["sync", "check", "--period-s", "2", "--duty", "0.5"], ["--delay-s"]),
+        (
+            [
+                "sync",
+                "simulate",
+                "--jobs",
+                "0",
+                "--period-s",
+                "2",
+                "--duty",
+                "0.5",
+                "--delay-s",
+                "1",
+            ],
+            ["at least 1"],
+        ),
+        (
+            [
+                "sync",
+                "simulate",
+                "--jobs",
+                "2",
+                "--period-s",
+                "2",
+                "--duty",
+                "0.5",
+                "--delay-s",
+                "1",
+                "--throttle",
+                "soft",
+            ],
+            ["invalid choice"],
+        ),
+        (["sync", "frob"], ["invalid choice"]),
+    ],
+)
+def test_sync_bad_input(args, fragments):
     assert_bad_input(flexgate(*args), *fragments)

@@ -1,0 +1,174 @@
+"""The simulator reproduces what the phase-locking study claims (MODEL.md section 8)."""
+
+import numpy as np
+import pytest
+
+from flexmodel.errors import FlexModelError
+from flexmodel.phases import rayleigh_threshold
+from flexmodel.syncsim import simulate_sync
+
+T = 2.0
+
+
+def two_jobs(delay_s, *, duty=0.5, start=0.1, gain=0.3, seconds=300.0):
+    run = simulate_sync(
+        jobs=2,
+        period_s=T,
+        duty=duty,
+        delay_s=delay_s,
+        gain_per_s=gain,
+        duration_s=seconds,
+        initial_phases=np.array([0.0, start]),
+    )
+    return run.phase_difference / (2 * np.pi)  # in cycles, [0, 0.5]
+
+
+@pytest.mark.parametrize("delay", [0.2, 0.6, 0.9])
+def test_two_equal_jobs_settle_in_anti_phase_below_half_a_period(delay):
+    assert two_jobs(delay) == pytest.approx(0.5, abs=0.02)
+
+
+@pytest.mark.parametrize("delay", [1.1, 1.4, 1.8])
+def test_two_equal_jobs_settle_in_phase_above_half_a_period(delay):
+    assert two_jobs(delay) == pytest.approx(0.0, abs=0.02)
+
+
+def test_duty_below_half_repels_then_is_neutral_then_attracts():
+    """d = 0.3: d'T = 0.6 s, (1 - d')T = 1.4 s; start 0.05 cycles apart."""
+    assert two_jobs(0.3, duty=0.3, start=0.05) > 0.3  # repelled far apart
+    for delay in (0.8, 1.0, 1.2):  # neutral: a small difference neither grows nor shrinks
+        assert two_jobs(delay, duty=0.3, start=0.05) == pytest.approx(0.05, abs=0.01)
+    assert two_jobs(1.6, duty=0.3, start=0.05) == pytest.approx(0.0, abs=0.01)
+
+
+def test_a_quarter_period_delay_forms_three_clusters():
+    run = simulate_sync(
+        jobs=9, period_s=T, duty=0.5, delay_s=T / 4, gain_per_s=0.5, duration_s=400, seed=2
+    )
+    r1, _, r3 = run.final_order
+    assert r1 < 0.2
+    assert r3 > 0.8
+
+
+def test_an_attractive_delay_locks_a_fleet_and_its_swing_grows_like_n():
+    jobs = 50
+    locked = simulate_sync(
+        jobs=jobs, period_s=T, duty=0.5, delay_s=1.5, gain_per_s=0.3, duration_s=300, seed=4
+    )
+    assert locked.final_order[0] > 0.99
+    assert locked.swing_ratio == pytest.approx(np.sqrt(jobs), rel=0.05)
+    free = simulate_sync(
+        jobs=jobs, period_s=T, duty=0.5, delay_s=0.2, gain_per_s=0.3, duration_s=300, seed=4
+    )
+    assert np.all(free.final_order < rayleigh_threshold(jobs, 0.01))
+    assert free.swing_ratio < 1.5
+
+
+def locking_gain(spread, *, jobs=300, seconds=300.0, seed=3):
+    """The smallest gain at which r1 passes 0.4 (bisection on a log scale)."""
+    lo, hi = 0.3 * 2 * spread * np.pi, 3.0 * 2 * spread * np.pi
+    for _ in range(6):
+        mid = np.sqrt(lo * hi)
+        run = simulate_sync(
+            jobs=jobs,
+            period_s=T,
+            duty=0.5,
+            delay_s=1.5,
+            gain_per_s=mid,
+            spread=spread,
+            duration_s=seconds,
+            seed=seed,
+        )
+        lo, hi = (lo, mid) if run.final_order[0] > 0.4 else (mid, hi)
+    return np.sqrt(lo * hi)
+
+
+def test_the_locking_threshold_grows_linearly_with_the_spread():
+    """Theory: K_c = 2 gamma = 2 * spread * w at w tau = 3 pi / 2. What we see: a straight line
+    with slope near 2 w, plus a small offset (300 jobs and 300 s: finite N and finite time
+    need a little more coupling to reach r1 = 0.4)."""
+    spreads = np.array([0.005, 0.01, 0.02, 0.03])
+    gains = np.array([locking_gain(s) for s in spreads])
+    slope, offset = np.polyfit(spreads, gains, 1)
+    fitted = slope * spreads + offset
+    assert np.all(np.abs(gains - fitted) < 0.06 * gains)  # a line
+    assert slope / (2 * 2 * np.pi / T) == pytest.approx(1.0, abs=0.2)
+    assert 0.0 <= offset < 0.3 * gains[0]
+
+
+def test_sweeping_the_gain_up_and_down_shows_little_hysteresis():
+    """What we see: with a Lorentzian spread the onset is close to continuous. Far from the
+    threshold both branches agree; near it the locked branch stays at least as ordered."""
+    spread = 0.01
+    gains = np.array([0.4, 0.9, 1.0, 1.2, 2.0]) * 2 * spread * 2 * np.pi / T
+    phases, up, down = None, [], []
+    for gain in gains:
+        run = simulate_sync(
+            jobs=300,
+            period_s=T,
+            duty=0.5,
+            delay_s=1.5,
+            gain_per_s=gain,
+            spread=spread,
+            duration_s=300,
+            seed=3,
+            initial_phases=phases,
+        )
+        phases = run.final_phases
+        up.append(run.final_order[0])
+    for gain in gains[::-1]:
+        run = simulate_sync(
+            jobs=300,
+            period_s=T,
+            duty=0.5,
+            delay_s=1.5,
+            gain_per_s=gain,
+            spread=spread,
+            duration_s=300,
+            seed=3,
+            initial_phases=phases,
+        )
+        phases = run.final_phases
+        down.append(run.final_order[0])
+    down = down[::-1]
+    assert up[0] < 0.2
+    assert down[0] < 0.2
+    assert up[-1] > 0.65
+    assert down[-1] > 0.65
+    assert all(d >= u - 0.1 for u, d in zip(up, down, strict=True))
+    assert max(d - u for u, d in zip(up, down, strict=True)) < 0.25
+
+
+def test_output_follows_the_contract():
+    doc = simulate_sync(jobs=2, period_s=2.0, duty=0.5, delay_s=1.4, duration_s=60).as_dict()
+    assert set(doc) >= {"jobs", "period_s", "duty", "delay_s", "final", "aggregate_swing_ratio"}
+    assert set(doc["final"]) == {"r1", "r2", "r3", "phase_difference"}
+    assert 0.0 <= doc["final"]["phase_difference"] <= np.pi
+    many = simulate_sync(jobs=3, period_s=2.0, duty=0.5, delay_s=1.4, duration_s=60).as_dict()
+    assert "phase_difference" not in many["final"]
+
+
+def test_runs_are_deterministic_by_seed():
+    a = simulate_sync(
+        jobs=20, period_s=2.0, duty=0.5, delay_s=1.4, spread=0.02, noise=0.01, duration_s=60, seed=7
+    )
+    b = simulate_sync(
+        jobs=20, period_s=2.0, duty=0.5, delay_s=1.4, spread=0.02, noise=0.01, duration_s=60, seed=7
+    )
+    np.testing.assert_array_equal(a.final_phases, b.final_phases)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"jobs": 0}, "jobs"),
+        ({"duty": 1.0}, "duty"),
+        ({"duration_s": 0.5}, "duration"),
+        ({"throttle": "soft"}, "throttle"),
+        ({"delay_s": -0.1}, "delay_s"),
+    ],
+)
+def test_bad_simulation_input(kwargs, message):
+    args = {"jobs": 2, "period_s": 2.0, "duty": 0.5, "delay_s": 0.2, "duration_s": 10.0} | kwargs
+    with pytest.raises(FlexModelError, match=message):
+        simulate_sync(**args)
