@@ -22,6 +22,8 @@ demo: $(STAMP)
 	$(BIN)/flexgate pfi examples/sweep.csv
 	@mkdir -p out
 	$(BIN)/flexgate simulate --workloads 200 --plot out/simulate.png
+	$(BIN)/flexgate sync check --delay-s 1.2 --job-mix examples/site.json
+	$(BIN)/flexgate sync simulate --jobs 50 --period-s 2 --duty 0.5 --delay-s 1.5 --gain-per-s 0.3 --duration-s 300 --plot out/sync.png
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -33,6 +35,8 @@ test: lint
 
 bench: $(STAMP)
 	$(BIN)/python bench/allocate_bench.py
+	$(BIN)/python bench/simulate_bench.py
+	$(BIN)/python bench/sync_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
