@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from flexgate.plots import plot_sync
 from flexmodel.sync import analyse
 from flexmodel.syncsim import simulate_sync
-from gateway.plots import plot_sync
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS, IMAGES = ROOT / "bench" / "results", ROOT / "docs" / "img"

@@ -15,7 +15,7 @@ from tests.conftest import EXAMPLES, ROOT
 
 def flexgate(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *map(str, args)],
+        [sys.executable, "-m", "flexgate.cli", *map(str, args)],
         capture_output=True,
         text=True,
         cwd=ROOT,

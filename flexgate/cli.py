@@ -325,7 +325,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             progress=lambda done, _total: bar.update(task, completed=done),
         )
     if args.plot is not None:
-        from gateway.plots import plot_simulation  # matplotlib costs 0.2 s: load it when asked
+        from flexgate.plots import plot_simulation  # matplotlib costs 0.2 s: load it when asked
 
         plot_simulation(doc, args.plot)
         doc["plot"] = str(args.plot)
@@ -413,7 +413,7 @@ def _cmd_sync_simulate(args: argparse.Namespace) -> int:
         )
     doc = run.as_dict()
     if args.plot is not None:
-        from gateway.plots import plot_sync  # matplotlib costs 0.2 s: load it when asked
+        from flexgate.plots import plot_sync  # matplotlib costs 0.2 s: load it when asked
 
         plot_sync(run, args.plot)
         doc["plot"] = str(args.plot)

@@ -1,0 +1,5 @@
+import sys
+
+from flexgate.cli import main
+
+sys.exit(main())
