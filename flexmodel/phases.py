@@ -53,6 +53,10 @@ def estimate_waveform(
     low, high = np.percentile(x, [10, 90])
     if high - low <= 1e-9 * max(abs(high), 1.0):
         raise FlexModelError("the trace is flat: no iteration waveform to measure")
+    # Noise from successive differences (a square wave's are zero but at its edges).
+    noise = 1.4826 * float(np.median(np.abs(np.diff(x)))) / np.sqrt(2.0)
+    if high - low < 4.0 * noise:
+        raise FlexModelError("no two-level waveform stands above the noise (a cap may clip both)")
     centred = x - x.mean()
     n = x.size
     spectrum = np.fft.rfft(centred, 2 * n)

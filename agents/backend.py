@@ -1,0 +1,36 @@
+"""The one small interface between the agent and its GPUs (NVML or simulated)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Constraints:
+    min_w: float
+    max_w: float
+    default_w: float
+
+
+class GpuBackend(Protocol):
+    kind: str
+    #: How long a power reading averages over [s] (0 for instantaneous readings).
+    averaging_s: float
+
+    def count(self) -> int: ...
+    def identity(self, index: int) -> tuple[str, str]:
+        """(uuid, name)"""
+        ...
+
+    def constraints(self, index: int) -> Constraints: ...
+    def enforced_limit_w(self, index: int) -> float: ...
+    def set_limit_w(self, index: int, watts: float) -> None: ...
+    def power_w(self, index: int) -> float: ...
+    def energy_j(self, index: int) -> float | None: ...
+    def power_capped(self, index: int) -> bool | None:
+        """Whether the SW power cap is slowing the clocks now."""
+        ...
+
+    def persistence_mode(self, index: int) -> bool | None: ...
+    def close(self) -> None: ...

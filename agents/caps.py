@@ -1,0 +1,182 @@
+"""Applying a node's desired caps, with leases, generations and restore (ARCHITECTURE.md).
+
+- A command is the node's whole desired state: GPUs it does not list go back to their
+  original limit.
+- Generations only rise: a command older than the last accepted one is refused (409), so a
+  delayed retry cannot undo a newer plan. The same generation again renews the lease.
+- Every command is validated in full before anything changes (unknown or repeated GPU: 422).
+- Caps outside a GPU's constraints are clamped to them and the clamp is reported; every change
+  is read back (the enforced limit is the truth), with its time from the request's arrival.
+- Before its first change, each GPU's original limit is saved to disk (`OriginalLimits`).
+- The lease counts on the agent's monotonic clock from acceptance. When it runs out without
+  renewal, every GPU gets its original limit back (`expire`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from agents.backend import GpuBackend
+from agents.errors import AgentError, InvalidCapError, StaleGenerationError
+from agents.protocol import CapCommand, CapResponse, CapResult, DelayStats
+from agents.state import OriginalLimits
+
+#: A limit that reads back more than this far from what was set is reported as an error.
+READBACK_TOLERANCE_W = 1.0
+
+
+class CapController:
+    def __init__(
+        self,
+        backend: GpuBackend,
+        originals: OriginalLimits,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backend = backend
+        self.originals = originals
+        self.clock = clock
+        self._lock = threading.Lock()
+        self.generation: int | None = None
+        self.plan_id: str | None = None
+        self.lease_until: float | None = None
+        self.delays: deque[float] = deque(maxlen=2000)
+
+    # --- commands --------------------------------------------------------------------------
+
+    def apply(self, command: CapCommand, received_at: float) -> CapResponse:
+        with self._lock:
+            if self.generation is not None and command.generation < self.generation:
+                raise StaleGenerationError(
+                    f"generation {command.generation} is older than the last accepted "
+                    f"({self.generation}); nothing changed"
+                )
+            wanted = self._validate(command)
+            results = [self._set(gpu, cap, received_at) for gpu, cap in sorted(wanted.items())]
+            results += [
+                self._restore(gpu, received_at)
+                for gpu in range(self.backend.count())
+                if gpu not in wanted and self._uuid_or_none(gpu) in self.originals.saved()
+            ]
+            self.generation = command.generation
+            self.plan_id = command.plan_id
+            self.lease_until = self.clock() + command.lease_s
+            return CapResponse(
+                plan_id=command.plan_id,
+                generation=command.generation,
+                lease_s=command.lease_s,
+                results=sorted(results, key=lambda r: r.gpu),
+            )
+
+    def restore_all(self, received_at: float | None = None) -> list[CapResult]:
+        """Every GPU flexgate changed back to its original limit; the lease ends."""
+        start = self.clock() if received_at is None else received_at
+        with self._lock:
+            self.lease_until = None
+            saved = self.originals.saved()
+            return [self._restore(index, start) for _, (index, _) in sorted(saved.items())]
+
+    def expire(self) -> list[CapResult] | None:
+        """Restore everything if the lease has run out (called by the agent's watcher)."""
+        if self.lease_until is None or self.clock() < self.lease_until:
+            return None
+        return self.restore_all()
+
+    def lease_remaining_s(self) -> float | None:
+        return None if self.lease_until is None else max(self.lease_until - self.clock(), 0.0)
+
+    def delay_stats(self) -> DelayStats:
+        values = np.array(self.delays)
+        if values.size == 0:
+            return DelayStats(p50_s=None, p99_s=None, count=0)
+        return DelayStats(
+            p50_s=float(np.percentile(values, 50)),
+            p99_s=float(np.percentile(values, 99)),
+            count=int(values.size),
+        )
+
+    # --- one GPU ---------------------------------------------------------------------------
+
+    def _validate(self, command: CapCommand) -> dict[int, float]:
+        count = self.backend.count()
+        wanted: dict[int, float] = {}
+        for cap in command.caps:
+            if cap.gpu >= count:
+                raise InvalidCapError(f"caps: GPU {cap.gpu} does not exist (this node has {count})")
+            if cap.gpu in wanted:
+                raise InvalidCapError(f"caps: GPU {cap.gpu} appears twice")
+            wanted[cap.gpu] = cap.cap_w
+        return wanted
+
+    def _uuid_or_none(self, index: int) -> str | None:
+        try:
+            return self.backend.identity(index)[0]
+        except AgentError:
+            return None
+
+    def _set(self, index: int, requested_w: float, received_at: float) -> CapResult:
+        clamped = False
+        try:
+            uuid, _ = self.backend.identity(index)
+            limits = self.backend.constraints(index)
+            target = min(max(requested_w, limits.min_w), limits.max_w)
+            clamped = target != requested_w
+            if self.originals.original_w(uuid) is None:
+                self.originals.remember(uuid, index, self.backend.enforced_limit_w(index))
+            self.backend.set_limit_w(index, target)
+            enforced = self.backend.enforced_limit_w(index)
+        except AgentError as exc:
+            return self._result(index, requested_w, None, clamped, received_at, str(exc))
+        error = None
+        if abs(enforced - target) > READBACK_TOLERANCE_W:
+            error = f"limit reads back as {enforced:g} W, not the {target:g} W set"
+        return self._result(index, requested_w, enforced, clamped, received_at, error)
+
+    def _restore(self, index: int, received_at: float) -> CapResult:
+        try:
+            uuid, _ = self.backend.identity(index)
+            original = self.originals.original_w(uuid)
+            if original is None:
+                return self._result(
+                    index, None, self.backend.enforced_limit_w(index), False, received_at, None
+                )
+            self.backend.set_limit_w(index, original)
+            enforced = self.backend.enforced_limit_w(index)
+        except AgentError as exc:
+            return self._result(index, None, None, False, received_at, str(exc))
+        if abs(enforced - original) > READBACK_TOLERANCE_W:
+            return self._result(
+                index,
+                None,
+                enforced,
+                False,
+                received_at,
+                f"original limit {original:g} W reads back as {enforced:g} W",
+            )
+        self.originals.forget(uuid)
+        return self._result(index, None, enforced, False, received_at, None)
+
+    def _result(
+        self,
+        index: int,
+        requested: float | None,
+        enforced: float | None,
+        clamped: bool,
+        received_at: float,
+        error: str | None,
+    ) -> CapResult:
+        elapsed = self.clock() - received_at
+        if error is None:
+            self.delays.append(elapsed)
+        return CapResult(
+            gpu=index,
+            requested_w=requested,
+            enforced_w=enforced,
+            clamped=clamped,
+            elapsed_s=elapsed,
+            error=error,
+        )

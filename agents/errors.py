@@ -1,0 +1,45 @@
+"""The agent's exception tree; each class carries the HTTP status it answers with.
+
+AgentError (500)
+├── UnauthorizedError (401)       missing or wrong bearer token
+├── InvalidCapError (422)         a command that names an unknown GPU, twice the same GPU ...
+├── StaleGenerationError (409)    a command older than the last accepted one
+└── BackendError (502)            the GPU or its driver failed
+    ├── GpuLostError              the GPU fell off the bus
+    ├── NoPermissionError         the agent may not set limits (needs root)
+    └── NotSupportedError         the GPU does not offer this
+"""
+
+from __future__ import annotations
+
+
+class AgentError(Exception):
+    status_code = 500
+
+
+class UnauthorizedError(AgentError):
+    status_code = 401
+
+
+class InvalidCapError(AgentError):
+    status_code = 422
+
+
+class StaleGenerationError(AgentError):
+    status_code = 409
+
+
+class BackendError(AgentError):
+    status_code = 502
+
+
+class GpuLostError(BackendError):
+    pass
+
+
+class NoPermissionError(BackendError):
+    pass
+
+
+class NotSupportedError(BackendError):
+    pass

@@ -1,0 +1,114 @@
+"""The agent's wire schemas (CONTRACT.md, "Agent HTTP API").
+
+The only module of `agents` the gateway imports. Commands refuse unknown fields; every number
+must be finite. Units are in the names: watts (`_w`), seconds (`_s`).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class GpuCap(_Strict):
+    gpu: int = Field(ge=0, description="GPU index on the node")
+    cap_w: float = Field(gt=0, description="requested per-GPU power limit [W]")
+
+
+class CapCommand(_Strict):
+    """A node's whole desired state: GPUs not listed go back to their original limit."""
+
+    plan_id: str = Field(min_length=1, max_length=200)
+    generation: int = Field(ge=0, description="rises with every new plan; older ones get 409")
+    lease_s: float = Field(gt=0, le=86400, description="the caps hold this long unless renewed")
+    caps: list[GpuCap] = Field(default_factory=list)
+
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra={
+            "examples": [
+                {
+                    "plan_id": "plan-42",
+                    "generation": 7,
+                    "lease_s": 600,
+                    "caps": [{"gpu": 0, "cap_w": 450.0}, {"gpu": 1, "cap_w": 450.0}],
+                }
+            ]
+        },
+    )
+
+
+class CapResult(BaseModel):
+    gpu: int
+    requested_w: float | None  #: None for a GPU restored to its original limit
+    enforced_w: float | None  #: what the GPU enforces after the change (read back)
+    clamped: bool  #: the request lay outside the GPU's constraints
+    elapsed_s: float  #: from the request's arrival to the limit read back
+    error: str | None = None
+
+
+class CapResponse(BaseModel):
+    plan_id: str
+    generation: int
+    lease_s: float
+    results: list[CapResult]
+
+
+class RestoreResponse(BaseModel):
+    results: list[CapResult]
+
+
+class GpuInfo(BaseModel):
+    index: int
+    uuid: str
+    name: str
+    min_limit_w: float
+    max_limit_w: float
+    default_limit_w: float
+    enforced_limit_w: float
+    power_w: float | None
+
+
+class GpusResponse(BaseModel):
+    gpus: list[GpuInfo]
+
+
+class GpuPower(BaseModel):
+    index: int
+    power_w: list[float]  #: recent samples, oldest first
+    sample_interval_s: float
+
+
+class JobTelemetry(BaseModel):
+    job_id: str
+    period_s: float | None
+    duty: float | None
+    phase_rad: float | None  #: None when the reading is too coarse for the period
+    phase_at: float | None  #: agent monotonic time [s] of that phase
+    power_w: float | None  #: mean power per GPU over the window
+
+
+class DelayStats(BaseModel):
+    p50_s: float | None
+    p99_s: float | None
+    count: int
+
+
+class TelemetryResponse(BaseModel):
+    node_id: str
+    gpus: list[GpuPower]
+    jobs: list[JobTelemetry]
+    actuation_delay: DelayStats
+
+
+class Health(BaseModel):
+    status: str
+    backend: str
+    node_id: str
+    gpus: int
+    generation: int | None
+    lease_remaining_s: float | None

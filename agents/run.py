@@ -1,0 +1,57 @@
+"""Starting an agent from its settings: `flexgate agent`."""
+
+from __future__ import annotations
+
+import json
+
+import uvicorn
+
+from agents.backend import GpuBackend
+from agents.service import AgentNode, create_app
+from agents.settings import AgentSettings
+from agents.simulated import SimulatedBackend
+from flexmodel.jobs import JobMix, parse_job_mix
+
+
+def build_node(settings: AgentSettings) -> AgentNode:
+    mix = read_mix(settings)
+    backend: GpuBackend
+    if settings.agent_backend == "nvml":
+        from agents.nvml import NvmlBackend  # loads pynvml only on a GPU node
+
+        backend = NvmlBackend()
+    else:
+        backend = SimulatedBackend(settings.agent_gpus, mix=mix, node_id=settings.agent_node_id)
+    return AgentNode(
+        settings.agent_node_id,
+        backend,
+        settings.agent_state_dir / settings.agent_node_id,
+        jobs=jobs_on_node(mix, settings.agent_node_id, backend.count()),
+        sample_hz=settings.agent_sample_hz,
+        window_s=settings.agent_telemetry_window_s,
+        lease_check_s=settings.agent_lease_check_s,
+    )
+
+
+def read_mix(settings: AgentSettings) -> JobMix | None:
+    if settings.agent_job_mix is None:
+        return None
+    return parse_job_mix(json.loads(settings.agent_job_mix.read_text(encoding="utf-8")))
+
+
+def jobs_on_node(mix: JobMix | None, node_id: str, gpus: int) -> dict[str, list[int]]:
+    """GPU indices of each job the mix places on this node (all GPUs: one `default` job)."""
+    placed = {
+        job.id: list(where.gpus)
+        for job in (mix.jobs if mix else ())
+        for where in job.placement or ()
+        if where.node == node_id
+    }
+    return placed or {"default": list(range(gpus))}
+
+
+def run_agent(settings: AgentSettings) -> None:
+    """Serve until SIGTERM or SIGINT; uvicorn's shutdown runs the node's restore."""
+    node = build_node(settings)
+    app = create_app([node], settings.agent_token.get_secret_value())
+    uvicorn.run(app, host=settings.agent_host, port=settings.agent_port, log_level="warning")

@@ -1,0 +1,236 @@
+"""The agent's HTTP service (CONTRACT.md, "Agent HTTP API"), FastAPI on uvicorn.
+
+`AgentNode` is one node's composition: its backend, original limits, cap controller, sampler
+and lease watcher. `create_app` serves one node at the root, or several simulated nodes in one
+process under `/nodes/{node_id}` (the gateway's scale benchmark): the base URL of node N is
+`http://host:port/nodes/N`.
+
+On start a node restores any original limits a previous run saved (after a crash) before the
+app serves; on shutdown (SIGTERM, SIGINT) it restores every GPU it changed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from agents.backend import GpuBackend
+from agents.caps import CapController
+from agents.errors import AgentError, UnauthorizedError
+from agents.protocol import (
+    CapCommand,
+    CapResponse,
+    GpuInfo,
+    GpusResponse,
+    Health,
+    RestoreResponse,
+    TelemetryResponse,
+)
+from agents.state import OriginalLimits
+from agents.telemetry import Sampler
+
+
+class AgentNode:
+    def __init__(
+        self,
+        node_id: str,
+        backend: GpuBackend,
+        state_dir: Path,
+        *,
+        jobs: dict[str, list[int]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sample_hz: float = 20.0,
+        window_s: float = 60.0,
+        lease_check_s: float = 0.1,
+    ) -> None:
+        self.node_id = node_id
+        self.backend = backend
+        self.controller = CapController(backend, OriginalLimits(state_dir), clock)
+        self.sampler = Sampler(
+            backend, jobs or {}, sample_hz=sample_hz, window_s=window_s, clock=clock
+        )
+        self.lease_check_s = lease_check_s
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.controller.restore_all()  # a previous run's originals come back before anything
+        self.sampler.start()
+        self._watcher = threading.Thread(target=self._watch, name="flexgate-lease", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.lease_check_s):
+            self.controller.expire()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=2.0)
+        self.controller.restore_all()
+        self.sampler.stop()
+        self.backend.close()
+
+    def gpus(self) -> GpusResponse:
+        out = []
+        for index in range(self.backend.count()):
+            uuid, name = self.backend.identity(index)
+            limits = self.backend.constraints(index)
+            try:
+                power: float | None = self.backend.power_w(index)
+            except AgentError:
+                power = None
+            out.append(
+                GpuInfo(
+                    index=index,
+                    uuid=uuid,
+                    name=name,
+                    min_limit_w=limits.min_w,
+                    max_limit_w=limits.max_w,
+                    default_limit_w=limits.default_w,
+                    enforced_limit_w=self.backend.enforced_limit_w(index),
+                    power_w=power,
+                )
+            )
+        return GpusResponse(gpus=out)
+
+    def metrics(self) -> str:
+        return prometheus_text(self)
+
+
+def node_router(node: AgentNode, token: str) -> APIRouter:
+    def authorised(authorization: Annotated[str | None, Header()] = None) -> None:
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
+            raise UnauthorizedError("a valid bearer token is required to change limits")
+
+    router = APIRouter()
+    auth = [Depends(authorised)]
+
+    @router.get("/health", response_model=Health)
+    def health() -> Health:
+        return Health(
+            status="ok",
+            backend=node.backend.kind,
+            node_id=node.node_id,
+            gpus=node.backend.count(),
+            generation=node.controller.generation,
+            lease_remaining_s=node.controller.lease_remaining_s(),
+        )
+
+    @router.get("/v1/gpus", response_model=GpusResponse)
+    def gpus() -> GpusResponse:
+        return node.gpus()
+
+    @router.put("/v1/caps", response_model=CapResponse, dependencies=auth)
+    def put_caps(command: CapCommand) -> CapResponse:
+        return node.controller.apply(command, node.controller.clock())
+
+    @router.delete("/v1/caps", response_model=RestoreResponse, dependencies=auth)
+    def delete_caps() -> RestoreResponse:
+        return RestoreResponse(results=node.controller.restore_all())
+
+    @router.get("/v1/telemetry", response_model=TelemetryResponse)
+    def telemetry() -> TelemetryResponse:
+        return TelemetryResponse(
+            node_id=node.node_id,
+            gpus=node.sampler.gpu_power(),
+            jobs=node.sampler.job_telemetry(),
+            actuation_delay=node.controller.delay_stats(),
+        )
+
+    @router.get("/metrics", response_class=PlainTextResponse)
+    def metrics() -> str:
+        return node.metrics()
+
+    return router
+
+
+def create_app(nodes: list[AgentNode], token: str, *, prefixed: bool = False) -> FastAPI:
+    """An app serving `nodes`: one at the root, or each under `/nodes/{node_id}`."""
+    if not prefixed and len(nodes) != 1:
+        raise ValueError("serve several nodes with prefixed=True")
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        for node in nodes:
+            node.start()
+        try:
+            yield
+        finally:
+            for node in nodes:
+                node.stop()
+
+    app = FastAPI(
+        title="flexgate agent",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Applies power caps on one GPU node, with leases and restore.",
+    )
+    for node in nodes:
+        app.include_router(
+            node_router(node, token), prefix=f"/nodes/{node.node_id}" if prefixed else ""
+        )
+
+    @app.exception_handler(AgentError)
+    async def agent_error(_: Request, exc: AgentError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status_code, headers=headers)
+
+    return app
+
+
+def prometheus_text(node: AgentNode) -> str:
+    """Prometheus text: DCGM exporter names where DCGM has the quantity, `flexgate_` otherwise."""
+    lines = [
+        "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).",
+        "# TYPE DCGM_FI_DEV_POWER_USAGE gauge",
+    ]
+    limits = [
+        "# HELP DCGM_FI_DEV_ENFORCED_POWER_LIMIT Enforced power limit (in W).",
+        "# TYPE DCGM_FI_DEV_ENFORCED_POWER_LIMIT gauge",
+    ]
+    for index in range(node.backend.count()):
+        try:
+            uuid, _ = node.backend.identity(index)
+            labels = f'gpu="{index}",UUID="{uuid}",Hostname="{node.node_id}"'
+            lines.append(f"DCGM_FI_DEV_POWER_USAGE{{{labels}}} {node.backend.power_w(index):.3f}")
+            limits.append(
+                f"DCGM_FI_DEV_ENFORCED_POWER_LIMIT{{{labels}}} "
+                f"{node.backend.enforced_limit_w(index):.3f}"
+            )
+        except AgentError:
+            continue
+    control = node.controller
+    delays = control.delay_stats()
+    extra = [
+        "# HELP flexgate_agent_generation Generation of the last accepted cap command.",
+        "# TYPE flexgate_agent_generation gauge",
+        f"flexgate_agent_generation {-1 if control.generation is None else control.generation}",
+        "# HELP flexgate_agent_lease_remaining_seconds Time left on the cap lease.",
+        "# TYPE flexgate_agent_lease_remaining_seconds gauge",
+        f"flexgate_agent_lease_remaining_seconds {control.lease_remaining_s() or 0.0:.3f}",
+        "# HELP flexgate_agent_saved_originals GPUs whose original limit is saved (changed).",
+        "# TYPE flexgate_agent_saved_originals gauge",
+        f"flexgate_agent_saved_originals {len(control.originals.saved())}",
+        "# HELP flexgate_agent_power_read_errors_total Failed power readings.",
+        "# TYPE flexgate_agent_power_read_errors_total counter",
+        f"flexgate_agent_power_read_errors_total {node.sampler.read_errors}",
+        "# HELP flexgate_agent_actuation_delay_seconds Request to enforced limit, per GPU.",
+        "# TYPE flexgate_agent_actuation_delay_seconds summary",
+    ]
+    for quantile, value in (("0.5", delays.p50_s), ("0.99", delays.p99_s)):
+        if value is not None:
+            extra.append(
+                f'flexgate_agent_actuation_delay_seconds{{quantile="{quantile}"}} {value:.6f}'
+            )
+    extra.append(f"flexgate_agent_actuation_delay_seconds_count {delays.count}")
+    return "\n".join(lines + limits + extra) + "\n"

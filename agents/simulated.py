@@ -1,0 +1,236 @@
+"""Simulated H200-class GPUs running the jobs a job mix places on this node.
+
+Each GPU runs its job's two-level power waveform: a compute level and a communication level
+(`flexmodel.curves.waveform_levels`), duty `duty`, period `period_s`. A cap slows the compute
+phase exactly as flexmodel's curve says: the iteration period becomes
+`period_s * X / x(cap)` (`flexmodel.curves.operating_point`), the communication time stays,
+so the compute share grows. Both levels are clipped at the cap and scaled so that the mean
+power is the curve's mean at that cap: the simulated site does what the model predicts.
+
+A job on several GPUs of the node runs at the pace of its most constrained GPU (synchronous
+training). The firmware holds a new cap within tens of milliseconds: the clip level moves to
+it with a first-order lag (`firmware_s`, 30 ms). Power readings are instantaneous, with
+Gaussian noise. GPUs with no job draw `IDLE_W`. The clock is passed in (monotonic seconds), so
+tests can drive time.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agents.backend import Constraints
+from agents.errors import BackendError
+from flexmodel.curves import Curves, operating_point, waveform_levels
+from flexmodel.jobs import Job, JobMix, parse_job_mix
+
+MIN_W, MAX_W, DEFAULT_W = 200.0, 700.0, 700.0
+IDLE_W = 80.0
+FIRMWARE_S = 0.03
+#: The job a node runs when the mix places none on it.
+DEFAULT_JOB = {
+    "id": "default",
+    "power_w": 650.0,
+    "throughput": 20000.0,
+    "period_s": 2.0,
+    "duty": 0.8,
+    "comm_power_fraction": 0.5,
+}
+
+
+@dataclass
+class _Job:
+    id: str
+    gpus: list[int]
+    curve: Curves  #: one row
+    period_s: float
+    duty: float
+    compute_w: float
+    comm_w: float
+    phase0: float = 0.0  #: cycles at t0
+    t0: float = 0.0
+    rate_hz: float = 0.0  #: cycles per second at the present caps
+    compute_share: float = 0.0
+    scale: float = 1.0
+    throughput: float = 0.0
+
+
+@dataclass
+class _Gpu:
+    limit_w: float = DEFAULT_W
+    previous_w: float = DEFAULT_W
+    changed_at: float = -math.inf
+    lost: bool = False
+    job: _Job | None = field(default=None, repr=False)
+
+
+class SimulatedBackend:
+    kind = "sim"
+    averaging_s = 0.0
+
+    def __init__(
+        self,
+        gpus: int = 8,
+        *,
+        mix: JobMix | None = None,
+        node_id: str = "node-01",
+        clock: Callable[[], float] = time.monotonic,
+        noise_w: float = 5.0,
+        seed: int = 0,
+        firmware_s: float = FIRMWARE_S,
+    ) -> None:
+        if gpus < 1:
+            raise BackendError("a simulated node needs at least one GPU")
+        self._clock = clock
+        self._noise_w = noise_w
+        self._firmware_s = firmware_s
+        self._rng = np.random.default_rng(seed)
+        self._lock = threading.Lock()
+        self.node_id = node_id
+        self._gpus = [_Gpu() for _ in range(gpus)]
+        self.jobs = self._place(mix, node_id, gpus)
+        now = clock()
+        for job in self.jobs:
+            job.phase0 = float(self._rng.random())
+            job.t0 = now
+            self._retime(job, now)
+
+    # --- placement -------------------------------------------------------------------------
+
+    def _place(self, mix: JobMix | None, node_id: str, gpus: int) -> list[_Job]:
+        placed: list[tuple[Job, list[int], Curves]] = []
+        if mix is not None:
+            for j, job in enumerate(mix.jobs):
+                for where in job.placement or ():
+                    if where.node == node_id:
+                        bad = [g for g in where.gpus if g >= gpus]
+                        if bad:
+                            raise BackendError(
+                                f"job '{job.id}' is placed on GPU {bad[0]} of {node_id}, which "
+                                f"has {gpus} GPUs"
+                            )
+                        placed.append((job, list(where.gpus), mix.curves.select(slice(j, j + 1))))
+        if not placed:
+            default = parse_job_mix({"jobs": [DEFAULT_JOB | {"gpus": gpus}]})
+            placed = [(default.jobs[0], list(range(gpus)), default.curves)]
+        out = []
+        for job, indices, curve in placed:
+            compute, comm = waveform_levels(
+                job.power_w, job.duty, job.comm_power_fraction, job.max_cap_w
+            )
+            sim = _Job(
+                id=job.id,
+                gpus=indices,
+                curve=curve,
+                period_s=job.period_s,
+                duty=job.duty,
+                compute_w=float(compute),
+                comm_w=float(comm),
+            )
+            for g in indices:
+                if self._gpus[g].job is not None:
+                    raise BackendError(f"GPU {g} of {node_id} is placed twice")
+                self._gpus[g].job = sim
+            out.append(sim)
+        return out
+
+    # --- the physics -----------------------------------------------------------------------
+
+    def _retime(self, job: _Job, now: float) -> None:
+        """Keep the job's phase continuous and set its pace for the present caps."""
+        job.phase0 = job.phase0 + job.rate_hz * (now - job.t0)
+        job.t0 = now
+        cap = min(self._gpus[g].limit_w for g in job.gpus)
+        mean, thr, period = (float(v[0]) for v in operating_point(job.curve, cap))
+        job.rate_hz = 1.0 / period
+        job.throughput = thr
+        job.compute_share = 1.0 - (1.0 - job.duty) * job.period_s / period
+        levels = job.compute_share * min(cap, job.compute_w) + (1 - job.compute_share) * min(
+            cap, job.comm_w
+        )
+        job.scale = mean / levels if levels > 0 else 1.0
+
+    def _power(self, index: int, now: float) -> float:
+        gpu = self._gpus[index]
+        job = gpu.job
+        if job is None:
+            return IDLE_W
+        lag = math.exp(-(now - gpu.changed_at) / self._firmware_s) if self._firmware_s else 0.0
+        clip = gpu.limit_w + (gpu.previous_w - gpu.limit_w) * lag
+        cycle = (job.phase0 + job.rate_hz * (now - job.t0)) % 1.0
+        level = job.compute_w if cycle < job.compute_share else job.comm_w
+        return min(min(clip, level) * job.scale, clip)  # the firmware never lets it past the cap
+
+    # --- GpuBackend ------------------------------------------------------------------------
+
+    def _gpu(self, index: int) -> _Gpu:
+        if not 0 <= index < len(self._gpus):
+            raise BackendError(f"no GPU {index} on this node ({len(self._gpus)} GPUs)")
+        gpu = self._gpus[index]
+        if gpu.lost:
+            raise BackendError(f"GPU {index} is lost")
+        return gpu
+
+    def count(self) -> int:
+        return len(self._gpus)
+
+    def identity(self, index: int) -> tuple[str, str]:
+        self._gpu(index)
+        return f"GPU-sim-{self.node_id}-{index:02d}", "Simulated H200"
+
+    def constraints(self, index: int) -> Constraints:
+        self._gpu(index)
+        return Constraints(min_w=MIN_W, max_w=MAX_W, default_w=DEFAULT_W)
+
+    def enforced_limit_w(self, index: int) -> float:
+        return self._gpu(index).limit_w
+
+    def set_limit_w(self, index: int, watts: float) -> None:
+        with self._lock:
+            gpu = self._gpu(index)
+            if not MIN_W <= watts <= MAX_W:
+                raise BackendError(f"limit {watts:g} W is outside [{MIN_W:g}, {MAX_W:g}] W")
+            now = self._clock()
+            if gpu.job is not None:
+                self._retime(gpu.job, now)  # phase up to now at the old pace
+            lag = math.exp(-(now - gpu.changed_at) / self._firmware_s) if self._firmware_s else 0.0
+            gpu.previous_w = gpu.limit_w + (gpu.previous_w - gpu.limit_w) * lag
+            gpu.limit_w = float(watts)
+            gpu.changed_at = now
+            if gpu.job is not None:
+                self._retime(gpu.job, now)
+
+    def power_w(self, index: int) -> float:
+        with self._lock:
+            self._gpu(index)
+            value = self._power(index, self._clock())
+            return max(value + float(self._rng.normal(0.0, self._noise_w)), 0.0)
+
+    def energy_j(self, index: int) -> float | None:
+        return None
+
+    def power_capped(self, index: int) -> bool | None:
+        gpu = self._gpu(index)
+        return gpu.job is not None and gpu.limit_w < gpu.job.compute_w
+
+    def persistence_mode(self, index: int) -> bool | None:
+        self._gpu(index)
+        return True
+
+    def close(self) -> None:
+        return None
+
+    # --- for the lab and tests -------------------------------------------------------------
+
+    def lose(self, index: int) -> None:
+        """Make a GPU fall off the bus (fault injection)."""
+        self._gpus[index].lost = True
+
+    def job_throughput(self) -> dict[str, float]:
+        """Each job's throughput at the present caps [tokens/s]."""
+        return {job.id: job.throughput for job in self.jobs}

@@ -1,0 +1,131 @@
+"""Power samples in ring buffers, and each job's period, duty and phase from them.
+
+A sampler thread reads every GPU's power at `sample_hz` (>= 10 Hz) into a ring buffer per GPU
+covering `window_s` seconds. Per job (the GPUs the job mix places on this node), the mean power
+of its GPUs gives its iteration period and duty (`flexmodel.phases.estimate_waveform`) and its
+phase (`estimate_phase`). The phase is null when the backend's reading averages over too long
+for the job's period (NVML's 1 s average for periods under about 3 s).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from agents.backend import GpuBackend
+from agents.errors import AgentError
+from agents.protocol import GpuPower, JobTelemetry
+from flexmodel.errors import FlexModelError
+from flexmodel.phases import estimate_phase, estimate_waveform
+
+MIN_SAMPLE_HZ = 10.0
+
+
+class Sampler:
+    def __init__(
+        self,
+        backend: GpuBackend,
+        jobs: dict[str, list[int]],
+        *,
+        sample_hz: float = 20.0,
+        window_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if sample_hz < MIN_SAMPLE_HZ:
+            raise ValueError(f"sample rate {sample_hz:g} Hz is below {MIN_SAMPLE_HZ:g} Hz")
+        self.backend = backend
+        self.jobs = jobs
+        self.interval_s = 1.0 / sample_hz
+        self.clock = clock
+        size = max(int(window_s * sample_hz), 16)
+        self._power = np.full((backend.count(), size), np.nan)
+        self._times = np.full(size, np.nan)
+        self._next = 0
+        self._filled = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.read_errors = 0
+
+    def sample_once(self) -> None:
+        row = np.full(self._power.shape[0], np.nan)
+        for index in range(row.size):
+            try:
+                row[index] = self.backend.power_w(index)
+            except AgentError:
+                self.read_errors += 1
+        with self._lock:
+            self._power[:, self._next] = row
+            self._times[self._next] = self.clock()
+            self._next = (self._next + 1) % self._times.size
+            self._filled = min(self._filled + 1, self._times.size)
+
+    def _run(self) -> None:
+        deadline = time.monotonic()
+        while not self._stop.is_set():
+            self.sample_once()
+            deadline += self.interval_s
+            self._stop.wait(max(deadline - time.monotonic(), 0.0))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="flexgate-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+
+    def window(self) -> tuple[np.ndarray, np.ndarray]:
+        """(times (S,), power (G, S)), oldest first."""
+        with self._lock:
+            order = np.roll(np.arange(self._times.size), -self._next)[-self._filled :]
+            return self._times[order].copy(), self._power[:, order].copy()
+
+    def gpu_power(self, last: int = 100) -> list[GpuPower]:
+        _, power = self.window()
+        return [
+            GpuPower(
+                index=i,
+                power_w=[float(v) for v in power[i, -last:] if np.isfinite(v)],
+                sample_interval_s=self.interval_s,
+            )
+            for i in range(power.shape[0])
+        ]
+
+    def job_telemetry(self) -> list[JobTelemetry]:
+        times, power = self.window()
+        out = []
+        for job_id, gpus in self.jobs.items():
+            trace = np.nanmean(power[gpus], axis=0) if times.size else np.array([])
+            out.append(self._estimate(job_id, times, trace))
+        return out
+
+    def _estimate(self, job_id: str, times: np.ndarray, trace: np.ndarray) -> JobTelemetry:
+        empty = JobTelemetry(
+            job_id=job_id, period_s=None, duty=None, phase_rad=None, phase_at=None, power_w=None
+        )
+        ok = np.isfinite(trace)
+        if ok.sum() < 32:
+            return empty
+        trace, times = trace[ok], times[ok]
+        mean = float(trace.mean())
+        span = float(times[-1] - times[0])
+        try:
+            found = estimate_waveform(trace, self.interval_s, max_period_s=max(span / 2.5, 0.5))
+        except FlexModelError:
+            return empty.model_copy(update={"power_w": mean})
+        phase = estimate_phase(
+            trace, self.interval_s, found.period_s, averaging_s=self.backend.averaging_s
+        )
+        return JobTelemetry(
+            job_id=job_id,
+            period_s=found.period_s,
+            duty=found.duty,
+            phase_rad=None if phase is None else float(np.mod(phase[-1], 2 * np.pi)),
+            phase_at=None if phase is None else float(times[-1]),
+            power_w=mean,
+        )
