@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from agents.backend import GpuBackend
@@ -179,6 +180,15 @@ def create_app(nodes: list[AgentNode], token: str, *, prefixed: bool = False) ->
         app.include_router(
             node_router(node, token), prefix=f"/nodes/{node.node_id}" if prefixed else ""
         )
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # Name the problem without echoing the input: a NaN there would not even serialise.
+        detail = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()
+        ]
+        return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(AgentError)
     async def agent_error(_: Request, exc: AgentError) -> JSONResponse:

@@ -129,6 +129,19 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="print one JSON document")
     sim.set_defaults(command=_cmd_simulate, name="simulate")
     _add_sync(sub)
+
+    agent = sub.add_parser("agent", help="run a GPU node agent (FLEXGATE_AGENT_* settings)")
+    agent.add_argument("--backend", choices=("sim", "nvml"), help="simulated GPUs or NVML")
+    agent.add_argument("--host", help="address to bind (default 127.0.0.1: loopback only)")
+    agent.add_argument("--port", type=int, help="port (default 9100)")
+    agent.add_argument("--node-id", help="this node's name in the job mix (default: hostname)")
+    agent.add_argument("--state-dir", type=Path, help="where original limits are saved")
+    agent.add_argument("--gpus", type=_positive_int, help="simulated GPUs (default 8)")
+    agent.add_argument("--job-mix", type=Path, help="job mix placing jobs on this node")
+    agent.add_argument(
+        "--lab", action="store_true", help="lab mode: a placeholder token is allowed"
+    )
+    agent.set_defaults(command=_cmd_agent, name="agent")
     return parser
 
 
@@ -422,6 +435,41 @@ def _cmd_sync_simulate(args: argparse.Namespace) -> int:
     else:
         _show_sync_run(doc)
     return 0
+
+
+def _cmd_agent(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from agents.run import run_agent
+    from agents.settings import AgentSettings
+
+    given = {
+        "agent_backend": args.backend,
+        "agent_host": args.host,
+        "agent_port": args.port,
+        "agent_node_id": args.node_id,
+        "agent_state_dir": args.state_dir,
+        "agent_gpus": args.gpus,
+        "agent_job_mix": args.job_mix,
+    }
+    overrides = {k: v for k, v in given.items() if v is not None}
+    if args.lab:
+        overrides["lab"] = True
+    try:
+        settings = AgentSettings(**overrides)
+    except ValidationError as exc:
+        raise BadInputError(_first_error(exc)) from None
+    if settings.agent_job_mix is not None:
+        read_job_mix(settings.agent_job_mix)  # bad input is said before anything starts
+    run_agent(settings)
+    return 0
+
+
+def _first_error(exc: Any) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(p) for p in error.get("loc", ()) if p != "__root__")
+    message = str(error.get("msg", exc)).removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
 
 
 def gpu_attributable_kw(mix: JobMix) -> float:
