@@ -29,7 +29,6 @@ def build_node(settings: AgentSettings) -> AgentNode:
         jobs=jobs_on_node(mix, settings.agent_node_id, backend.count()),
         sample_hz=settings.agent_sample_hz,
         window_s=settings.agent_telemetry_window_s,
-        lease_check_s=settings.agent_lease_check_s,
     )
 
 
@@ -53,5 +52,7 @@ def jobs_on_node(mix: JobMix | None, node_id: str, gpus: int) -> dict[str, list[
 def run_agent(settings: AgentSettings) -> None:
     """Serve until SIGTERM or SIGINT; uvicorn's shutdown runs the node's restore."""
     node = build_node(settings)
-    app = create_app([node], settings.agent_token.get_secret_value())
+    app = create_app(
+        [node], settings.agent_token.get_secret_value(), lease_check_s=settings.agent_lease_check_s
+    )
     uvicorn.run(app, host=settings.agent_host, port=settings.agent_port, log_level="warning")

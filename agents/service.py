@@ -50,32 +50,22 @@ class AgentNode:
         clock: Callable[[], float] = time.monotonic,
         sample_hz: float = 20.0,
         window_s: float = 60.0,
-        lease_check_s: float = 0.1,
     ) -> None:
         self.node_id = node_id
         self.backend = backend
         self.controller = CapController(backend, OriginalLimits(state_dir), clock)
+        # sample_hz = 0: no sampling thread (many simulated nodes in one process).
         self.sampler = Sampler(
-            backend, jobs or {}, sample_hz=sample_hz, window_s=window_s, clock=clock
+            backend, jobs or {}, sample_hz=sample_hz or 10.0, window_s=window_s, clock=clock
         )
-        self.lease_check_s = lease_check_s
-        self._stop = threading.Event()
-        self._watcher: threading.Thread | None = None
+        self.sampling = bool(sample_hz)
 
     def start(self) -> None:
         self.controller.restore_all()  # a previous run's originals come back before anything
-        self.sampler.start()
-        self._watcher = threading.Thread(target=self._watch, name="flexgate-lease", daemon=True)
-        self._watcher.start()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self.lease_check_s):
-            self.controller.expire()
+        if self.sampling:
+            self.sampler.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._watcher is not None:
-            self._watcher.join(timeout=2.0)
         self.controller.restore_all()
         self.sampler.stop()
         self.backend.close()
@@ -155,18 +145,33 @@ def node_router(node: AgentNode, token: str) -> APIRouter:
     return router
 
 
-def create_app(nodes: list[AgentNode], token: str, *, prefixed: bool = False) -> FastAPI:
-    """An app serving `nodes`: one at the root, or each under `/nodes/{node_id}`."""
+def create_app(
+    nodes: list[AgentNode], token: str, *, prefixed: bool = False, lease_check_s: float = 0.1
+) -> FastAPI:
+    """An app serving `nodes`: one at the root, or each under `/nodes/{node_id}`.
+
+    One watcher thread checks every node's lease each `lease_check_s` seconds.
+    """
     if not prefixed and len(nodes) != 1:
         raise ValueError("serve several nodes with prefixed=True")
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(lease_check_s):
+            for node in nodes:
+                node.controller.expire()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         for node in nodes:
             node.start()
+        watcher = threading.Thread(target=watch, name="flexgate-leases", daemon=True)
+        watcher.start()
         try:
             yield
         finally:
+            stop.set()
+            watcher.join(timeout=5.0)
             for node in nodes:
                 node.stop()
 

@@ -17,7 +17,6 @@ def node(tmp_path, node_id="node-01", gpus=4):
         SimulatedBackend(gpus, node_id=node_id),
         tmp_path / node_id,
         sample_hz=20,
-        lease_check_s=0.05,
     )
 
 
