@@ -43,3 +43,7 @@ class NoPermissionError(BackendError):
 
 class NotSupportedError(BackendError):
     pass
+
+
+class NodeNotFoundError(AgentError):
+    status_code = 404

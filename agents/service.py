@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from agents.backend import GpuBackend
 from agents.caps import CapController
-from agents.errors import AgentError, UnauthorizedError
+from agents.errors import AgentError, NodeNotFoundError, UnauthorizedError
 from agents.protocol import (
     CapCommand,
     CapResponse,
@@ -97,17 +97,20 @@ class AgentNode:
         return prometheus_text(self)
 
 
-def node_router(node: AgentNode, token: str) -> APIRouter:
+def node_router(resolve: Callable[..., AgentNode], token: str, prefix: str = "") -> APIRouter:
+    """The agent's routes under `prefix`; `resolve` is the dependency that finds the node."""
+
     def authorised(authorization: Annotated[str | None, Header()] = None) -> None:
         scheme, _, given = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
             raise UnauthorizedError("a valid bearer token is required to change limits")
 
-    router = APIRouter()
+    router = APIRouter(prefix=prefix)
     auth = [Depends(authorised)]
+    here = Depends(resolve)  # a default, not an annotation: resolved when the route is made
 
     @router.get("/health", response_model=Health)
-    def health() -> Health:
+    def health(node: AgentNode = here) -> Health:
         return Health(
             status="ok",
             backend=node.backend.kind,
@@ -118,19 +121,19 @@ def node_router(node: AgentNode, token: str) -> APIRouter:
         )
 
     @router.get("/v1/gpus", response_model=GpusResponse)
-    def gpus() -> GpusResponse:
+    def gpus(node: AgentNode = here) -> GpusResponse:
         return node.gpus()
 
     @router.put("/v1/caps", response_model=CapResponse, dependencies=auth)
-    def put_caps(command: CapCommand) -> CapResponse:
+    def put_caps(command: CapCommand, node: AgentNode = here) -> CapResponse:
         return node.controller.apply(command, node.controller.clock())
 
     @router.delete("/v1/caps", response_model=RestoreResponse, dependencies=auth)
-    def delete_caps() -> RestoreResponse:
+    def delete_caps(node: AgentNode = here) -> RestoreResponse:
         return RestoreResponse(results=node.controller.restore_all())
 
     @router.get("/v1/telemetry", response_model=TelemetryResponse)
-    def telemetry() -> TelemetryResponse:
+    def telemetry(node: AgentNode = here) -> TelemetryResponse:
         return TelemetryResponse(
             node_id=node.node_id,
             gpus=node.sampler.gpu_power(),
@@ -139,7 +142,7 @@ def node_router(node: AgentNode, token: str) -> APIRouter:
         )
 
     @router.get("/metrics", response_class=PlainTextResponse)
-    def metrics() -> str:
+    def metrics(node: AgentNode = here) -> str:
         return node.metrics()
 
     return router
@@ -181,10 +184,20 @@ def create_app(
         lifespan=lifespan,
         description="Applies power caps on one GPU node, with leases and restore.",
     )
-    for node in nodes:
-        app.include_router(
-            node_router(node, token), prefix=f"/nodes/{node.node_id}" if prefixed else ""
-        )
+    by_id = {node.node_id: node for node in nodes}
+
+    def find(node_id: str) -> AgentNode:
+        node = by_id.get(node_id)
+        if node is None:
+            raise NodeNotFoundError(f"no node '{node_id}' in this process")
+        return node
+
+    def only() -> AgentNode:
+        return nodes[0]
+
+    app.include_router(
+        node_router(find, token, "/nodes/{node_id}") if prefixed else node_router(only, token)
+    )
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:

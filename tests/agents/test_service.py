@@ -5,7 +5,7 @@ import pytest
 
 from agents.service import AgentNode, create_app
 from agents.simulated import SimulatedBackend
-from tests.conftest import ServerThread
+from flexgate.serve import ServerThread
 
 TOKEN = "test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
