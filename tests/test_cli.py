@@ -359,3 +359,29 @@ def test_sync_simulate_json_and_plot(tmp_path):
 )
 def test_sync_bad_input(args, fragments):
     assert_bad_input(flexgate(*args), *fragments)
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "fragments"),
+    [
+        ({"FLEXGATE_AGENT_TOKEN": "changeme"}, [], ["FLEXGATE_AGENT_TOKEN", "placeholders"]),
+        ({}, [], ["FLEXGATE_AGENT_TOKEN"]),
+        ({"FLEXGATE_AGENT_TOKEN": "x" * 20}, ["--gpus", "0"], ["expected at least 1"]),
+        ({"FLEXGATE_AGENT_TOKEN": "x" * 20}, ["--job-mix", "missing.json"], ["no such file"]),
+        ({"FLEXGATE_AGENT_TOKEN": "x" * 20}, ["--backend", "rocm"], ["invalid choice"]),
+    ],
+)
+def test_agent_refuses_bad_settings_before_starting(env, args, fragments):
+    import os
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEXGATE_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "flexgate.cli", "agent", "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+        env=clean | env,
+    )
+    assert_bad_input(result, *fragments)
