@@ -9,7 +9,8 @@
   is read back (the enforced limit is the truth), with its time from the request's arrival.
 - Before its first change, each GPU's original limit is saved to disk (`OriginalLimits`).
 - The lease counts on the agent's monotonic clock from acceptance. When it runs out without
-  renewal, every GPU gets its original limit back (`expire`).
+  renewal, every GPU gets its original limit back (`expire`); a restore that fails (a lost
+  GPU) is retried at every check until it succeeds.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class CapController:
         self.plan_id: str | None = None
         self.lease_until: float | None = None
         self.delays: deque[float] = deque(maxlen=2000)
+        self.restore_pending = False  #: a restore failed (lost GPU ...): the watcher retries
 
     # --- commands --------------------------------------------------------------------------
 
@@ -78,11 +80,15 @@ class CapController:
         with self._lock:
             self.lease_until = None
             saved = self.originals.saved()
-            return [self._restore(index, start) for _, (index, _) in sorted(saved.items())]
+            results = [self._restore(index, start) for _, (index, _) in sorted(saved.items())]
+            self.restore_pending = any(r.error for r in results)
+            return results
 
     def expire(self) -> list[CapResult] | None:
-        """Restore everything if the lease has run out (called by the agent's watcher)."""
-        if self.lease_until is None or self.clock() < self.lease_until:
+        """Restore everything if the lease has run out, or retry a restore that failed
+        (called by the agent's watcher)."""
+        due = self.lease_until is not None and self.clock() >= self.lease_until
+        if not (due or self.restore_pending):
             return None
         return self.restore_all()
 

@@ -148,3 +148,19 @@ def test_no_permission_is_reported_per_gpu(rig):
     answer = controller.apply(command(g0=450.0), clock())
     assert "needs root" in answer.results[0].error
     assert fake.limit_mw(0) == 650_000
+
+
+def test_a_restore_that_fails_is_retried_until_the_gpu_comes_back(rig):
+    fake, controller, clock, _ = rig
+    controller.apply(command(g0=450.0, lease_s=10.0), clock())
+    fake.lost.add(0)
+    clock.now += 11.0
+    failed = controller.expire()
+    assert "GPU is lost" in failed[0].error
+    assert controller.restore_pending
+    assert fake.limit_mw(0) == 450_000
+    fake.lost.clear()  # the GPU is back (a driver reset, a re-seated card)
+    controller.expire()
+    assert fake.limit_mw(0) == 650_000
+    assert not controller.restore_pending
+    assert controller.expire() is None
