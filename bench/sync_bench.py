@@ -18,7 +18,7 @@ import numpy as np
 
 from flexgate.plots import plot_sync
 from flexmodel.sync import analyse
-from flexmodel.syncsim import simulate_sync
+from flexmodel.syncsim import gain_sweep, locking_gain, simulate_sync
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS, IMAGES = ROOT / "bench" / "results", ROOT / "docs" / "img"
@@ -31,43 +31,9 @@ def timed(fn):
     return time.perf_counter() - start, out
 
 
-def threshold(spread: float) -> float:
-    lo, hi = 0.3 * 2 * spread * np.pi, 3.0 * 2 * spread * np.pi
-    for _ in range(8):
-        mid = np.sqrt(lo * hi)
-        run = simulate_sync(
-            jobs=300,
-            period_s=T,
-            duty=0.5,
-            delay_s=1.5,
-            gain_per_s=mid,
-            spread=spread,
-            duration_s=300,
-            seed=3,
-        )
-        lo, hi = (lo, mid) if run.final_order[0] > 0.4 else (mid, hi)
-    return float(np.sqrt(lo * hi))
-
-
 def sweep(spread: float, ratios: np.ndarray, throttle: str) -> dict[str, list[float]]:
-    gains = ratios * 2 * spread * 2 * np.pi / T
-    phases, up, down = None, [], []
-    for gain in list(gains) + list(gains[::-1]):
-        run = simulate_sync(
-            jobs=300,
-            period_s=T,
-            duty=0.5,
-            delay_s=1.5,
-            gain_per_s=gain,
-            spread=spread,
-            duration_s=300,
-            seed=3,
-            initial_phases=phases,
-            throttle=throttle,
-        )
-        phases = run.final_phases
-        (up if len(up) < len(gains) else down).append(float(run.final_order[0]))
-    return {"gain_over_2gamma": ratios.tolist(), "r1_up": up, "r1_down": down[::-1]}
+    up, down = gain_sweep(spread, ratios * 2 * spread * 2 * np.pi / T, throttle=throttle)
+    return {"gain_over_2gamma": ratios.tolist(), "r1_up": up, "r1_down": down}
 
 
 def main() -> None:
@@ -90,7 +56,7 @@ def main() -> None:
     )
     print(f"analyse 10k jobs: {fleet_s * 1e3:.1f} ms", flush=True)
     spreads = [0.005, 0.01, 0.02, 0.03, 0.04]
-    gains = [threshold(s) for s in spreads]
+    gains = [locking_gain(s, steps=8) for s in spreads]
     slope, offset = np.polyfit(spreads, gains, 1)
     print(
         f"locking threshold: slope {slope:.2f} rad/s per unit spread (theory 2w = "

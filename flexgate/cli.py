@@ -337,16 +337,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             seed=args.seed,
             progress=lambda done, _total: bar.update(task, completed=done),
         )
-    if args.plot is not None:
-        from flexgate.plots import plot_simulation  # matplotlib costs 0.2 s: load it when asked
-
-        plot_simulation(doc, args.plot)
-        doc["plot"] = str(args.plot)
-    if args.json:
-        _print_json(doc)
-    else:
-        _show_simulation(doc)
-    return 0
+    return _finish(args, doc, "plot_simulation", doc, _show_simulation)
 
 
 def _cmd_sync_check(args: argparse.Namespace) -> int:
@@ -424,16 +415,26 @@ def _cmd_sync_simulate(args: argparse.Namespace) -> int:
             throttle=args.throttle,
             progress=lambda done: bar.update(task, completed=done),
         )
-    doc = run.as_dict()
-    if args.plot is not None:
-        from flexgate.plots import plot_sync  # matplotlib costs 0.2 s: load it when asked
+    return _finish(args, run.as_dict(), "plot_sync", run, _show_sync_run)
 
-        plot_sync(run, args.plot)
+
+def _finish(
+    args: argparse.Namespace,
+    doc: dict[str, Any],
+    plotter: str,
+    data: Any,
+    show: Callable[[dict[str, Any]], None],
+) -> int:
+    """Draw the plot when asked, then print the document (JSON or for people)."""
+    if args.plot is not None:
+        from flexgate import plots  # matplotlib costs 0.2 s: load it when asked
+
+        getattr(plots, plotter)(data, args.plot)
         doc["plot"] = str(args.plot)
     if args.json:
         _print_json(doc)
     else:
-        _show_sync_run(doc)
+        show(doc)
     return 0
 
 

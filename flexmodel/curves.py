@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flexmodel.errors import InvalidJobError, InvalidSweepError
+from flexmodel.errors import InvalidSweepError
 
 Array = NDArray[np.float64]
 
@@ -287,14 +287,3 @@ def power_for_throughput(curves: Curves, throughput: ArrayLike) -> Array:
     rev_x = -curves.throughput[:, ::-1]
     rev_p = curves.power_w[:, ::-1]
     return interp_rows(rev_x, rev_p, -x)
-
-
-def check_shape_parameters(static_share: float, exponent: float, min_cap_fraction: float) -> None:
-    """Refuse a family shape that cannot describe a cap at `min_cap_fraction` of compute power."""
-    if not 0.0 <= static_share < min_cap_fraction:
-        raise InvalidJobError(
-            f"static share {static_share:g} must lie in [0, {min_cap_fraction:g}) (the minimum "
-            "cap's fraction of compute power)"
-        )
-    if exponent <= 0:
-        raise InvalidJobError(f"exponent {exponent:g} must be positive")

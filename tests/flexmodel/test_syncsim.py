@@ -5,7 +5,7 @@ import pytest
 
 from flexmodel.errors import FlexModelError
 from flexmodel.phases import rayleigh_threshold
-from flexmodel.syncsim import simulate_sync
+from flexmodel.syncsim import gain_sweep, locking_gain, simulate_sync
 
 T = 2.0
 
@@ -64,25 +64,6 @@ def test_an_attractive_delay_locks_a_fleet_and_its_swing_grows_like_n():
     assert free.swing_ratio < 1.5
 
 
-def locking_gain(spread, *, jobs=300, seconds=300.0, seed=3):
-    """The smallest gain at which r1 passes 0.4 (bisection on a log scale)."""
-    lo, hi = 0.3 * 2 * spread * np.pi, 3.0 * 2 * spread * np.pi
-    for _ in range(6):
-        mid = np.sqrt(lo * hi)
-        run = simulate_sync(
-            jobs=jobs,
-            period_s=T,
-            duty=0.5,
-            delay_s=1.5,
-            gain_per_s=mid,
-            spread=spread,
-            duration_s=seconds,
-            seed=seed,
-        )
-        lo, hi = (lo, mid) if run.final_order[0] > 0.4 else (mid, hi)
-    return np.sqrt(lo * hi)
-
-
 def test_the_locking_threshold_grows_linearly_with_the_spread():
     """Theory: K_c = 2 gamma = 2 * spread * w at w tau = 3 pi / 2. What we see: a straight line
     with slope near 2 w, plus a small offset (300 jobs and 300 s: finite N and finite time
@@ -100,37 +81,7 @@ def test_sweeping_the_gain_up_and_down_shows_little_hysteresis():
     """What we see: with a Lorentzian spread the onset is close to continuous. Far from the
     threshold both branches agree; near it the locked branch stays at least as ordered."""
     spread = 0.01
-    gains = np.array([0.4, 0.9, 1.0, 1.2, 2.0]) * 2 * spread * 2 * np.pi / T
-    phases, up, down = None, [], []
-    for gain in gains:
-        run = simulate_sync(
-            jobs=300,
-            period_s=T,
-            duty=0.5,
-            delay_s=1.5,
-            gain_per_s=gain,
-            spread=spread,
-            duration_s=300,
-            seed=3,
-            initial_phases=phases,
-        )
-        phases = run.final_phases
-        up.append(run.final_order[0])
-    for gain in gains[::-1]:
-        run = simulate_sync(
-            jobs=300,
-            period_s=T,
-            duty=0.5,
-            delay_s=1.5,
-            gain_per_s=gain,
-            spread=spread,
-            duration_s=300,
-            seed=3,
-            initial_phases=phases,
-        )
-        phases = run.final_phases
-        down.append(run.final_order[0])
-    down = down[::-1]
+    up, down = gain_sweep(spread, np.array([0.4, 0.9, 1.0, 1.2, 2.0]) * 2 * spread * 2 * np.pi / T)
     assert up[0] < 0.2
     assert down[0] < 0.2
     assert up[-1] > 0.65
