@@ -71,6 +71,9 @@ class GpuInfo(BaseModel):
     default_limit_w: float
     enforced_limit_w: float
     power_w: float | None
+    power_capped: bool | None = None  #: the SW power cap is slowing the clocks now
+    energy_j: float | None = None  #: the GPU's energy counter, where it has one
+    persistence_mode: bool | None = None  #: without it a driver reload forgets the limits
 
 
 class GpusResponse(BaseModel):

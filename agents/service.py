@@ -89,6 +89,9 @@ class AgentNode:
                     default_limit_w=limits.default_w,
                     enforced_limit_w=self.backend.enforced_limit_w(index),
                     power_w=power,
+                    power_capped=self.backend.power_capped(index),
+                    energy_j=self.backend.energy_j(index),
+                    persistence_mode=self.backend.persistence_mode(index),
                 )
             )
         return GpusResponse(gpus=out)

@@ -45,6 +45,9 @@ def test_health_and_inventory(agent):
     gpus = client.get("/v1/gpus").json()["gpus"]
     assert len(gpus) == 4
     assert set(gpus[0]) == {
+        "power_capped",
+        "energy_j",
+        "persistence_mode",
         "index",
         "uuid",
         "name",
@@ -55,6 +58,7 @@ def test_health_and_inventory(agent):
         "power_w",
     }
     assert (gpus[0]["min_limit_w"], gpus[0]["max_limit_w"]) == (200.0, 700.0)
+    assert gpus[0]["persistence_mode"] is True
 
 
 def test_caps_apply_read_back_and_restore(agent):
