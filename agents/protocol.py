@@ -8,6 +8,26 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+#: Bearer tokens: at least this long, and never a placeholder (outside the lab).
+MIN_TOKEN_CHARS = 16
+PLACEHOLDER_TOKENS = frozenset(
+    {
+        "",
+        "changeme",
+        "change-me",
+        "changethis",
+        "secret",
+        "token",
+        "password",
+        "admin",
+        "test",
+        "lab",
+        "placeholder",
+        "flexgate",
+    }
+)
+LAB_TOKEN = "lab-agent-token"
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)

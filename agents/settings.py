@@ -10,23 +10,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-#: Tokens that must never guard real GPUs (refused unless `FLEXGATE_LAB` is set).
-PLACEHOLDER_TOKENS = {
-    "",
-    "changeme",
-    "change-me",
-    "changethis",
-    "secret",
-    "token",
-    "password",
-    "admin",
-    "test",
-    "lab",
-    "placeholder",
-    "flexgate",
-}
-MIN_TOKEN_CHARS = 16
-LAB_TOKEN = "lab-agent-token"
+from agents.protocol import LAB_TOKEN, MIN_TOKEN_CHARS, PLACEHOLDER_TOKENS
 
 
 class AgentSettings(BaseSettings):

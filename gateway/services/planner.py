@@ -1,0 +1,84 @@
+"""From a facility target to per-node cap commands (ARCHITECTURE.md, step 3).
+
+The site's job mix (stored jobs plus the site's overhead settings) goes to flexmodel's
+`optimal` allocation. Jobs without a placement on a known agent cannot be capped, so they give
+nothing. Each node gets its whole desired state: a cap for every GPU of every capped job placed
+on it; GPUs not listed return to their original limit. The sync verdict of the site's control
+loops is attached.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from flexmodel.allocate import allocate, allocation_dict
+from flexmodel.errors import FlexModelError
+from flexmodel.jobs import JobMix, parse_job_mix
+from flexmodel.loops import site_loops
+from flexmodel.sync import worst_verdict
+from gateway.errors import InvalidRequestError
+from gateway.settings import GatewaySettings
+
+#: A job whose cap is within this of its maximum is left uncapped.
+UNCAPPED_MARGIN_W = 0.5
+
+
+def site_mix(jobs: list[dict[str, Any]], settings: GatewaySettings) -> JobMix:
+    """The stored jobs with the site's overhead settings, validated by flexmodel."""
+    try:
+        return parse_job_mix(
+            {
+                "overhead_factor": settings.overhead_factor,
+                "overhead_factor_stderr": settings.overhead_factor_stderr,
+                "static_load_kw": settings.static_load_kw,
+                "jobs": jobs,
+            }
+        )
+    except FlexModelError as exc:
+        raise InvalidRequestError(str(exc)) from exc
+
+
+def plan(
+    mix: JobMix, facility_kw: float, nodes: set[str], settings: GatewaySettings
+) -> dict[str, Any]:
+    """The allocation for `facility_kw` at the meter, as per-node commands."""
+    reachable = np.array(
+        [bool(job.placement) and all(p.node in nodes for p in job.placement) for job in mix.jobs],
+        dtype=bool,
+    )
+    problem = mix.problem if reachable.all() else mix.problem.excluding(~reachable)
+    gpu_w = max(facility_kw, 0.0) * 1000.0 / mix.overhead_factor
+    result = allocate(problem, gpu_w, "optimal")
+    doc = allocation_dict(
+        result,
+        job_ids=[j.id for j in mix.jobs],
+        overhead_factor=mix.overhead_factor,
+        requested_facility_kw=facility_kw,
+    )
+    caps: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for job, cap in zip(mix.jobs, result.cap_w, strict=True):
+        if job.placement and cap < job.max_cap_w - UNCAPPED_MARGIN_W:
+            for where in job.placement:
+                caps[where.node] += [{"gpu": g, "cap_w": round(float(cap), 1)} for g in where.gpus]
+    doc["commands"] = [{"node": node, "caps": caps.get(node, [])} for node in sorted(nodes)]
+    doc["unplaced_jobs"] = [j.id for j, ok in zip(mix.jobs, reachable, strict=True) if not ok]
+    doc["shortfall_kw"] = max(facility_kw - doc["achieved_facility_kw"], 0.0)
+    doc["sync"] = loops_report(mix, settings)
+    return doc
+
+
+def loops_report(mix: JobMix, settings: GatewaySettings) -> dict[str, Any]:
+    """Each control loop's delay and window against the jobs it touches, and the verdict."""
+    waving = [j for j in mix.jobs if 0.0 < j.duty < 1.0]
+    periods = [j.period_s for j in waving]
+    duties = [j.duty for j in waving]
+    loops = [
+        loop.evaluate(periods, duties)
+        for loop in site_loops(
+            periods_s=periods or [1.0], reconcile_period_s=settings.reconcile_period_s
+        )
+    ]
+    return {"loops": loops, "verdict": worst_verdict([loop["verdict"] for loop in loops])}

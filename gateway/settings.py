@@ -1,0 +1,69 @@
+"""The gateway's settings: environment variables prefixed `FLEXGATE_` (docs/configuration.md).
+
+Read through `get_settings()` (cached), never at import; `create_app(settings)` takes them as
+an argument so tests pass their own.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from agents.protocol import LAB_TOKEN, MIN_TOKEN_CHARS, PLACEHOLDER_TOKENS
+
+LAB_API_TOKEN = "lab-api-token"
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FLEXGATE_", extra="ignore")
+
+    database_url: str = "sqlite:///.flexgate/gateway.db"
+    api_token: SecretStr = SecretStr("")
+    read_token: SecretStr | None = None
+    agent_token: SecretStr = SecretStr("")
+    agents: str = Field(default="", description="comma-separated agent base URLs")
+    overhead_factor: float = Field(default=1.3, ge=1.0)
+    overhead_factor_stderr: float = Field(default=0.05, ge=0.0)
+    static_load_kw: float = Field(default=0.0, ge=0.0)
+    lease_s: float = Field(default=120.0, gt=0.0, le=86400.0)
+    reconcile_period_s: float = Field(default=15.0, gt=0.0)
+    recovery_ramp_s: float = Field(default=60.0, ge=0.0)
+    recovery_steps: int = Field(default=4, ge=1, le=100)
+    dispatch_timeout_s: float = Field(default=5.0, gt=0.0)
+    dispatch_retries: int = Field(default=3, ge=0, le=10)
+    telemetry_window_s: float = Field(default=5.0, gt=0.0)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    log_level: str = "info"
+    lab: bool = False
+
+    @property
+    def agent_urls(self) -> list[str]:
+        return [u.strip().rstrip("/") for u in self.agents.split(",") if u.strip()]
+
+    @model_validator(mode="after")
+    def _refuse_placeholders(self) -> GatewaySettings:
+        for name, lab_value in (("api_token", LAB_API_TOKEN), ("agent_token", LAB_TOKEN)):
+            token = getattr(self, name).get_secret_value()
+            if self.lab and not token:
+                setattr(self, name, SecretStr(lab_value))
+            elif not self.lab and (
+                token.lower() in PLACEHOLDER_TOKENS or len(token) < MIN_TOKEN_CHARS
+            ):
+                raise ValueError(
+                    f"FLEXGATE_{name.upper()} must be set to a secret of at least "
+                    f"{MIN_TOKEN_CHARS} characters (placeholders are refused outside the lab)"
+                )
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("FLEXGATE_TLS_CERT and FLEXGATE_TLS_KEY go together")
+        return self
+
+
+@lru_cache
+def get_settings() -> GatewaySettings:
+    return GatewaySettings()

@@ -1,0 +1,91 @@
+"""The gateway's tables (SQLModel): the same code on SQLite and PostgreSQL.
+
+Documents whose shape belongs to the model (a job, an allocation, an agent's answer) are kept
+as JSON columns; what the gateway queries on (status, times, ids) are columns of their own.
+Times are timezone-aware UTC.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Column, DateTime
+from sqlmodel import Field, SQLModel
+
+#: Bump when a table changes; a database of another version is refused with a clear error.
+SCHEMA_VERSION = 1
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _when(**kwargs: Any) -> Any:
+    return Field(sa_column=Column(DateTime(timezone=True), **kwargs))
+
+
+class SchemaVersion(SQLModel, table=True):
+    __tablename__ = "schema_version"
+    id: int = Field(default=1, primary_key=True)
+    version: int
+
+
+class JobRow(SQLModel, table=True):
+    __tablename__ = "jobs"
+    id: str = Field(primary_key=True)
+    doc: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    position: int = 0  #: keeps the mix in the order it was given
+
+
+class EventRow(SQLModel, table=True):
+    __tablename__ = "events"
+    id: str = Field(primary_key=True)
+    source: str  #: manual or openadr
+    status: str  #: pending, active, completed, cancelled, opted_out, failed
+    start: datetime = _when(nullable=False)
+    end: datetime = _when(nullable=False)
+    reduction_kw: float
+    opt: str = "in"
+    reason: str | None = None
+    plan_id: str | None = None
+    created_at: datetime = _when(nullable=False)
+
+
+class PlanRow(SQLModel, table=True):
+    __tablename__ = "plans"
+    id: str = Field(primary_key=True)
+    event_id: str | None = Field(default=None, index=True)
+    generation: int
+    doc: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    created_at: datetime = _when(nullable=False)
+
+
+class CommandRow(SQLModel, table=True):
+    __tablename__ = "commands"
+    id: int | None = Field(default=None, primary_key=True)
+    plan_id: str = Field(index=True)
+    node: str
+    generation: int
+    status: str  #: acked, failed
+    attempts: int
+    sent_at: datetime = _when(nullable=False)
+    acked_at: datetime | None = _when(nullable=True)
+    delay_s: float | None = None
+    error: str | None = None
+    answer: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+
+
+class Counter(SQLModel, table=True):
+    __tablename__ = "counters"
+    name: str = Field(primary_key=True)
+    value: int
+
+
+class AuditRow(SQLModel, table=True):
+    __tablename__ = "audit"
+    id: int | None = Field(default=None, primary_key=True)
+    at: datetime = _when(nullable=False)
+    actor: str
+    action: str
+    detail: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))

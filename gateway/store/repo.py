@@ -1,0 +1,90 @@
+"""Persistence functions, keyword-only, one small function per question (store layer)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlmodel import Session, col, delete, select
+
+from gateway.store.models import AuditRow, CommandRow, Counter, EventRow, JobRow, PlanRow, utcnow
+
+
+def load_jobs(session: Session) -> list[dict[str, Any]]:
+    return [row.doc for row in session.exec(select(JobRow).order_by(col(JobRow.position)))]
+
+
+def replace_jobs(session: Session, *, docs: list[dict[str, Any]]) -> None:
+    session.exec(delete(JobRow))  # type: ignore[call-overload]
+    for position, doc in enumerate(docs):
+        session.add(JobRow(id=doc["id"], doc=doc, position=position))
+
+
+def put_job(session: Session, *, doc: dict[str, Any]) -> bool:
+    """Insert or replace one job; True when it is new."""
+    row = session.get(JobRow, doc["id"])
+    if row is None:
+        last = session.exec(select(JobRow).order_by(col(JobRow.position).desc())).first()
+        session.add(
+            JobRow(id=doc["id"], doc=doc, position=0 if last is None else last.position + 1)
+        )
+        return True
+    row.doc = doc
+    session.add(row)
+    return False
+
+
+def delete_job(session: Session, *, job_id: str) -> bool:
+    row = session.get(JobRow, job_id)
+    if row is None:
+        return False
+    session.delete(row)
+    return True
+
+
+def add_event(session: Session, *, event: EventRow) -> None:
+    session.add(event)
+
+
+def get_event(session: Session, *, event_id: str) -> EventRow | None:
+    return session.get(EventRow, event_id)
+
+
+def list_events(session: Session, *, statuses: tuple[str, ...] | None = None) -> list[EventRow]:
+    query = select(EventRow).order_by(col(EventRow.start))
+    if statuses:
+        query = query.where(col(EventRow.status).in_(statuses))
+    return list(session.exec(query))
+
+
+def add_plan(session: Session, *, plan: PlanRow) -> None:
+    session.add(plan)
+
+
+def get_plan(session: Session, *, plan_id: str) -> PlanRow | None:
+    return session.get(PlanRow, plan_id)
+
+
+def add_command(session: Session, *, command: CommandRow) -> None:
+    session.add(command)
+
+
+def commands_for(session: Session, *, plan_id: str) -> list[CommandRow]:
+    query = select(CommandRow).where(CommandRow.plan_id == plan_id).order_by(col(CommandRow.id))
+    return list(session.exec(query))
+
+
+def next_generation(session: Session) -> int:
+    """A generation number higher than any the gateway has sent (kept across restarts)."""
+    row = session.get(Counter, "generation")
+    if row is None:
+        row = Counter(name="generation", value=0)
+    row.value += 1
+    session.add(row)
+    return row.value
+
+
+def audit(
+    session: Session, *, actor: str, action: str, detail: dict[str, Any], at: datetime | None = None
+) -> None:
+    session.add(AuditRow(at=at or utcnow(), actor=actor, action=action, detail=detail))
