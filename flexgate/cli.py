@@ -26,7 +26,7 @@ from flexmodel.jobs import JobMix, allocate_mix, parse_job_mix
 from flexmodel.pfi import pfi_of_sweep
 from flexmodel.quote import DEFAULT_CONFIDENCE, DEFAULT_WINDOW_S, quote
 from flexmodel.simulate import DEFAULT_REDUCTIONS, PFI_SOURCES, simulate
-from flexmodel.sync import DEFAULT_GAIN_PER_S, VERDICTS, analyse, worst_verdict
+from flexmodel.sync import DEFAULT_GAIN_PER_S, VERDICTS, analyse, finite_or_none, worst_verdict
 from flexmodel.syncsim import THROTTLES, simulate_sync
 from flexmodel.workload import MIX_NAMES
 
@@ -381,7 +381,7 @@ def fleet_check(mix: JobMix, **loop: float) -> dict[str, Any]:
             "id": j.id,
             "verdict": verdicts[index[j.id]],
             "worst_m": int(result.worst_m[index[j.id]]),
-            "max_safe_delay_s": float(result.max_safe_delay_s[index[j.id]]),
+            "max_safe_delay_s": finite_or_none(result.max_safe_delay_s[index[j.id]]),
         }
         for j in mix.jobs
     ]
@@ -673,10 +673,11 @@ def _show_sync_check(doc: dict[str, Any]) -> None:
         )
     console.print(table)
     colour = {"safe": "green", "at-risk": "yellow", "unsafe": "red"}[doc["verdict"]]
+    limit = doc["max_safe_delay_s"]
     console.print(
         f"verdict: [{colour}]{doc['verdict']}[/]; in phase stable for two jobs: "
-        f"{'yes' if doc['in_phase_stable'] else 'no'}; safe below a delay of "
-        f"{doc['max_safe_delay_s']:.3g} s"
+        f"{'yes' if doc['in_phase_stable'] else 'no'}; "
+        + ("safe at any delay" if limit is None else f"safe below a delay of {limit:.3g} s")
     )
     for job in doc.get("jobs", []):
         if job["verdict"] != "safe":

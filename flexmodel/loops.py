@@ -25,7 +25,14 @@ from numpy.typing import ArrayLike
 from flexmodel.curves import cap_for_power, power_for_throughput
 from flexmodel.errors import FlexModelError
 from flexmodel.jobs import JobMix
-from flexmodel.sync import DEFAULT_GAIN_PER_S, HARMONICS, Analysis, analyse, worst_verdict
+from flexmodel.sync import (
+    DEFAULT_GAIN_PER_S,
+    HARMONICS,
+    Analysis,
+    analyse,
+    finite_or_none,
+    worst_verdict,
+)
 
 #: The gateway averages site power over at least this many of the longest iteration periods.
 GATEWAY_WINDOW_PERIODS = 3.0
@@ -68,7 +75,7 @@ class ControlLoop:
         )
         return base | {
             "verdict": worst_verdict(result.verdict),
-            "max_safe_delay_s": float(result.max_safe_delay_s.min()),
+            "max_safe_delay_s": finite_or_none(result.max_safe_delay_s.min()),
         }
 
 

@@ -132,7 +132,7 @@ class Analysis:
             ],
             "in_phase_stable": bool(self.in_phase_stable[j]),
             "verdict": self.verdict[j],
-            "max_safe_delay_s": float(self.max_safe_delay_s[j]),
+            "max_safe_delay_s": finite_or_none(self.max_safe_delay_s[j]),
         }
 
 
@@ -224,6 +224,11 @@ def max_safe_delay_s(period_s: Array, significant: Mask, gain: Array, window_s: 
     first = np.where(np.abs(gain) < 1e-12, np.inf, to_next / (m * w))
     first = np.where(significant, first, np.inf)
     return np.asarray(first.min(axis=1), dtype=float)
+
+
+def finite_or_none(value: float) -> float | None:
+    """A delay limit for JSON: None where no delay makes any significant harmonic attract."""
+    return float(value) if np.isfinite(value) else None
 
 
 def worst_verdict(verdicts: list[str]) -> str:

@@ -385,3 +385,26 @@ def test_agent_refuses_bad_settings_before_starting(env, args, fragments):
         env=clean | env,
     )
     assert_bad_input(result, *fragments)
+
+
+def test_sync_check_with_no_delay_limit_is_valid_json():
+    """A window of whole periods blinds the loop: no delay is unsafe, and JSON says null."""
+    result = flexgate(
+        "sync",
+        "check",
+        "--period-s",
+        "2",
+        "--duty",
+        "0.5",
+        "--delay-s",
+        "1",
+        "--window-s",
+        "6",
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["max_safe_delay_s"] is None
+    human = flexgate(
+        "sync", "check", "--period-s", "2", "--duty", "0.5", "--delay-s", "1", "--window-s", "6"
+    )
+    assert "safe at any delay" in human.stdout

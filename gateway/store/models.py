@@ -21,6 +21,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def as_utc(when: datetime) -> datetime:
+    """SQLite hands back naive datetimes; everything stored is UTC."""
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
 def _when(**kwargs: Any) -> Any:
     return Field(sa_column=Column(DateTime(timezone=True), **kwargs))
 

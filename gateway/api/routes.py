@@ -1,0 +1,225 @@
+"""The gateway's HTTP API (CONTRACT.md, "Gateway HTTP API"). Routes stay thin."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+from fastapi.responses import PlainTextResponse
+
+from flexmodel.quote import quote
+from gateway.api.deps import READ, GatewayDep, Writer
+from gateway.api.schemas import EventCreate, JobsBody, QuoteRequest
+from gateway.errors import InvalidRequestError, NotFoundError
+from gateway.services.planner import loops_report
+from gateway.store import repo
+from gateway.store.models import EventRow, as_utc
+
+router = APIRouter()
+v1 = APIRouter(prefix="/v1", dependencies=READ)
+
+
+@router.get("/health")
+async def health(gateway: GatewayDep) -> dict[str, Any]:
+    with gateway.session() as s:
+        repo.list_events(s, statuses=("active",))  # the store answers
+    return {
+        "status": "ok",
+        "store": "ok",
+        "scheduler": gateway.scheduler.running,
+        "agents_configured": len(gateway.settings.agent_urls),
+        "agents_known": len(gateway.nodes),
+        "ven": None,
+    }
+
+
+@router.get("/metrics", response_class=PlainTextResponse, dependencies=READ)
+async def metrics(gateway: GatewayDep) -> str:
+    with gateway.session() as s:
+        live = repo.list_events(s, statuses=("pending", "active"))
+    lines = [
+        "# TYPE flexgate_agents_known gauge",
+        f"flexgate_agents_known {len(gateway.nodes)}",
+        "# TYPE flexgate_events_active gauge",
+        f"flexgate_events_active {sum(e.status == 'active' for e in live)}",
+        "# TYPE flexgate_events_pending gauge",
+        f"flexgate_events_pending {sum(e.status == 'pending' for e in live)}",
+        "# TYPE flexgate_generation gauge",
+        f"flexgate_generation {gateway.generation or 0}",
+        "# TYPE flexgate_jobs gauge",
+        f"flexgate_jobs {len(gateway.mix().jobs)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@v1.get("/site")
+async def site(gateway: GatewayDep) -> dict[str, Any]:
+    return await gateway.site()
+
+
+@v1.get("/jobs")
+async def list_jobs(gateway: GatewayDep) -> dict[str, Any]:
+    with gateway.session() as s:
+        return {"jobs": repo.load_jobs(s)}
+
+
+@v1.put("/jobs")
+async def replace_jobs(body: JobsBody, gateway: GatewayDep, actor: Writer) -> dict[str, Any]:
+    mix = await gateway.replace_jobs(body.jobs, actor)
+    return {"jobs": len(mix.jobs)}
+
+
+@v1.put("/jobs/{job_id}")
+async def put_job(
+    job_id: str, job: dict[str, Any], gateway: GatewayDep, actor: Writer, response: Response
+) -> dict[str, Any]:
+    if job.get("id", job_id) != job_id:
+        raise InvalidRequestError(f"the body's id '{job.get('id')}' is not the path's '{job_id}'")
+    created = await gateway.put_job({**job, "id": job_id}, actor)
+    response.status_code = 201 if created else 200
+    return {"id": job_id, "created": created}
+
+
+@v1.delete("/jobs/{job_id}", status_code=204)
+async def delete_job(job_id: str, gateway: GatewayDep, actor: Writer) -> None:
+    await gateway.delete_job(job_id, actor)
+
+
+@v1.get("/nodes")
+async def nodes(gateway: GatewayDep) -> dict[str, Any]:
+    telemetry = await gateway.telemetry()
+    return {
+        "nodes": [
+            {
+                "node": node,
+                "url": url,
+                "reachable": node in telemetry,
+                "actuation_delay": telemetry.get(node, {}).get("actuation_delay"),
+                "jobs": telemetry.get(node, {}).get("jobs", []),
+            }
+            for node, url in sorted(gateway.nodes.items())
+        ]
+    }
+
+
+@v1.post("/quotes")
+async def quotes(body: QuoteRequest, gateway: GatewayDep) -> dict[str, Any]:
+    return quote(
+        gateway.mix(),
+        window_s=body.window_s,
+        confidence=body.confidence,
+        reduction_kw=body.reduction_kw,
+    )
+
+
+def event_doc(event: EventRow, gateway: Any) -> dict[str, Any]:
+    with gateway.session() as s:
+        plans = [] if event.plan_id is None else [repo.get_plan(s, plan_id=event.plan_id)]
+    return {
+        "id": event.id,
+        "source": event.source,
+        "status": event.status,
+        "start": _iso(event.start),
+        "end": _iso(event.end),
+        "reduction_kw": event.reduction_kw,
+        "intervals": [
+            {
+                "start": _iso(event.start),
+                "end": _iso(event.end),
+                "reduction_kw": event.reduction_kw,
+                "plan_id": event.plan_id,
+            }
+        ],
+        "opt": event.opt,
+        "reason": event.reason,
+        "plan_id": event.plan_id,
+        "feasible": plans[0].doc["feasible"] if plans and plans[0] else None,
+    }
+
+
+@v1.get("/events")
+async def list_events(gateway: GatewayDep) -> dict[str, Any]:
+    with gateway.session() as s:
+        events = repo.list_events(s)
+    return {"events": [event_doc(e, gateway) for e in events]}
+
+
+@v1.get("/events/{event_id}")
+async def get_event(event_id: str, gateway: GatewayDep) -> dict[str, Any]:
+    return event_doc(gateway.event(event_id), gateway)
+
+
+@v1.post("/events", status_code=201)
+async def create_event(body: EventCreate, gateway: GatewayDep, actor: Writer) -> dict[str, Any]:
+    event = await gateway.create_event(
+        reduction_kw=body.reduction_kw,
+        start=body.start,
+        duration_s=body.duration_s,
+        source="manual",
+        actor=actor,
+    )
+    return event_doc(event, gateway)
+
+
+@v1.delete("/events/{event_id}")
+async def cancel_event(event_id: str, gateway: GatewayDep, actor: Writer) -> dict[str, Any]:
+    return event_doc(await gateway.cancel_event(event_id, actor), gateway)
+
+
+@v1.get("/plans/{plan_id}")
+async def get_plan(plan_id: str, gateway: GatewayDep) -> dict[str, Any]:
+    with gateway.session() as s:
+        row = repo.get_plan(s, plan_id=plan_id)
+        if row is None:
+            raise NotFoundError(f"no plan '{plan_id}'")
+        commands = repo.commands_for(s, plan_id=plan_id)
+    latest: dict[str, Any] = {}
+    for c in commands:
+        latest[c.node] = {
+            "node": c.node,
+            "status": c.status,
+            "generation": c.generation,
+            "attempts": c.attempts,
+            "sent_at": _iso(c.sent_at),
+            "acked_at": _iso(c.acked_at),
+            "delay_s": c.delay_s,
+            "error": c.error,
+        }
+    achieved = None
+    if plan_id == gateway.plan_id:
+        achieved = (await gateway.site())["shed_facility_kw"]
+    return {
+        **row.doc,
+        "id": row.id,
+        "event_id": row.event_id,
+        "generation": row.generation,
+        "expected_facility_kw": row.doc["achieved_facility_kw"],
+        "achieved_facility_kw": achieved,
+        "commands": row.doc["commands"],
+        "acks": list(latest.values()),
+        "created_at": _iso(row.created_at),
+    }
+
+
+@v1.get("/sync")
+async def sync(gateway: GatewayDep) -> dict[str, Any]:
+    telemetry = await gateway.telemetry()
+    jobs = [j for doc in telemetry.values() for j in doc.get("jobs", [])]
+    report = loops_report(gateway.mix(), gateway.settings)
+    return {
+        "jobs": [
+            {
+                "job_id": j["job_id"],
+                "period_s": j["period_s"],
+                "duty": j["duty"],
+                "phase": j["phase_rad"],
+            }
+            for j in jobs
+        ],
+        "loops": report["loops"],
+        "verdict": report["verdict"],
+    }
+
+
+def _iso(when: Any) -> str | None:
+    return None if when is None else as_utc(when).isoformat()

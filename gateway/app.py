@@ -1,0 +1,61 @@
+"""The gateway's composition root: `create_app(settings)`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from flexmodel.errors import FlexModelError
+from gateway.api.routes import router, v1
+from gateway.errors import GatewayError
+from gateway.services.runtime import Gateway
+from gateway.settings import GatewaySettings, get_settings
+from gateway.store.db import open_engine
+
+
+def create_app(settings: GatewaySettings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = open_engine(settings.database_url)
+        gateway = Gateway(settings, engine)
+        app.state.gateway = gateway
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+            engine.dispose()
+
+    app = FastAPI(
+        title="flexgate gateway",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Demand response for AI data centres: quotes, events, plans, caps.",
+    )
+    app.include_router(router)
+    app.include_router(v1)
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(FlexModelError)
+    async def model_error(_: Request, exc: FlexModelError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()
+        ]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    return app

@@ -1,0 +1,410 @@
+"""The gateway's running state: nodes, events, plans, dispatch, reconciliation, recovery.
+
+- **Events** are stored before anything acts on them. APScheduler (3.x) jobs start and end
+  them; on start the gateway rebuilds those jobs from the store and resumes active events.
+- **Targets.** Whenever the set of active events or the job mix changes, the strictest active
+  target (the largest reduction) is planned and every node is sent its whole desired state with
+  a new generation.
+- **Reconciliation** every `reconcile_period_s`: the desired state is sent again with the same
+  generation, which renews every lease and puts back whatever drifted (an agent that
+  restarted, a limit changed under us). Nodes that did not answer at start are looked up again.
+- **Recovery.** When no event is active any more, caps step back over `recovery_ramp_s` in
+  `recovery_steps` plans of decreasing reduction, then every GPU gets its original limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aiohttp
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from agents.protocol import CapCommand
+from flexmodel.jobs import JobMix
+from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
+from gateway.services.dispatch import Ack, fan_out
+from gateway.services.planner import plan, site_mix
+from gateway.settings import GatewaySettings
+from gateway.store import repo
+from gateway.store.models import CommandRow, EventRow, PlanRow, as_utc, utcnow
+
+log = logging.getLogger("flexgate.gateway")
+LIVE = ("pending", "active")
+
+
+class Gateway:
+    def __init__(self, settings: GatewaySettings, engine: Engine) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.nodes: dict[str, str] = {}  #: node id -> agent base URL
+        self.scheduler = AsyncIOScheduler(timezone=UTC)
+        self.http: aiohttp.ClientSession | None = None
+        self.desired: dict[str, list[dict[str, float]]] = {}
+        self.generation: int | None = None
+        self.plan_id: str | None = None
+        self._mix: JobMix | None = None
+        self._lock = asyncio.Lock()
+        self._ramp: asyncio.Task[None] | None = None
+
+    # --- life cycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=2000, keepalive_timeout=75)
+        )
+        await self.discover()
+        self.scheduler.start()
+        self.scheduler.add_job(
+            self.reconcile,
+            "interval",
+            seconds=self.settings.reconcile_period_s,
+            id="reconcile",
+            coalesce=True,
+            max_instances=1,
+        )
+        await self.resume()
+
+    async def stop(self) -> None:
+        if self._ramp is not None:
+            self._ramp.cancel()
+        self.scheduler.shutdown(wait=False)
+        if self.http is not None:
+            await self.http.close()
+
+    def session(self) -> Session:
+        return Session(self.engine, expire_on_commit=False)
+
+    async def discover(self) -> None:
+        """Ask each configured agent for its node id (once it answers)."""
+        assert self.http is not None
+        missing = [u for u in self.settings.agent_urls if u not in self.nodes.values()]
+
+        async def ask(url: str) -> None:
+            try:
+                async with self.http.get(
+                    f"{url}/health",  # type: ignore[union-attr]
+                    timeout=aiohttp.ClientTimeout(total=2),
+                ) as answer:
+                    if answer.status == 200:
+                        self.nodes[(await answer.json())["node_id"]] = url
+            except (TimeoutError, aiohttp.ClientError, KeyError, ValueError) as exc:
+                log.warning("agent %s did not answer: %s", url, exc)
+
+        await asyncio.gather(*(ask(u) for u in missing))
+
+    # --- the job mix -----------------------------------------------------------------------
+
+    def mix(self) -> JobMix:
+        if self._mix is None:
+            with self.session() as s:
+                self._mix = site_mix(repo.load_jobs(s), self.settings)
+        return self._mix
+
+    async def replace_jobs(self, docs: list[dict[str, Any]], actor: str) -> JobMix:
+        mix = site_mix(docs, self.settings)  # refused whole, before anything is stored
+        with self.session() as s:
+            repo.replace_jobs(s, docs=docs)
+            repo.audit(s, actor=actor, action="jobs.replace", detail={"jobs": len(docs)})
+            s.commit()
+        self._mix = mix
+        await self.apply_targets()
+        return mix
+
+    async def put_job(self, doc: dict[str, Any], actor: str) -> bool:
+        """Add or replace one job; True when it is new."""
+        with self.session() as s:
+            docs = repo.load_jobs(s)
+        ids = [d.get("id") for d in docs]
+        new = doc.get("id") not in ids
+        merged = [*docs, doc] if new else [doc if d.get("id") == doc.get("id") else d for d in docs]
+        mix = site_mix(merged, self.settings)  # refused whole, before anything is stored
+        with self.session() as s:
+            repo.put_job(s, doc=doc)
+            repo.audit(s, actor=actor, action="jobs.put", detail={"id": doc.get("id")})
+            s.commit()
+        self._mix = mix
+        await self.apply_targets()
+        return new
+
+    async def delete_job(self, job_id: str, actor: str) -> None:
+        with self.session() as s:
+            if not repo.delete_job(s, job_id=job_id):
+                raise NotFoundError(f"no job '{job_id}'")
+            repo.audit(s, actor=actor, action="jobs.delete", detail={"id": job_id})
+            s.commit()
+        self._mix = None
+        await self.apply_targets()
+
+    # --- events ----------------------------------------------------------------------------
+
+    async def create_event(
+        self, *, reduction_kw: float, start: datetime, duration_s: float, source: str, actor: str
+    ) -> EventRow:
+        if start.tzinfo is None:
+            raise InvalidRequestError("start: give a time zone (e.g. 2026-11-29T16:00:00Z)")
+        if not (math.isfinite(reduction_kw) and reduction_kw > 0):
+            raise InvalidRequestError("reduction_kw must be a positive number")
+        end = start + timedelta(seconds=duration_s)
+        if end <= utcnow():
+            raise InvalidRequestError(f"the event would end at {end.isoformat()}, in the past")
+        event = EventRow(
+            id=f"ev-{uuid.uuid4().hex[:12]}",
+            source=source,
+            status="pending",
+            start=start.astimezone(UTC),
+            end=end.astimezone(UTC),
+            reduction_kw=reduction_kw,
+            created_at=utcnow(),
+        )
+        with self.session() as s:
+            repo.add_event(s, event=event)
+            repo.audit(
+                s,
+                actor=actor,
+                action="events.create",
+                detail={"id": event.id, "reduction_kw": reduction_kw},
+            )
+            s.commit()
+        self._schedule(event)
+        return event
+
+    def _schedule(self, event: EventRow) -> None:
+        now = utcnow()
+        self.scheduler.add_job(
+            self.start_event,
+            "date",
+            run_date=max(as_utc(event.start), now),
+            args=[event.id],
+            id=f"start-{event.id}",
+            replace_existing=True,
+        )
+        self.scheduler.add_job(
+            self.end_event,
+            "date",
+            run_date=max(as_utc(event.end), now),
+            args=[event.id],
+            id=f"end-{event.id}",
+            replace_existing=True,
+        )
+
+    async def start_event(self, event_id: str) -> None:
+        if self._move(event_id, ("pending",), "active"):
+            await self.apply_targets()
+
+    async def end_event(self, event_id: str) -> None:
+        if self._move(event_id, ("active", "pending"), "completed"):
+            await self.apply_targets()
+
+    async def cancel_event(self, event_id: str, actor: str) -> EventRow:
+        with self.session() as s:
+            event = repo.get_event(s, event_id=event_id)
+        if event is None:
+            raise NotFoundError(f"no event '{event_id}'")
+        if event.status not in LIVE:
+            raise ConflictError(f"event '{event_id}' is {event.status}: nothing to cancel")
+        self._move(event_id, LIVE, "cancelled", actor=actor)
+        for job in (f"start-{event_id}", f"end-{event_id}"):
+            if self.scheduler.get_job(job):
+                self.scheduler.remove_job(job)
+        await self.apply_targets()
+        return self.event(event_id)
+
+    def _move(
+        self, event_id: str, sources: tuple[str, ...], target: str, actor: str = "scheduler"
+    ) -> bool:
+        with self.session() as s:
+            event = repo.get_event(s, event_id=event_id)
+            if event is None or event.status not in sources:
+                return False
+            event.status = target
+            s.add(event)
+            repo.audit(s, actor=actor, action=f"events.{target}", detail={"id": event_id})
+            s.commit()
+        return True
+
+    def event(self, event_id: str) -> EventRow:
+        with self.session() as s:
+            event = repo.get_event(s, event_id=event_id)
+        if event is None:
+            raise NotFoundError(f"no event '{event_id}'")
+        return event
+
+    async def resume(self) -> None:
+        """After a restart: finish what ended while down, schedule the rest, re-plan."""
+        now = utcnow()
+        with self.session() as s:
+            live = repo.list_events(s, statuses=LIVE)
+        for event in live:
+            if as_utc(event.end) <= now:
+                self._move(event.id, LIVE, "completed")
+            else:
+                self._schedule(event)
+        await self.apply_targets(resumed=True)
+
+    # --- planning and dispatch -------------------------------------------------------------
+
+    async def apply_targets(self, resumed: bool = False) -> None:
+        """Plan the strictest active target, or recover when none is left."""
+        with self.session() as s:
+            active = repo.list_events(s, statuses=("active",))
+        if active:
+            if self._ramp is not None:
+                self._ramp.cancel()
+                self._ramp = None
+            strictest = max(active, key=lambda e: e.reduction_kw)
+            async with self._lock:
+                await self._plan_and_send(strictest.reduction_kw, strictest.id)
+        elif self.desired or resumed:
+            last = self._last_target()
+            if self._ramp is None or self._ramp.done():
+                self._ramp = asyncio.create_task(self._recover(last))
+
+    def _last_target(self) -> float:
+        if self.plan_id is None:
+            return 0.0
+        with self.session() as s:
+            row = repo.get_plan(s, plan_id=self.plan_id)
+        return float(row.doc["requested_facility_kw"]) if row else 0.0
+
+    async def _recover(self, from_kw: float) -> None:
+        """Step the caps back over the recovery ramp, then restore every GPU."""
+        steps = self.settings.recovery_steps
+        pause = self.settings.recovery_ramp_s / steps
+        for k in range(1, steps):
+            await asyncio.sleep(pause)
+            async with self._lock:
+                await self._plan_and_send(from_kw * (1 - k / steps), None)
+        await asyncio.sleep(pause)
+        async with self._lock:
+            await self._plan_and_send(0.0, None)
+            self.desired, self.generation = {}, None  # nothing left to renew
+
+    async def _plan_and_send(self, facility_kw: float, event_id: str | None) -> PlanRow:
+        await self.discover()
+        doc = plan(self.mix(), facility_kw, set(self.nodes), self.settings)
+        with self.session() as s:
+            generation = repo.next_generation(s)
+            row = PlanRow(
+                id=f"plan-{uuid.uuid4().hex[:12]}",
+                event_id=event_id,
+                generation=generation,
+                doc=doc,
+                created_at=utcnow(),
+            )
+            repo.add_plan(s, plan=row)
+            if event_id is not None:
+                event = repo.get_event(s, event_id=event_id)
+                if event is not None:
+                    event.plan_id = row.id
+                    s.add(event)
+            s.commit()
+        self.desired = {c["node"]: c["caps"] for c in doc["commands"]}
+        self.generation, self.plan_id = generation, row.id
+        await self._send()
+        return row
+
+    async def _send(self) -> list[Ack]:
+        assert self.http is not None
+        assert self.generation is not None
+        assert self.plan_id is not None
+        targets = [
+            (
+                node,
+                url,
+                CapCommand(
+                    plan_id=self.plan_id,
+                    generation=self.generation,
+                    lease_s=self.settings.lease_s,
+                    caps=self.desired.get(node, []),
+                ),
+            )  # type: ignore[arg-type]
+            for node, url in sorted(self.nodes.items())
+        ]
+        acks = await fan_out(
+            self.http,
+            targets,
+            self.settings.agent_token.get_secret_value(),
+            timeout_s=self.settings.dispatch_timeout_s,
+            retries=self.settings.dispatch_retries,
+        )
+        with self.session() as s:
+            for ack in acks:
+                repo.add_command(
+                    s,
+                    command=CommandRow(
+                        plan_id=self.plan_id,
+                        node=ack.node,
+                        generation=self.generation,
+                        status=ack.status,
+                        attempts=ack.attempts,
+                        sent_at=ack.sent_at,
+                        acked_at=ack.acked_at,
+                        delay_s=ack.delay_s,
+                        error=ack.error,
+                        answer=ack.answer,
+                    ),
+                )
+            s.commit()
+        return acks
+
+    async def reconcile(self) -> None:
+        """Renew leases and put back what drifted: the desired state again, same generation."""
+        await self.discover()
+        if self.generation is None or not self.nodes:
+            return
+        async with self._lock:
+            if self.generation is not None:
+                await self._send()
+
+    # --- what the site does ----------------------------------------------------------------
+
+    async def telemetry(self) -> dict[str, dict[str, Any]]:
+        """Each reachable agent's telemetry, by node."""
+        assert self.http is not None
+
+        async def ask(node: str, url: str) -> tuple[str, dict[str, Any] | None]:
+            try:
+                async with self.http.get(
+                    f"{url}/v1/telemetry",  # type: ignore[union-attr]
+                    timeout=aiohttp.ClientTimeout(total=3),
+                ) as answer:
+                    return node, (await answer.json()) if answer.status == 200 else None
+            except (TimeoutError, aiohttp.ClientError, ValueError):
+                return node, None
+
+        found = await asyncio.gather(*(ask(n, u) for n, u in self.nodes.items()))
+        return {node: doc for node, doc in found if doc is not None}
+
+    async def site(self) -> dict[str, Any]:
+        """GPU power of the placed jobs now (mean of the agents' recent samples), at the meter."""
+        mix, k = self.mix(), self.settings.overhead_factor
+        telemetry = await self.telemetry()
+        measured = 0.0
+        for job in mix.jobs:
+            for where in job.placement or ():
+                gpus = {
+                    g["index"]: g["power_w"] for g in telemetry.get(where.node, {}).get("gpus", [])
+                }
+                measured += sum(sum(gpus[g]) / len(gpus[g]) for g in where.gpus if gpus.get(g))
+        baseline = sum(j.gpus * j.power_w for j in mix.jobs if j.placement) / 1000.0
+        with self.session() as s:
+            active = repo.list_events(s, statuses=("active",))
+        gpu_kw = measured / 1000.0
+        return {
+            "gpu_power_kw": gpu_kw,
+            "facility_power_kw": self.settings.static_load_kw + k * gpu_kw,
+            "baseline_gpu_kw": baseline,
+            "baseline_facility_kw": self.settings.static_load_kw + k * baseline,
+            "shed_facility_kw": k * (baseline - gpu_kw),
+            "overhead_factor": k,
+            "overhead_factor_stderr": self.settings.overhead_factor_stderr,
+            "active_event_id": max(active, key=lambda e: e.reduction_kw).id if active else None,
+            "nodes_reporting": len(telemetry),
+        }

@@ -1,0 +1,129 @@
+"""A whole site on loopback: simulated agents and a gateway, on real uvicorn servers."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from agents.service import AgentNode
+from agents.service import create_app as agent_app
+from agents.simulated import SimulatedBackend
+from flexgate.serve import ServerThread
+from flexmodel.jobs import parse_job_mix
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+from tests.conftest import EXAMPLES
+
+API_TOKEN = "api-token-0123456789abcdef"
+AGENT_TOKEN = "agent-token-0123456789abcdef"
+#: .ci/run sets this, so CI fails rather than skips when PostgreSQL does not answer.
+REQUIRED_POSTGRES = os.environ.get("FLEXGATE_TEST_POSTGRES_URL")
+POSTGRES = REQUIRED_POSTGRES or "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+API = {"Authorization": f"Bearer {API_TOKEN}"}
+
+
+def site_jobs() -> list[dict]:
+    """The example site's jobs on two 8-GPU nodes (node-01, node-02) of the example."""
+    jobs = json.loads((EXAMPLES / "site.json").read_text())["jobs"]
+    return [
+        copy.deepcopy(j)
+        for j in jobs
+        if j["placement"][0]["node"] in ("node-01", "node-02", "node-03")
+    ]
+
+
+def postgres_available() -> bool:
+    engine = create_engine(POSTGRES)
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("select 1"))
+        return True
+    except Exception:
+        return False
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'gateway.db'}"
+    if not postgres_available():
+        if REQUIRED_POSTGRES:
+            pytest.fail(f"FLEXGATE_TEST_POSTGRES_URL is set but {POSTGRES} does not answer")
+        pytest.skip(f"no PostgreSQL server answers at {POSTGRES} (CI always runs these)")
+    engine = create_engine(POSTGRES)
+    with engine.begin() as connection:  # a clean database for each test
+        connection.execute(text("drop schema public cascade; create schema public"))
+    engine.dispose()
+    return POSTGRES
+
+
+class Site:
+    def __init__(self, api: httpx.Client, nodes: dict[str, AgentNode], settings: GatewaySettings):
+        self.api, self.nodes, self.settings = api, nodes, settings
+
+    def limits(self) -> dict[str, list[float]]:
+        return {
+            name: [n.backend.enforced_limit_w(g) for g in range(n.backend.count())]
+            for name, n in self.nodes.items()
+        }
+
+    def wait(self, check, seconds: float = 15.0, what: str = "the site"):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            value = check()
+            if value:
+                return value
+            time.sleep(0.05)
+        raise AssertionError(f"{what} did not happen within {seconds} s")
+
+
+def start_site(tmp_path, database_url, **overrides):
+    jobs = site_jobs()
+    mix = parse_job_mix({"jobs": jobs})
+    names = sorted({p.node for j in mix.jobs for p in j.placement})
+    nodes = {
+        n: AgentNode(
+            n,
+            SimulatedBackend(8, mix=mix, node_id=n, noise_w=3.0),
+            tmp_path / "agents" / n,
+            sample_hz=20,
+        )
+        for n in names
+    }
+    return jobs, nodes, agent_app(list(nodes.values()), AGENT_TOKEN, prefixed=True)
+
+
+@pytest.fixture
+def site(tmp_path, database_url):
+    jobs, nodes, agents = start_site(tmp_path, database_url)
+    with ServerThread(agents) as agents_url:
+        settings = GatewaySettings(
+            database_url=database_url,
+            api_token=API_TOKEN,
+            agent_token=AGENT_TOKEN,
+            agents=",".join(f"{agents_url}/nodes/{n}" for n in nodes),
+            lease_s=5.0,
+            reconcile_period_s=0.5,
+            recovery_ramp_s=0.4,
+            recovery_steps=2,
+        )
+        with (
+            ServerThread(create_app(settings)) as url,
+            httpx.Client(base_url=url, timeout=20) as api,
+        ):
+            answer = api.put("/v1/jobs", json={"jobs": jobs}, headers=API)
+            assert answer.status_code == 200, answer.text
+            yield Site(api, nodes, settings)
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat()

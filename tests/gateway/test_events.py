@@ -1,0 +1,87 @@
+"""A manual event end to end: plan -> caps on the simulated GPUs -> the site sheds what was
+asked -> cancel restores. On SQLite and PostgreSQL."""
+
+import time
+
+import numpy as np
+import pytest
+
+from tests.gateway.conftest import API, now_iso
+
+
+def measured_shed(site, samples=8):
+    values = []
+    for _ in range(samples):
+        values.append(site.api.get("/v1/site").json()["shed_facility_kw"])
+        time.sleep(0.5)
+    return float(np.mean(values))
+
+
+def test_manual_event_end_to_end(site):
+    quote = site.api.post("/v1/quotes", json={"window_s": 60}).json()
+    asked = round(0.5 * quote["achievable_kw"], 1)
+    created = site.api.post(
+        "/v1/events",
+        headers=API,
+        json={"reduction_kw": asked, "start": now_iso(), "duration_s": 120},
+    )
+    assert created.status_code == 201, created.text
+    event_id = created.json()["id"]
+    event = site.wait(
+        lambda: (e := site.api.get(f"/v1/events/{event_id}").json())["plan_id"] and e,
+        what="the event's plan",
+    )
+    assert event["status"] == "active"
+    plan = site.wait(
+        lambda: (p := site.api.get(f"/v1/plans/{event['plan_id']}").json())["acks"] and p,
+        what="the acks",  # the plan is stored before its commands go out
+    )
+    assert plan["feasible"] is True
+    assert plan["expected_facility_kw"] == pytest.approx(asked)
+    assert {a["status"] for a in plan["acks"]} == {"acked"}
+    # The caps the plan chose are the caps the GPUs enforce.
+    limits = site.limits()
+    for command in plan["commands"]:
+        for cap in command["caps"]:
+            assert limits[command["node"]][cap["gpu"]] == pytest.approx(cap["cap_w"], abs=0.1)
+    time.sleep(5.5)  # the agents' telemetry window (5 s) fills with capped power
+    assert measured_shed(site) == pytest.approx(asked, rel=0.1)
+    # The event holds while reconciliation renews the 5 s leases.
+    time.sleep(6.0)
+    assert site.limits() == limits
+    cancelled = site.api.delete(f"/v1/events/{event_id}", headers=API)
+    assert cancelled.status_code == 200
+    assert cancelled.json()["status"] == "cancelled"
+    site.wait(
+        lambda: all(w == 700.0 for ws in site.limits().values() for w in ws),
+        what="the restore after cancelling",
+    )
+
+
+def test_an_infeasible_event_delivers_the_maximum_and_states_the_shortfall(site):
+    created = site.api.post(
+        "/v1/events",
+        headers=API,
+        json={"reduction_kw": 5000.0, "start": now_iso(), "duration_s": 60},
+    )
+    event_id = created.json()["id"]
+    event = site.wait(lambda: (e := site.api.get(f"/v1/events/{event_id}").json())["plan_id"] and e)
+    plan = site.api.get(f"/v1/plans/{event['plan_id']}").json()
+    assert plan["feasible"] is False
+    assert plan["shortfall_kw"] == pytest.approx(5000.0 - plan["max_facility_kw"])
+    assert plan["achieved_gpu_kw"] == pytest.approx(plan["max_facility_kw"] / 1.3)
+
+
+def test_the_event_ends_on_time_and_caps_come_back(site):
+    created = site.api.post(
+        "/v1/events", headers=API, json={"reduction_kw": 10.0, "start": now_iso(), "duration_s": 2}
+    )
+    event_id = created.json()["id"]
+    site.wait(lambda: any(w < 700 for ws in site.limits().values() for w in ws), what="capping")
+    site.wait(
+        lambda: site.api.get(f"/v1/events/{event_id}").json()["status"] == "completed",
+        what="the end of the event",
+    )
+    site.wait(
+        lambda: all(w == 700.0 for ws in site.limits().values() for w in ws), what="the recovery"
+    )
