@@ -142,6 +142,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "--lab", action="store_true", help="lab mode: a placeholder token is allowed"
     )
     agent.set_defaults(command=_cmd_agent, name="agent")
+
+    gateway = sub.add_parser("gateway", help="run the gateway service (FLEXGATE_* settings)")
+    gateway.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    gateway.add_argument("--port", type=int, help="port (default 8000)")
+    gateway.add_argument("--lab", action="store_true", help="lab mode: placeholder tokens allowed")
+    gateway.set_defaults(command=_cmd_gateway, name="gateway")
     return parser
 
 
@@ -463,6 +469,21 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     if settings.agent_job_mix is not None:
         read_job_mix(settings.agent_job_mix)  # bad input is said before anything starts
     run_agent(settings)
+    return 0
+
+
+def _cmd_gateway(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from gateway.run import run_gateway
+    from gateway.settings import GatewaySettings
+
+    given = {"host": args.host, "port": args.port, "lab": True if args.lab else None}
+    try:
+        settings = GatewaySettings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        raise BadInputError(_first_error(exc)) from None
+    run_gateway(settings)
     return 0
 
 

@@ -1,0 +1,140 @@
+"""The gateway API's guards: tokens, bad input, and what a changing job mix does."""
+
+import copy
+import time
+
+import pytest
+
+from tests.gateway.conftest import API, API_TOKEN, now_iso
+
+
+@pytest.fixture(params=["sqlite"])
+def database_url(request, tmp_path):  # the guards do not depend on the store
+    return f"sqlite:///{tmp_path / 'gateway.db'}"
+
+
+def test_every_mutating_route_needs_the_api_token(site):
+    """Enumerated from the OpenAPI document, so no new route slips through."""
+    spec = site.api.get("/openapi.json").json()
+    writes = [
+        (m.upper(), p)
+        for p, ops in spec["paths"].items()
+        for m in ops
+        if m in ("post", "put", "patch", "delete") and p != "/v1/quotes"
+    ]
+    assert {
+        ("PUT", "/v1/jobs"),
+        ("POST", "/v1/events"),
+        ("DELETE", "/v1/events/{event_id}"),
+        ("PUT", "/v1/jobs/{job_id}"),
+        ("DELETE", "/v1/jobs/{job_id}"),
+    } <= set(writes)
+    for method, path in writes:
+        concrete = path.replace("{event_id}", "ev-x").replace("{job_id}", "job-x")
+        for headers in (
+            {},
+            {"Authorization": "Bearer not-the-token-0123456789"},
+            {"Authorization": API_TOKEN},
+        ):
+            answer = site.api.request(method, concrete, json={}, headers=headers)
+            assert answer.status_code == 401, (method, path, headers, answer.text)
+            assert answer.json()["detail"]
+    assert site.api.post("/v1/quotes", json={}).status_code == 200  # open: it changes nothing
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "words"),
+    [
+        (
+            "/v1/events",
+            {"reduction_kw": 10, "start": "2026-01-01T10:00:00", "duration_s": 60},
+            "time zone",
+        ),
+        (
+            "/v1/events",
+            {"reduction_kw": -1, "start": "2026-01-01T10:00:00Z", "duration_s": 60},
+            "greater than 0",
+        ),
+        (
+            "/v1/events",
+            {"reduction_kw": 10, "start": "2020-01-01T10:00:00Z", "duration_s": 60},
+            "in the past",
+        ),
+        ("/v1/events", {"reduction_kw": 10, "start": "soon", "duration_s": 60}, "start"),
+        (
+            "/v1/events",
+            {"reduction_kw": 10, "start": "2026-01-01T10:00:00Z", "duration_s": 60, "priority": 1},
+            "priority",
+        ),
+        (
+            "/v1/jobs",
+            {"jobs": [{"id": "a", "gpus": 0, "power_w": 600, "throughput": 1}]},
+            "'gpus' must be a whole number",
+        ),
+        ("/v1/jobs", {"jobs": [], "overhead_factor": 1.2}, "overhead_factor"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_problem_and_changes_nothing(site, path, body, words):
+    before = site.api.get("/v1/jobs").json()
+    method = "put" if path == "/v1/jobs" else "post"
+    answer = getattr(site.api, method)(path, json=body, headers=API)
+    assert answer.status_code == 422, answer.text
+    assert words in answer.text
+    assert site.api.get("/v1/jobs").json() == before
+    assert site.api.get("/v1/events").json()["events"] == []
+
+
+def test_missing_things_are_404_and_ended_events_409(site):
+    assert site.api.get("/v1/events/ev-nope").status_code == 404
+    assert site.api.get("/v1/plans/plan-nope").status_code == 404
+    assert site.api.delete("/v1/jobs/nope", headers=API).status_code == 404
+    event = site.api.post(
+        "/v1/events", headers=API, json={"reduction_kw": 5, "start": now_iso(), "duration_s": 60}
+    ).json()
+    assert site.api.delete(f"/v1/events/{event['id']}", headers=API).status_code == 200
+    again = site.api.delete(f"/v1/events/{event['id']}", headers=API)
+    assert again.status_code == 409
+    assert "cancelled" in again.json()["detail"]
+
+
+def test_a_job_mix_change_during_an_event_replans_it(site):
+    event = site.api.post(
+        "/v1/events", headers=API, json={"reduction_kw": 15, "start": now_iso(), "duration_s": 120}
+    ).json()
+    first = site.wait(lambda: site.api.get(f"/v1/events/{event['id']}").json()["plan_id"])
+    job = copy.deepcopy(site.api.get("/v1/jobs").json()["jobs"][0])
+    job["min_throughput_fraction"] = 0.95  # a floor that changes what this job can give
+    assert site.api.put(f"/v1/jobs/{job['id']}", json=job, headers=API).status_code == 200
+    second = site.api.get(f"/v1/events/{event['id']}").json()["plan_id"]
+    assert second != first
+    plan = site.api.get(f"/v1/plans/{second}").json()
+    row = next(j for j in plan["jobs"] if j["id"] == job["id"])
+    assert row["throughput_fraction"] >= 0.95 - 1e-9
+    assert plan["generation"] > site.api.get(f"/v1/plans/{first}").json()["generation"]
+
+
+def test_overlapping_events_the_strictest_target_wins(site):
+    small = site.api.post(
+        "/v1/events", headers=API, json={"reduction_kw": 5, "start": now_iso(), "duration_s": 120}
+    ).json()
+    site.wait(lambda: site.api.get(f"/v1/events/{small['id']}").json()["plan_id"])
+    big = site.api.post(
+        "/v1/events", headers=API, json={"reduction_kw": 20, "start": now_iso(), "duration_s": 120}
+    ).json()
+    site.wait(lambda: site.api.get(f"/v1/events/{big['id']}").json()["plan_id"])
+    assert site.api.get("/v1/site").json()["active_event_id"] == big["id"]
+    site.api.delete(f"/v1/events/{big['id']}", headers=API)
+    time.sleep(0.3)
+    replan = site.api.get(f"/v1/events/{small['id']}").json()["plan_id"]
+    plan = site.api.get(f"/v1/plans/{replan}").json()
+    assert plan["requested_facility_kw"] == pytest.approx(5.0)  # back to the remaining event
+
+
+def test_health_metrics_and_sync(site):
+    health = site.api.get("/health").json()
+    assert health["status"] == "ok"
+    assert health["agents_known"] == len(site.nodes)
+    assert "flexgate_agents_known" in site.api.get("/metrics").text
+    sync = site.api.get("/v1/sync").json()
+    assert {loop["name"] for loop in sync["loops"]} == {"firmware", "gateway"}
+    assert sync["verdict"] in ("safe", "at-risk", "unsafe")

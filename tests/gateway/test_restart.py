@@ -1,0 +1,105 @@
+"""The gateway dies (SIGKILL) mid-event and comes back: no event lost, the agents held their
+caps, the new gateway takes over the leases and restores at the end."""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+
+from flexgate.serve import ServerThread
+from tests.agents.test_crash import free_port
+from tests.conftest import ROOT
+from tests.gateway.conftest import AGENT_TOKEN, API, API_TOKEN, Site, start_site
+
+
+@pytest.fixture(params=["sqlite"])
+def database_url(request, tmp_path):
+    return f"sqlite:///{tmp_path / 'gateway.db'}"
+
+
+def gateway_process(port, env, log):
+    with log.open("ab") as errors:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "flexgate.cli", "gateway", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=errors,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=0.5).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    process.kill()
+    process.wait()
+    raise RuntimeError(f"the gateway did not start: {log.read_text()}")
+
+
+def test_gateway_killed_mid_event_resumes(tmp_path, database_url):
+    jobs, nodes, agents = start_site(tmp_path, database_url)
+    with ServerThread(agents) as agents_url:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXGATE_")} | {
+            "FLEXGATE_DATABASE_URL": database_url,
+            "FLEXGATE_API_TOKEN": API_TOKEN,
+            "FLEXGATE_AGENT_TOKEN": AGENT_TOKEN,
+            "FLEXGATE_AGENTS": ",".join(f"{agents_url}/nodes/{n}" for n in nodes),
+            "FLEXGATE_LEASE_S": "4",
+            "FLEXGATE_RECONCILE_PERIOD_S": "0.5",
+            "FLEXGATE_RECOVERY_RAMP_S": "0.2",
+            "FLEXGATE_RECOVERY_STEPS": "1",
+        }
+        port, log = free_port(), tmp_path / "gateway.log"
+        gateway, url = gateway_process(port, env, log)
+        stack = contextlib.ExitStack()
+        try:
+            api = httpx.Client(base_url=url, timeout=20)
+            site = Site(api, nodes, None)
+            stack.callback(api.close)
+            assert api.put("/v1/jobs", json={"jobs": jobs}, headers=API).status_code == 200
+            end = datetime.now(UTC) + timedelta(seconds=14)
+            event = api.post(
+                "/v1/events",
+                headers=API,
+                json={
+                    "reduction_kw": 15,
+                    "start": datetime.now(UTC).isoformat(),
+                    "duration_s": 14,
+                },
+            ).json()
+            plan_id = site.wait(lambda: api.get(f"/v1/events/{event['id']}").json()["plan_id"])
+            site.wait(
+                lambda: len(api.get(f"/v1/plans/{plan_id}").json()["acks"]) == len(nodes),
+                what="every node's ack",
+            )
+            capped = site.limits()
+            os.kill(gateway.pid, signal.SIGKILL)
+            gateway.wait(timeout=10)
+            assert site.limits() == capped  # the agents hold their caps (lease 4 s)
+            gateway, url = gateway_process(port, env, log)
+            assert api.get(f"/v1/events/{event['id']}").json()["status"] == "active"
+            time.sleep(5.0)  # past the old lease: the new gateway renewed it
+            assert site.limits() == capped  # re-planned on the same mix: the same caps
+            remaining = (end - datetime.now(UTC)).total_seconds()
+            site.wait(
+                lambda: api.get(f"/v1/events/{event['id']}").json()["status"] == "completed",
+                seconds=remaining + 10,
+                what="the end of the event",
+            )
+            site.wait(
+                lambda: all(w == 700.0 for ws in site.limits().values() for w in ws),
+                what="the restore at the end",
+            )
+        finally:
+            stack.close()
+            gateway.terminate()
+            gateway.wait(timeout=10)
