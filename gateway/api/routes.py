@@ -7,7 +7,6 @@ from typing import Any
 from fastapi import APIRouter, Response
 from fastapi.responses import PlainTextResponse
 
-from flexmodel.quote import quote
 from gateway.api.deps import READ, GatewayDep, Writer
 from gateway.api.schemas import EventCreate, JobsBody, QuoteRequest
 from gateway.errors import InvalidRequestError, NotFoundError
@@ -103,13 +102,10 @@ async def nodes(gateway: GatewayDep) -> dict[str, Any]:
 
 
 @v1.post("/quotes")
-async def quotes(body: QuoteRequest, gateway: GatewayDep) -> dict[str, Any]:
-    return quote(
-        gateway.mix(),
-        window_s=body.window_s,
-        confidence=body.confidence,
-        reduction_kw=body.reduction_kw,
-    )
+async def quotes(body: QuoteRequest, gateway: GatewayDep) -> Response:
+    """A quote (CONTRACT.md); identical requests on an unchanged mix are served from memory."""
+    content = gateway.quote(body.reduction_kw, body.window_s, body.confidence)
+    return Response(content=content, media_type="application/json")
 
 
 def event_doc(event: EventRow, gateway: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import uuid
@@ -28,6 +29,7 @@ from sqlmodel import Session
 
 from agents.protocol import CapCommand
 from flexmodel.jobs import JobMix
+from flexmodel.quote import quote
 from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
 from gateway.services.dispatch import Ack, fan_out
 from gateway.services.planner import plan, site_mix
@@ -50,6 +52,7 @@ class Gateway:
         self.generation: int | None = None
         self.plan_id: str | None = None
         self._mix: JobMix | None = None
+        self._quotes: dict[tuple[float | None, float, float], bytes] = {}
         self._lock = asyncio.Lock()
         self._ramp: asyncio.Task[None] | None = None
 
@@ -105,7 +108,19 @@ class Gateway:
         if self._mix is None:
             with self.session() as s:
                 self._mix = site_mix(repo.load_jobs(s), self.settings)
+            self._quotes.clear()
         return self._mix
+
+    def quote(self, reduction_kw: float | None, window_s: float, confidence: float) -> bytes:
+        """A quote as JSON; kept until the job mix changes (it depends on nothing else)."""
+        key = (reduction_kw, window_s, confidence)
+        mix = self.mix()
+        if key not in self._quotes:
+            if len(self._quotes) >= 256:
+                self._quotes.clear()
+            doc = quote(mix, window_s=window_s, confidence=confidence, reduction_kw=reduction_kw)
+            self._quotes[key] = json.dumps(doc, allow_nan=False).encode()
+        return self._quotes[key]
 
     async def replace_jobs(self, docs: list[dict[str, Any]], actor: str) -> JobMix:
         mix = site_mix(docs, self.settings)  # refused whole, before anything is stored
@@ -113,7 +128,7 @@ class Gateway:
             repo.replace_jobs(s, docs=docs)
             repo.audit(s, actor=actor, action="jobs.replace", detail={"jobs": len(docs)})
             s.commit()
-        self._mix = mix
+        self._mix, self._quotes = mix, {}
         await self.apply_targets()
         return mix
 
@@ -129,7 +144,7 @@ class Gateway:
             repo.put_job(s, doc=doc)
             repo.audit(s, actor=actor, action="jobs.put", detail={"id": doc.get("id")})
             s.commit()
-        self._mix = mix
+        self._mix, self._quotes = mix, {}
         await self.apply_targets()
         return new
 
@@ -139,7 +154,7 @@ class Gateway:
                 raise NotFoundError(f"no job '{job_id}'")
             repo.audit(s, actor=actor, action="jobs.delete", detail={"id": job_id})
             s.commit()
-        self._mix = None
+        self._mix, self._quotes = None, {}
         await self.apply_targets()
 
     # --- events ----------------------------------------------------------------------------

@@ -138,3 +138,14 @@ def test_health_metrics_and_sync(site):
     sync = site.api.get("/v1/sync").json()
     assert {loop["name"] for loop in sync["loops"]} == {"firmware", "gateway"}
     assert sync["verdict"] in ("safe", "at-risk", "unsafe")
+
+
+def test_quotes_follow_the_job_mix(site):
+    first = site.api.post("/v1/quotes", json={"window_s": 60, "reduction_kw": 10}).json()
+    assert first["requested_feasible"] is True
+    assert site.api.post("/v1/quotes", json={"window_s": 60, "reduction_kw": 10}).json() == first
+    jobs = site.api.get("/v1/jobs").json()["jobs"]
+    assert site.api.put("/v1/jobs", json={"jobs": jobs[:1]}, headers=API).status_code == 200
+    smaller = site.api.post("/v1/quotes", json={"window_s": 60, "reduction_kw": 10}).json()
+    assert smaller["achievable_kw"] < first["achievable_kw"]  # the cache followed the mix
+    assert site.api.post("/v1/quotes", json={"confidence": 1.5}).status_code == 422
