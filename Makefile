@@ -37,6 +37,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/allocate_bench.py
 	$(BIN)/python bench/simulate_bench.py
 	$(BIN)/python bench/sync_bench.py
+	$(BIN)/python bench/agent_bench.py
+	$(BIN)/python bench/gateway_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

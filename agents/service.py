@@ -17,9 +17,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
@@ -100,10 +101,10 @@ class AgentNode:
         return prometheus_text(self)
 
 
-def node_router(resolve: Callable[..., AgentNode], token: str, prefix: str = "") -> APIRouter:
+def node_router(resolve: Callable[..., Any], token: str, prefix: str = "") -> APIRouter:
     """The agent's routes under `prefix`; `resolve` is the dependency that finds the node."""
 
-    def authorised(authorization: Annotated[str | None, Header()] = None) -> None:
+    async def authorised(authorization: Annotated[str | None, Header()] = None) -> None:
         scheme, _, given = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
             raise UnauthorizedError("a valid bearer token is required to change limits")
@@ -128,8 +129,11 @@ def node_router(resolve: Callable[..., AgentNode], token: str, prefix: str = "")
         return node.gpus()
 
     @router.put("/v1/caps", response_model=CapResponse, dependencies=auth)
-    def put_caps(command: CapCommand, node: AgentNode = here) -> CapResponse:
-        return node.controller.apply(command, node.controller.clock())
+    async def put_caps(command: CapCommand, node: AgentNode = here) -> CapResponse:
+        received = node.controller.clock()
+        if node.backend.kind == "sim":  # microseconds: no thread hop
+            return node.controller.apply(command, received)
+        return await run_in_threadpool(node.controller.apply, command, received)  # NVML blocks
 
     @router.delete("/v1/caps", response_model=RestoreResponse, dependencies=auth)
     def delete_caps(node: AgentNode = here) -> RestoreResponse:
@@ -189,13 +193,13 @@ def create_app(
     )
     by_id = {node.node_id: node for node in nodes}
 
-    def find(node_id: str) -> AgentNode:
+    async def find(node_id: str) -> AgentNode:
         node = by_id.get(node_id)
         if node is None:
             raise NodeNotFoundError(f"no node '{node_id}' in this process")
         return node
 
-    def only() -> AgentNode:
+    async def only() -> AgentNode:
         return nodes[0]
 
     app.include_router(

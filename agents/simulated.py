@@ -58,6 +58,7 @@ class _Job:
     compute_share: float = 0.0
     scale: float = 1.0
     throughput: float = 0.0
+    stale: bool = True  #: the caps changed since the pace was computed
 
 
 @dataclass
@@ -142,9 +143,18 @@ class SimulatedBackend:
     # --- the physics -----------------------------------------------------------------------
 
     def _retime(self, job: _Job, now: float) -> None:
-        """Keep the job's phase continuous and set its pace for the present caps."""
+        """Keep the job's phase continuous up to `now`; its pace is recomputed when next read.
+
+        (A command sets every GPU of a job within microseconds: one recomputation serves them.)
+        """
         job.phase0 = job.phase0 + job.rate_hz * (now - job.t0)
         job.t0 = now
+        job.stale = True
+
+    def _pace(self, job: _Job) -> _Job:
+        """The job's pace, throughput and levels for the present caps (recomputed if stale)."""
+        if not job.stale:
+            return job
         cap = min(self._gpus[g].limit_w for g in job.gpus)
         mean, thr, period = (float(v[0]) for v in operating_point(job.curve, cap))
         job.rate_hz = 1.0 / period
@@ -154,12 +164,15 @@ class SimulatedBackend:
             cap, job.comm_w
         )
         job.scale = mean / levels if levels > 0 else 1.0
+        job.stale = False
+        return job
 
     def _power(self, index: int, now: float) -> float:
         gpu = self._gpus[index]
         job = gpu.job
         if job is None:
             return IDLE_W
+        self._pace(job)
         lag = math.exp(-(now - gpu.changed_at) / self._firmware_s) if self._firmware_s else 0.0
         clip = gpu.limit_w + (gpu.previous_w - gpu.limit_w) * lag
         cycle = (job.phase0 + job.rate_hz * (now - job.t0)) % 1.0
@@ -197,13 +210,11 @@ class SimulatedBackend:
                 raise BackendError(f"limit {watts:g} W is outside [{MIN_W:g}, {MAX_W:g}] W")
             now = self._clock()
             if gpu.job is not None:
-                self._retime(gpu.job, now)  # phase up to now at the old pace
+                self._retime(gpu.job, now)
             lag = math.exp(-(now - gpu.changed_at) / self._firmware_s) if self._firmware_s else 0.0
             gpu.previous_w = gpu.limit_w + (gpu.previous_w - gpu.limit_w) * lag
             gpu.limit_w = float(watts)
             gpu.changed_at = now
-            if gpu.job is not None:
-                self._retime(gpu.job, now)
 
     def power_w(self, index: int) -> float:
         with self._lock:
@@ -233,4 +244,5 @@ class SimulatedBackend:
 
     def job_throughput(self) -> dict[str, float]:
         """Each job's throughput at the present caps [tokens/s]."""
-        return {job.id: job.throughput for job in self.jobs}
+        with self._lock:
+            return {job.id: self._pace(job).throughput for job in self.jobs}

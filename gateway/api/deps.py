@@ -11,7 +11,7 @@ from gateway.errors import UnauthorizedError
 from gateway.services.runtime import Gateway
 
 
-def get_gateway(request: Request) -> Gateway:
+async def get_gateway(request: Request) -> Gateway:
     gateway: Gateway = request.app.state.gateway
     return gateway
 
@@ -24,14 +24,18 @@ def _matches(authorization: str | None, token: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), token.encode())
 
 
-def write_access(gateway: GatewayDep, authorization: Annotated[str | None, Header()] = None) -> str:
+async def write_access(
+    gateway: GatewayDep, authorization: Annotated[str | None, Header()] = None
+) -> str:
     """Every mutating call: the API token."""
     if not _matches(authorization, gateway.settings.api_token.get_secret_value()):
         raise UnauthorizedError("a valid bearer token (FLEXGATE_API_TOKEN) is required")
     return "api"
 
 
-def read_access(gateway: GatewayDep, authorization: Annotated[str | None, Header()] = None) -> None:
+async def read_access(
+    gateway: GatewayDep, authorization: Annotated[str | None, Header()] = None
+) -> None:
     """Reads (and quotes): open unless FLEXGATE_READ_TOKEN is set; the API token works too."""
     read = gateway.settings.read_token
     if read is None or not read.get_secret_value():
