@@ -12,9 +12,10 @@ import uvicorn
 class ServerThread:
     """`with ServerThread(app) as url:` runs a real uvicorn server until the block ends."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, **options: Any) -> None:
+        self.tls = "ssl_certfile" in options
         self.server = uvicorn.Server(
-            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", **options)
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -26,7 +27,7 @@ class ServerThread:
                 raise RuntimeError("the server did not start")
             time.sleep(0.01)
         host, port = self.server.servers[0].sockets[0].getsockname()[:2]
-        return f"http://{host}:{port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{port}"
 
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True

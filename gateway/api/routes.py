@@ -87,16 +87,19 @@ async def delete_job(job_id: str, gateway: GatewayDep, actor: Writer) -> None:
 @v1.get("/nodes")
 async def nodes(gateway: GatewayDep) -> dict[str, Any]:
     telemetry = await gateway.telemetry()
+    with gateway.session() as s:
+        known = repo.list_nodes(s)
     return {
         "nodes": [
             {
-                "node": node,
-                "url": url,
-                "reachable": node in telemetry,
-                "actuation_delay": telemetry.get(node, {}).get("actuation_delay"),
-                "jobs": telemetry.get(node, {}).get("jobs", []),
+                "node": row.node_id,
+                "url": row.url,
+                "reachable": row.node_id in telemetry,
+                "last_seen": _iso(row.last_seen),
+                "actuation_delay": telemetry.get(row.node_id, {}).get("actuation_delay"),
+                "jobs": telemetry.get(row.node_id, {}).get("jobs", []),
             }
-            for node, url in sorted(gateway.nodes.items())
+            for row in known
         ]
     }
 

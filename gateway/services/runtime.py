@@ -96,7 +96,11 @@ class Gateway:
                     timeout=aiohttp.ClientTimeout(total=2),
                 ) as answer:
                     if answer.status == 200:
-                        self.nodes[(await answer.json())["node_id"]] = url
+                        node_id = (await answer.json())["node_id"]
+                        self.nodes[node_id] = url
+                        with self.session() as s:
+                            repo.saw_node(s, node_id=node_id, url=url)
+                            s.commit()
             except (TimeoutError, aiohttp.ClientError, KeyError, ValueError) as exc:
                 log.warning("agent %s did not answer: %s", url, exc)
 

@@ -94,3 +94,10 @@ class AuditRow(SQLModel, table=True):
     actor: str
     action: str
     detail: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+
+
+class NodeRow(SQLModel, table=True):
+    __tablename__ = "nodes"
+    node_id: str = Field(primary_key=True)
+    url: str
+    last_seen: datetime = _when(nullable=False)

@@ -7,7 +7,16 @@ from typing import Any
 
 from sqlmodel import Session, col, delete, select
 
-from gateway.store.models import AuditRow, CommandRow, Counter, EventRow, JobRow, PlanRow, utcnow
+from gateway.store.models import (
+    AuditRow,
+    CommandRow,
+    Counter,
+    EventRow,
+    JobRow,
+    NodeRow,
+    PlanRow,
+    utcnow,
+)
 
 
 def load_jobs(session: Session) -> list[dict[str, Any]]:
@@ -40,6 +49,17 @@ def delete_job(session: Session, *, job_id: str) -> bool:
         return False
     session.delete(row)
     return True
+
+
+def saw_node(session: Session, *, node_id: str, url: str) -> None:
+    """Remember an agent and when it last answered."""
+    row = session.get(NodeRow, node_id) or NodeRow(node_id=node_id, url=url, last_seen=utcnow())
+    row.url, row.last_seen = url, utcnow()
+    session.add(row)
+
+
+def list_nodes(session: Session) -> list[NodeRow]:
+    return list(session.exec(select(NodeRow).order_by(col(NodeRow.node_id))))
 
 
 def add_event(session: Session, *, event: EventRow) -> None:

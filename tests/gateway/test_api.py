@@ -149,3 +149,9 @@ def test_quotes_follow_the_job_mix(site):
     smaller = site.api.post("/v1/quotes", json={"window_s": 60, "reduction_kw": 10}).json()
     assert smaller["achievable_kw"] < first["achievable_kw"]  # the cache followed the mix
     assert site.api.post("/v1/quotes", json={"confidence": 1.5}).status_code == 422
+
+
+def test_known_nodes_are_stored(site):
+    listed = site.api.get("/v1/nodes").json()["nodes"]
+    assert {n["node"] for n in listed} == set(site.nodes)
+    assert all(n["reachable"] and n["last_seen"] for n in listed)
