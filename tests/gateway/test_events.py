@@ -85,3 +85,18 @@ def test_the_event_ends_on_time_and_caps_come_back(site):
     site.wait(
         lambda: all(w == 700.0 for ws in site.limits().values() for w in ws), what="the recovery"
     )
+
+
+def test_reconciliation_puts_back_a_limit_changed_under_it(site):
+    event = site.api.post(
+        "/v1/events", headers=API, json={"reduction_kw": 15, "start": now_iso(), "duration_s": 60}
+    ).json()
+    plan_id = site.wait(lambda: site.api.get(f"/v1/events/{event['id']}").json()["plan_id"])
+    site.wait(lambda: site.api.get(f"/v1/plans/{plan_id}").json()["acks"], what="the acks")
+    limits = site.limits()
+    node, gpu = next((n, g) for n, ws in limits.items() for g, w in enumerate(ws) if w < 700)
+    site.nodes[node].backend.set_limit_w(gpu, 650.0)  # someone ran nvidia-smi -pl
+    site.wait(
+        lambda: site.limits()[node][gpu] == limits[node][gpu],
+        what="the reconciliation putting the cap back",
+    )
