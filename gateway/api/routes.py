@@ -8,7 +8,18 @@ from fastapi import APIRouter, Response
 from fastapi.responses import PlainTextResponse
 
 from gateway.api.deps import READ, GatewayDep, Writer
-from gateway.api.schemas import EventCreate, JobsBody, QuoteRequest
+from gateway.api.schemas import (
+    Event,
+    EventCreate,
+    Events,
+    Health,
+    JobsBody,
+    Plan,
+    Quote,
+    QuoteRequest,
+    Site,
+    SyncState,
+)
 from gateway.errors import InvalidRequestError, NotFoundError
 from gateway.services.planner import loops_report
 from gateway.store import repo
@@ -18,7 +29,7 @@ router = APIRouter()
 v1 = APIRouter(prefix="/v1", dependencies=READ)
 
 
-@router.get("/health")
+@router.get("/health", response_model=Health)
 async def health(gateway: GatewayDep) -> dict[str, Any]:
     with gateway.session() as s:
         repo.list_events(s, statuses=("active",))  # the store answers
@@ -51,7 +62,7 @@ async def metrics(gateway: GatewayDep) -> str:
     return "\n".join(lines) + "\n"
 
 
-@v1.get("/site")
+@v1.get("/site", response_model=Site)
 async def site(gateway: GatewayDep) -> dict[str, Any]:
     return await gateway.site()
 
@@ -104,7 +115,7 @@ async def nodes(gateway: GatewayDep) -> dict[str, Any]:
     }
 
 
-@v1.post("/quotes")
+@v1.post("/quotes", responses={200: {"model": Quote, "description": "a quote"}})
 async def quotes(body: QuoteRequest, gateway: GatewayDep) -> Response:
     """A quote (CONTRACT.md); identical requests on an unchanged mix are served from memory."""
     content = gateway.quote(body.reduction_kw, body.window_s, body.confidence)
@@ -136,19 +147,19 @@ def event_doc(event: EventRow, gateway: Any) -> dict[str, Any]:
     }
 
 
-@v1.get("/events")
+@v1.get("/events", response_model=Events)
 async def list_events(gateway: GatewayDep) -> dict[str, Any]:
     with gateway.session() as s:
         events = repo.list_events(s)
     return {"events": [event_doc(e, gateway) for e in events]}
 
 
-@v1.get("/events/{event_id}")
+@v1.get("/events/{event_id}", response_model=Event)
 async def get_event(event_id: str, gateway: GatewayDep) -> dict[str, Any]:
     return event_doc(gateway.event(event_id), gateway)
 
 
-@v1.post("/events", status_code=201)
+@v1.post("/events", status_code=201, response_model=Event)
 async def create_event(body: EventCreate, gateway: GatewayDep, actor: Writer) -> dict[str, Any]:
     event = await gateway.create_event(
         reduction_kw=body.reduction_kw,
@@ -160,12 +171,12 @@ async def create_event(body: EventCreate, gateway: GatewayDep, actor: Writer) ->
     return event_doc(event, gateway)
 
 
-@v1.delete("/events/{event_id}")
+@v1.delete("/events/{event_id}", response_model=Event)
 async def cancel_event(event_id: str, gateway: GatewayDep, actor: Writer) -> dict[str, Any]:
     return event_doc(await gateway.cancel_event(event_id, actor), gateway)
 
 
-@v1.get("/plans/{plan_id}")
+@v1.get("/plans/{plan_id}", response_model=Plan)
 async def get_plan(plan_id: str, gateway: GatewayDep) -> dict[str, Any]:
     with gateway.session() as s:
         row = repo.get_plan(s, plan_id=plan_id)
@@ -200,7 +211,7 @@ async def get_plan(plan_id: str, gateway: GatewayDep) -> dict[str, Any]:
     }
 
 
-@v1.get("/sync")
+@v1.get("/sync", response_model=SyncState)
 async def sync(gateway: GatewayDep) -> dict[str, Any]:
     telemetry = await gateway.telemetry()
     jobs = [j for doc in telemetry.values() for j in doc.get("jobs", [])]

@@ -73,3 +73,116 @@ class QuoteRequest(_Strict):
             "examples": [{"reduction_kw": 100.0, "window_s": 3600, "confidence": 0.9}]
         },
     )
+
+
+class _Open(BaseModel):
+    """A response: the documented fields, and any the model adds later."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Interval(BaseModel):
+    start: str
+    end: str
+    reduction_kw: float
+    plan_id: str | None
+
+
+class Event(_Open):
+    id: str
+    source: str = Field(description="manual or openadr")
+    status: str = Field(description="pending, active, completed, cancelled, opted_out, failed")
+    start: str
+    end: str
+    reduction_kw: float = Field(description="the current interval's facility-level target [kW]")
+    intervals: list[Interval]
+    opt: str = Field(description="in or out")
+    reason: str | None
+    plan_id: str | None
+    feasible: bool | None
+
+
+class Events(BaseModel):
+    events: list[Event]
+
+
+class JobCap(_Open):
+    id: str
+    cap_w: float
+    power_w: float
+    throughput: float
+    throughput_fraction: float
+
+
+class Cap(BaseModel):
+    gpu: int
+    cap_w: float
+
+
+class NodeCommand(BaseModel):
+    node: str
+    caps: list[Cap]
+
+
+class CommandAck(BaseModel):
+    node: str
+    status: str
+    generation: int
+    attempts: int
+    sent_at: str | None
+    acked_at: str | None
+    delay_s: float | None
+    error: str | None
+
+
+class Plan(_Open):
+    id: str
+    event_id: str | None
+    generation: int
+    strategy: str
+    feasible: bool
+    requested_facility_kw: float
+    max_facility_kw: float
+    shortfall_kw: float
+    expected_facility_kw: float
+    achieved_facility_kw: float | None = Field(description="measured, for the current plan")
+    jobs: list[JobCap]
+    commands: list[NodeCommand]
+    acks: list[CommandAck]
+    unplaced_jobs: list[str]
+    sync: dict[str, Any]
+
+
+class Site(_Open):
+    gpu_power_kw: float
+    facility_power_kw: float
+    baseline_gpu_kw: float
+    baseline_facility_kw: float
+    shed_facility_kw: float
+    overhead_factor: float
+    active_event_id: str | None
+
+
+class Quote(_Open):
+    window_s: float
+    overhead_factor: float
+    confidence: float
+    achievable_kw: float
+    firm_kw: float
+    supply_curve: list[dict[str, float]]
+    jobs: list[dict[str, Any]]
+
+
+class SyncState(BaseModel):
+    jobs: list[dict[str, Any]]
+    loops: list[dict[str, Any]]
+    verdict: str
+
+
+class Health(_Open):
+    status: str
+    store: str
+    scheduler: bool
+    agents_configured: int
+    agents_known: int
+    ven: str | None
