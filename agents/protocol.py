@@ -6,6 +6,8 @@ must be finite. Units are in the names: watts (`_w`), seconds (`_s`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 #: Bearer tokens: at least this long, and never a placeholder (outside the lab).
@@ -135,3 +137,12 @@ class Health(BaseModel):
     gpus: int
     generation: int | None
     lease_remaining_s: float | None
+
+
+def validation_detail(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A request's validation errors for a 422 answer: where and what, never the input itself
+    (a NaN there would not even serialise)."""
+    return [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+        for e in errors
+    ]

@@ -35,6 +35,7 @@ from agents.protocol import (
     Health,
     RestoreResponse,
     TelemetryResponse,
+    validation_detail,
 )
 from agents.state import OriginalLimits
 from agents.telemetry import Sampler
@@ -208,12 +209,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-        # Name the problem without echoing the input: a NaN there would not even serialise.
-        detail = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-            for e in exc.errors()
-        ]
-        return JSONResponse({"detail": detail}, status_code=422)
+        return JSONResponse({"detail": validation_detail(exc.errors())}, status_code=422)
 
     @app.exception_handler(AgentError)
     async def agent_error(_: Request, exc: AgentError) -> JSONResponse:

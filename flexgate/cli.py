@@ -321,18 +321,8 @@ def _cmd_quote(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    if args.plot is not None and not args.plot.parent.is_dir():
-        raise BadInputError(f"--plot: folder {args.plot.parent} does not exist")
-    console = Console(stderr=True)
-    with Progress(
-        TextColumn("simulating"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-    ) as bar:
+    _check_plot(args.plot)
+    with _progress("simulating", MofNCompleteColumn()) as bar:
         task = bar.add_task("workloads", total=args.workloads)
         doc = simulate(
             workloads=args.workloads,
@@ -395,17 +385,8 @@ def fleet_check(mix: JobMix, **loop: float) -> dict[str, Any]:
 
 
 def _cmd_sync_simulate(args: argparse.Namespace) -> int:
-    if args.plot is not None and not args.plot.parent.is_dir():
-        raise BadInputError(f"--plot: folder {args.plot.parent} does not exist")
-    console = Console(stderr=True)
-    with Progress(
-        TextColumn("integrating"),
-        BarColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-    ) as bar:
+    _check_plot(args.plot)
+    with _progress("integrating") as bar:
         task = bar.add_task("run", total=1.0)
         run = simulate_sync(
             jobs=args.jobs,
@@ -492,6 +473,25 @@ def _first_error(exc: Any) -> str:
     where = ".".join(str(p) for p in error.get("loc", ()) if p != "__root__")
     message = str(error.get("msg", exc)).removeprefix("Value error, ")
     return f"{where}: {message}" if where else message
+
+
+def _progress(label: str, *columns: Any) -> Progress:
+    """A progress bar on stderr, shown only when stderr is a terminal."""
+    console = Console(stderr=True)
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        *columns,
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
+
+
+def _check_plot(path: Path | None) -> None:
+    if path is not None and not path.parent.is_dir():
+        raise BadInputError(f"--plot: folder {path.parent} does not exist")
 
 
 def gpu_attributable_kw(mix: JobMix) -> float:
