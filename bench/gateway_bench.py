@@ -239,7 +239,10 @@ def main() -> None:
             ).json()
             while True:
                 plan_id = api.get(f"/v1/events/{event['id']}").json()["plan_id"]
-                if plan_id and len(api.get(f"/v1/plans/{plan_id}").json()["acks"]) == nodes:
+                if plan_id and all(
+                    c["status"] == "acked"
+                    for c in api.get(f"/v1/plans/{plan_id}").json()["commands"]
+                ):
                     break
                 time.sleep(0.01)
             out["event_to_target_100_nodes_s"] = time.perf_counter() - start

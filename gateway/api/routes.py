@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Response
 from fastapi.responses import PlainTextResponse
 
+from flexmodel.phases import MIN_JOBS_FOR_RAYLEIGH, order_parameters, rayleigh_threshold
 from gateway.api.deps import READ, GatewayDep, Writer
 from gateway.api.schemas import (
     Event,
@@ -107,6 +108,13 @@ async def nodes(gateway: GatewayDep) -> dict[str, Any]:
                 "url": row.url,
                 "reachable": row.node_id in telemetry,
                 "last_seen": _iso(row.last_seen),
+                "gpus": [
+                    {
+                        "index": g["index"],
+                        "power_w": sum(g["power_w"]) / len(g["power_w"]) if g["power_w"] else None,
+                    }
+                    for g in telemetry.get(row.node_id, {}).get("gpus", [])
+                ],
                 "actuation_delay": telemetry.get(row.node_id, {}).get("actuation_delay"),
                 "jobs": telemetry.get(row.node_id, {}).get("jobs", []),
             }
@@ -205,8 +213,11 @@ async def get_plan(plan_id: str, gateway: GatewayDep) -> dict[str, Any]:
         "generation": row.generation,
         "expected_facility_kw": row.doc["achieved_facility_kw"],
         "achieved_facility_kw": achieved,
-        "commands": row.doc["commands"],
-        "acks": list(latest.values()),
+        # Per node: the caps sent, and the last answer (status, timings), as CONTRACT.md says.
+        "commands": [
+            {**command, **latest.get(command["node"], {"status": "pending"})}
+            for command in row.doc["commands"]
+        ],
         "created_at": _iso(row.created_at),
     }
 
@@ -215,7 +226,32 @@ async def get_plan(plan_id: str, gateway: GatewayDep) -> dict[str, Any]:
 async def sync(gateway: GatewayDep) -> dict[str, Any]:
     telemetry = await gateway.telemetry()
     jobs = [j for doc in telemetry.values() for j in doc.get("jobs", [])]
+    phases = [j["phase_rad"] for j in jobs if j.get("phase_rad") is not None]
     report = loops_report(gateway.mix(), gateway.settings)
+    order = None
+    if phases:
+        r1, r2, r3 = (float(v) for v in order_parameters(phases))
+        order = {"r1": r1, "r2": r2, "r3": r3, "jobs": len(phases)}
+    if len(phases) >= MIN_JOBS_FOR_RAYLEIGH:
+        limit = rayleigh_threshold(len(phases), gateway.alarm.false_alarm)
+        alarms: dict[str, Any] = {
+            "test": "rayleigh",
+            "threshold": limit,
+            "false_alarm": gateway.alarm.false_alarm,
+            "held_windows": gateway.alarm.hold,
+            "harmonics": [
+                m
+                for m, streak in zip((1, 2, 3), gateway.alarm.streak, strict=True)
+                if streak >= gateway.alarm.hold
+            ],
+        }
+    else:
+        alarms = {
+            "test": None,
+            "harmonics": [],
+            "note": f"fewer than {MIN_JOBS_FOR_RAYLEIGH} jobs with phases: the Rayleigh "
+            "test does not apply (use pairwise phase-locking values)",
+        }
     return {
         "jobs": [
             {
@@ -226,6 +262,8 @@ async def sync(gateway: GatewayDep) -> dict[str, Any]:
             }
             for j in jobs
         ],
+        "order_parameters": order,
+        "alarms": alarms,
         "loops": report["loops"],
         "verdict": report["verdict"],
     }

@@ -120,19 +120,17 @@ class Cap(BaseModel):
 
 
 class NodeCommand(BaseModel):
+    """The caps sent to one node and its last answer (`pending` until the first)."""
+
     node: str
     caps: list[Cap]
-
-
-class CommandAck(BaseModel):
-    node: str
-    status: str
-    generation: int
-    attempts: int
-    sent_at: str | None
-    acked_at: str | None
-    delay_s: float | None
-    error: str | None
+    status: str = Field(description="pending, acked or failed")
+    generation: int | None = None
+    attempts: int | None = None
+    sent_at: str | None = None
+    acked_at: str | None = None
+    delay_s: float | None = None
+    error: str | None = None
 
 
 class Plan(_Open):
@@ -148,7 +146,6 @@ class Plan(_Open):
     achieved_facility_kw: float | None = Field(description="measured, for the current plan")
     jobs: list[JobCap]
     commands: list[NodeCommand]
-    acks: list[CommandAck]
     unplaced_jobs: list[str]
     sync: dict[str, Any]
 
@@ -175,6 +172,12 @@ class Quote(_Open):
 
 class SyncState(BaseModel):
     jobs: list[dict[str, Any]]
+    order_parameters: dict[str, float] | None = Field(
+        description="r1..r3 over the jobs whose phase the agents can resolve"
+    )
+    alarms: dict[str, Any] = Field(
+        description="Rayleigh alarm held for three windows, per harmonic"
+    )
     loops: list[dict[str, Any]]
     verdict: str
 

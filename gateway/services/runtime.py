@@ -29,6 +29,7 @@ from sqlmodel import Session
 
 from agents.protocol import CapCommand
 from flexmodel.jobs import JobMix
+from flexmodel.phases import MIN_JOBS_FOR_RAYLEIGH, RayleighAlarm
 from flexmodel.quote import quote
 from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
 from gateway.services.dispatch import Ack, fan_out
@@ -55,6 +56,8 @@ class Gateway:
         self._quotes: dict[tuple[float | None, float, float], bytes] = {}
         self._lock = asyncio.Lock()
         self._ramp: asyncio.Task[None] | None = None
+        self.alarm = RayleighAlarm()
+        self.phases: dict[str, float] = {}  #: job id -> phase [rad] at the last watch
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -373,9 +376,22 @@ class Gateway:
             s.commit()
         return acks
 
+    async def watch_phases(self) -> None:
+        """The jobs' phases from the agents, and the Rayleigh alarm (three windows held)."""
+        telemetry = await self.telemetry()
+        self.phases = {
+            j["job_id"]: j["phase_rad"]
+            for doc in telemetry.values()
+            for j in doc.get("jobs", [])
+            if j.get("phase_rad") is not None
+        }
+        if len(self.phases) >= MIN_JOBS_FOR_RAYLEIGH:
+            self.alarm.update(list(self.phases.values()))
+
     async def reconcile(self) -> None:
         """Renew leases and put back what drifted: the desired state again, same generation."""
         await self.discover()
+        await self.watch_phases()
         if self.generation is None or not self.nodes:
             return
         async with self._lock:

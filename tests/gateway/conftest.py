@@ -76,6 +76,15 @@ class Site:
             for name, n in self.nodes.items()
         }
 
+    def acked_plan(self, plan_id: str) -> dict:
+        """The plan once every node answered (it is stored before its commands go out)."""
+
+        def answered():
+            plan = self.api.get(f"/v1/plans/{plan_id}").json()
+            return plan if all(c["status"] != "pending" for c in plan["commands"]) else None
+
+        return self.wait(answered, what=f"the answers to {plan_id}")
+
     def wait(self, check, seconds: float = 15.0, what: str = "the site"):
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:

@@ -138,6 +138,10 @@ def test_health_metrics_and_sync(site):
     sync = site.api.get("/v1/sync").json()
     assert {loop["name"] for loop in sync["loops"]} == {"firmware", "gateway"}
     assert sync["verdict"] in ("safe", "at-risk", "unsafe")
+    assert set(sync) >= {"jobs", "order_parameters", "alarms", "loops", "verdict"}
+    assert sync["alarms"]["test"] is None  # two jobs: the Rayleigh test does not apply
+    nodes = site.api.get("/v1/nodes").json()["nodes"]
+    assert all(len(n["gpus"]) == 8 for n in nodes)
 
 
 def test_quotes_follow_the_job_mix(site):

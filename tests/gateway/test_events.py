@@ -32,13 +32,11 @@ def test_manual_event_end_to_end(site):
         what="the event's plan",
     )
     assert event["status"] == "active"
-    plan = site.wait(
-        lambda: (p := site.api.get(f"/v1/plans/{event['plan_id']}").json())["acks"] and p,
-        what="the acks",  # the plan is stored before its commands go out
-    )
+    plan = site.acked_plan(event["plan_id"])
     assert plan["feasible"] is True
     assert plan["expected_facility_kw"] == pytest.approx(asked)
-    assert {a["status"] for a in plan["acks"]} == {"acked"}
+    assert {c["status"] for c in plan["commands"]} == {"acked"}
+    assert all(c["delay_s"] > 0 and c["acked_at"] for c in plan["commands"])
     # The caps the plan chose are the caps the GPUs enforce.
     limits = site.limits()
     for command in plan["commands"]:
@@ -92,7 +90,12 @@ def test_reconciliation_puts_back_a_limit_changed_under_it(site):
         "/v1/events", headers=API, json={"reduction_kw": 15, "start": now_iso(), "duration_s": 60}
     ).json()
     plan_id = site.wait(lambda: site.api.get(f"/v1/events/{event['id']}").json()["plan_id"])
-    site.wait(lambda: site.api.get(f"/v1/plans/{plan_id}").json()["acks"], what="the acks")
+    site.wait(
+        lambda: all(
+            c["status"] == "acked" for c in site.api.get(f"/v1/plans/{plan_id}").json()["commands"]
+        ),
+        what="the acks",
+    )
     limits = site.limits()
     node, gpu = next((n, g) for n, ws in limits.items() for g, w in enumerate(ws) if w < 700)
     site.nodes[node].backend.set_limit_w(gpu, 650.0)  # someone ran nvidia-smi -pl

@@ -78,7 +78,10 @@ def test_gateway_killed_mid_event_resumes(tmp_path, database_url):
             ).json()
             plan_id = site.wait(lambda: api.get(f"/v1/events/{event['id']}").json()["plan_id"])
             site.wait(
-                lambda: len(api.get(f"/v1/plans/{plan_id}").json()["acks"]) == len(nodes),
+                lambda: all(
+                    c["status"] == "acked"
+                    for c in api.get(f"/v1/plans/{plan_id}").json()["commands"]
+                ),
                 what="every node's ack",
             )
             capped = site.limits()
