@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
+from pydantic import ValidationError
 
 from flexmodel.phases import MIN_JOBS_FOR_RAYLEIGH, order_parameters, rayleigh_threshold
 from gateway.api.deps import READ, GatewayDep, Writer
@@ -123,10 +125,35 @@ async def nodes(gateway: GatewayDep) -> dict[str, Any]:
     }
 
 
-@v1.post("/quotes", responses={200: {"model": Quote, "description": "a quote"}})
-async def quotes(body: QuoteRequest, gateway: GatewayDep) -> Response:
-    """A quote (CONTRACT.md); identical requests on an unchanged mix are served from memory."""
-    content = gateway.quote(body.reduction_kw, body.window_s, body.confidence)
+@v1.post(
+    "/quotes",
+    responses={200: {"model": Quote, "description": "a quote"}},
+    openapi_extra={
+        "requestBody": {
+            "required": False,
+            "content": {
+                "application/json": {
+                    "schema": QuoteRequest.model_json_schema(
+                        ref_template="#/components/schemas/{model}"
+                    )
+                }
+            },
+        }
+    },
+)
+async def quotes(request: Request, gateway: GatewayDep) -> Response:
+    """A quote (CONTRACT.md, body `{"reduction_kw"?, "window_s"?, "confidence"?}`).
+
+    An identical request on an unchanged mix is answered from memory without parsing it again.
+    """
+    raw = await request.body()
+    content = gateway.cached_quote(raw)
+    if content is None:
+        try:
+            body = QuoteRequest.model_validate_json(raw or b"{}")
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+        content = gateway.quote(body.reduction_kw, body.window_s, body.confidence, raw=raw)
     return Response(content=content, media_type="application/json")
 
 

@@ -53,7 +53,7 @@ class Gateway:
         self.generation: int | None = None
         self.plan_id: str | None = None
         self._mix: JobMix | None = None
-        self._quotes: dict[tuple[float | None, float, float], bytes] = {}
+        self._quotes: dict[tuple[float | None, float, float] | bytes, bytes] = {}
         self._lock = asyncio.Lock()
         self._ramp: asyncio.Task[None] | None = None
         self.alarm = RayleighAlarm()
@@ -118,8 +118,15 @@ class Gateway:
             self._quotes.clear()
         return self._mix
 
-    def quote(self, reduction_kw: float | None, window_s: float, confidence: float) -> bytes:
-        """A quote as JSON; kept until the job mix changes (it depends on nothing else)."""
+    def quote(
+        self,
+        reduction_kw: float | None,
+        window_s: float,
+        confidence: float,
+        raw: bytes | None = None,
+    ) -> bytes:
+        """A quote as JSON; kept until the job mix changes (it depends on nothing else), by its
+        parameters and by the request's raw body, so a repeated request skips parsing too."""
         key = (reduction_kw, window_s, confidence)
         mix = self.mix()
         if key not in self._quotes:
@@ -127,7 +134,14 @@ class Gateway:
                 self._quotes.clear()
             doc = quote(mix, window_s=window_s, confidence=confidence, reduction_kw=reduction_kw)
             self._quotes[key] = json.dumps(doc, allow_nan=False).encode()
+        if raw is not None:
+            self._quotes[raw] = self._quotes[key]
         return self._quotes[key]
+
+    def cached_quote(self, raw: bytes) -> bytes | None:
+        """The answer to exactly this request body, if the mix has not changed since."""
+        self.mix()  # a changed mix clears the cache
+        return self._quotes.get(raw)
 
     async def replace_jobs(self, docs: list[dict[str, Any]], actor: str) -> JobMix:
         mix = site_mix(docs, self.settings)  # refused whole, before anything is stored
