@@ -187,38 +187,14 @@ def test_quote_human_output():
 
 def test_simulate_json_and_plot(tmp_path):
     plot = tmp_path / "sim.png"
-    result = flexgate(
-        "simulate",
-        "--workloads",
-        "5",
-        "--jobs",
-        "20",
-        "--reductions",
-        "0,0.3",
-        "--seed",
-        "4",
-        "--plot",
-        plot,
-        "--json",
-    )
+    small = ["simulate", "--workloads", "5", "--jobs", "20", "--reductions", "0,0.3", "--seed", "4"]
+    result = flexgate(*small, "--plot", plot, "--json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert (doc["workloads"], doc["jobs"], doc["seed"]) == (5, 20, 4)
     assert [r["reduction"] for r in doc["results"]] == [0.0, 0.3]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    again = flexgate(
-        "simulate",
-        "--workloads",
-        "5",
-        "--jobs",
-        "20",
-        "--reductions",
-        "0,0.3",
-        "--seed",
-        "4",
-        "--json",
-    )
-    assert json.loads(again.stdout)["results"] == doc["results"]
+    assert json.loads(flexgate(*small, "--json").stdout)["results"] == doc["results"]
 
 
 @pytest.mark.parametrize(
