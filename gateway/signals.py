@@ -1,0 +1,189 @@
+"""OpenADR 2.0b event signals -> a schedule of facility-level reductions (ARCHITECTURE.md, step 2).
+
+Works on an event as openleadr parses it (`openleadr.messaging.parse_message`): a pure function,
+so the VEN and the tests share it. The signal's **name** decides what it means:
+
+- SIMPLE (any case), any type: level 0-3 (rounded, clipped) -> `level_shares` of the
+  baseline facility power (0, 10, 25, 40%);
+- LOAD_DISPATCH `setpoint`: baseline - setpoint (a target facility load), at least 0;
+- LOAD_DISPATCH `delta`: -value when negative (the change from what the site would have
+  used); a positive delta asks for more load: opt out;
+- LOAD_CONTROL `x-loadControlCapacity`: baseline - value * max capacity (a fraction of the
+  site's maximum load); `x-loadControlPercentOffset`: -value % of the baseline when
+  negative, opt out when positive; `x-loadControlSetpoint`: baseline - setpoint;
+- anything else: not acted on, with the reason; if nothing is left, opt out.
+
+Units come from the signal's `itemUnits` and `siScaleCode` (W, kW, MW); a signal without
+them is taken in kW. Intervals start at the event's dtstart plus the durations of those before
+them unless they carry their own; `startafter` shifts the whole schedule by a random offset in
+`[0, startafter]`; ramp-up is reported so caps can step down before the start. When several
+signals overlap, the strictest reduction holds in each time slice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+#: Share of the baseline facility power each SIMPLE level sheds (0 to 3).
+LEVEL_SHARES = (0.0, 0.10, 0.25, 0.40)
+#: An open-ended event (duration 0) is scheduled for this long, until cancelled.
+OPEN_ENDED = timedelta(hours=24)
+_SCALE_TO_KW = {None: 1.0, "none": 1e-3, "k": 1.0, "M": 1e3, "G": 1e6}
+
+
+@dataclass(frozen=True)
+class Site:
+    baseline_facility_kw: float  #: what the site draws uncapped
+    max_capacity_kw: float  #: the baseline with every GPU at its maximum limit
+    level_shares: tuple[float, ...] = LEVEL_SHARES
+
+
+@dataclass(frozen=True)
+class Interval:
+    start: datetime
+    end: datetime
+    reduction_kw: float
+
+
+@dataclass
+class Schedule:
+    event_id: str
+    modification: int
+    status: str
+    test: bool
+    ramp_up_s: float
+    start_offset_s: float
+    intervals: list[Interval] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  #: signals not acted on, and why
+    opt_out_reason: str | None = None
+
+    @property
+    def start(self) -> datetime | None:
+        return self.intervals[0].start if self.intervals else None
+
+    @property
+    def end(self) -> datetime | None:
+        return self.intervals[-1].end if self.intervals else None
+
+
+def schedule(event: Mapping[str, Any], site: Site, rng: random.Random | None = None) -> Schedule:
+    """The facility reductions an OpenADR event asks for, interval by interval."""
+    descriptor = event.get("event_descriptor", {})
+    period = event.get("active_period", {})
+    startafter = _seconds(period.get("tolerance", {}).get("tolerate", {}).get("startafter"))
+    offset = (rng or random.Random()).uniform(0.0, startafter) if startafter > 0 else 0.0
+    out = Schedule(
+        event_id=str(descriptor.get("event_id")),
+        modification=int(descriptor.get("modification_number") or 0),
+        status=str(descriptor.get("event_status", "far")),
+        test=_is_true(descriptor.get("test_event")),
+        ramp_up_s=_seconds(period.get("ramp_up")),
+        start_offset_s=offset,
+    )
+    start = period["dtstart"] + timedelta(seconds=offset)
+    total = period.get("duration") or timedelta(0)
+    pieces: list[Interval] = []
+    for signal in event.get("event_signals", []):
+        reductions, reason = _signal(signal, site)
+        if reason is not None:
+            out.ignored.append(reason)
+            if reason.startswith("opt out: "):
+                out.opt_out_reason = reason.removeprefix("opt out: ")
+            continue
+        pieces += _timed(signal, reductions, start, total)
+    if out.opt_out_reason is None and not pieces:
+        out.opt_out_reason = "no signal flexgate can act on: " + "; ".join(out.ignored or ["none"])
+    out.intervals = [] if out.opt_out_reason else _strictest(pieces)
+    return out
+
+
+def _signal(signal: Mapping[str, Any], site: Site) -> tuple[list[float], str | None]:
+    """Each interval's reduction [kW], or why the signal is not acted on."""
+    name = str(signal.get("signal_name", "")).upper()
+    kind = str(signal.get("signal_type", ""))
+    label = f"{signal.get('signal_name')}/{kind}"
+    values = [iv.get("signal_payload") for iv in signal.get("intervals", [])]
+    if not values or any(v is None or not math.isfinite(float(v)) for v in values):
+        return [], f"{label}: an interval has no payload"
+    raw = [float(v) for v in values]
+    scale = _kw_per_unit(signal)
+    base, cap = site.baseline_facility_kw, site.max_capacity_kw
+    if name == "SIMPLE":
+        shares = site.level_shares
+        return [shares[min(max(round(v), 0), len(shares) - 1)] * base for v in raw], None
+    if name == "LOAD_DISPATCH" and kind == "setpoint":
+        return [max(base - v * scale, 0.0) for v in raw], None
+    if name == "LOAD_DISPATCH" and kind == "delta":
+        if any(v > 0 for v in raw):
+            return [], f"opt out: {label} asks for more load (a positive delta)"
+        return [-v * scale for v in raw], None
+    if name == "LOAD_CONTROL" and kind == "x-loadControlCapacity":
+        return [max(base - v * cap, 0.0) for v in raw], None
+    if name == "LOAD_CONTROL" and kind == "x-loadControlPercentOffset":
+        if any(v > 0 for v in raw):
+            return [], f"opt out: {label} asks for more load (a positive offset)"
+        return [-v / 100.0 * base for v in raw], None
+    if name == "LOAD_CONTROL" and kind == "x-loadControlSetpoint":
+        return [max(base - v * scale, 0.0) for v in raw], None
+    return [], f"{label}: not a signal flexgate acts on"
+
+
+def _timed(
+    signal: Mapping[str, Any], reductions: list[float], start: datetime, total: timedelta
+) -> list[Interval]:
+    out, cursor = [], start
+    intervals = signal.get("intervals", [])
+    for i, (iv, reduction) in enumerate(zip(intervals, reductions, strict=True)):
+        begin = iv.get("dtstart") or cursor
+        length = iv.get("duration") or timedelta(0)
+        if not length:  # an open interval runs to the event's end
+            length = (
+                (start + (total or OPEN_ENDED)) - begin if i == len(intervals) - 1 else timedelta(0)
+            )
+        out.append(Interval(begin, begin + length, reduction))
+        cursor = begin + length
+    return [iv for iv in out if iv.end > iv.start]
+
+
+def _strictest(pieces: list[Interval]) -> list[Interval]:
+    """One reduction per time slice: the largest of the signals active in it; equal
+    neighbours merged."""
+    edges = sorted({p.start for p in pieces} | {p.end for p in pieces})
+    out: list[Interval] = []
+    for begin, end in itertools.pairwise(edges):
+        active = [p.reduction_kw for p in pieces if p.start < end and p.end > begin]
+        if not active:
+            continue
+        value = max(active)
+        if out and out[-1].end == begin and out[-1].reduction_kw == value:
+            out[-1] = Interval(out[-1].start, end, value)
+        else:
+            out.append(Interval(begin, end, value))
+    return out
+
+
+def _kw_per_unit(signal: Mapping[str, Any]) -> float:
+    """kW per unit of the signal's payload (case matters: mW is not MW)."""
+    measurement = signal.get("measurement") or {}
+    units = str(measurement.get("item_units") or "kW")
+    scale = measurement.get("si_scale_code")
+    per_unit = {"W": 1e-3, "kW": 1.0, "MW": 1e3, "mW": 1e-6}.get(units, 1.0)
+    if units == "W" and scale not in (None, "none"):
+        per_unit = _SCALE_TO_KW.get(scale, per_unit)
+    return per_unit
+
+
+def _seconds(value: Any) -> float:
+    if value is None:
+        return 0.0
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def _is_true(value: Any) -> bool:
+    return value is True or str(value).lower() == "true"
