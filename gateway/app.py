@@ -27,9 +27,18 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         gateway = Gateway(settings, engine)
         app.state.gateway = gateway
         await gateway.start()
+        ven = None
+        if settings.vtn_url:
+            from gateway.ven import Ven  # openleadr loads only when a VTN is configured
+
+            ven = Ven(gateway)
+            await ven.start()
+        app.state.ven = ven
         try:
             yield
         finally:
+            if ven is not None:
+                await ven.stop()
             await gateway.stop()
             engine.dispose()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -40,6 +41,12 @@ class GatewaySettings(BaseSettings):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     log_level: str = "info"
+    vtn_url: str = Field(default="", description="the VTN's OpenADR 2.0b endpoint; empty: no VEN")
+    ven_name: str = "flexgate"
+    vtn_fingerprint: str | None = None
+    ven_cert: Path | None = None
+    ven_key: Path | None = None
+    opt_policy: Literal["feasible", "always", "never"] = "feasible"
     lab: bool = False
 
     @property

@@ -26,14 +26,14 @@ from gateway.api.schemas import (
 from gateway.errors import InvalidRequestError, NotFoundError
 from gateway.services.planner import loops_report
 from gateway.store import repo
-from gateway.store.models import EventRow, as_utc
+from gateway.store.models import EventRow, as_utc, utcnow
 
 router = APIRouter()
 v1 = APIRouter(prefix="/v1", dependencies=READ)
 
 
 @router.get("/health", response_model=Health)
-async def health(gateway: GatewayDep) -> dict[str, Any]:
+async def health(request: Request, gateway: GatewayDep) -> dict[str, Any]:
     with gateway.session() as s:
         repo.list_events(s, statuses=("active",))  # the store answers
     return {
@@ -42,8 +42,15 @@ async def health(gateway: GatewayDep) -> dict[str, Any]:
         "scheduler": gateway.scheduler.running,
         "agents_configured": len(gateway.settings.agent_urls),
         "agents_known": len(gateway.nodes),
-        "ven": None,
+        "ven": _ven_state(request),
     }
+
+
+def _ven_state(request: Request) -> str | None:
+    ven = getattr(request.app.state, "ven", None)
+    if ven is None:
+        return None
+    return "registered" if ven.registered else "registering"
 
 
 @router.get("/metrics", response_class=PlainTextResponse, dependencies=READ)
@@ -160,25 +167,26 @@ async def quotes(request: Request, gateway: GatewayDep) -> Response:
 def event_doc(event: EventRow, gateway: Any) -> dict[str, Any]:
     with gateway.session() as s:
         plans = [] if event.plan_id is None else [repo.get_plan(s, plan_id=event.plan_id)]
+    now = utcnow()
+    intervals = event.intervals or []
+    current = next((i for i in intervals if i["start"] <= now.isoformat() < i["end"]), None)
+    upcoming = next((i for i in intervals if i["start"] > now.isoformat()), None)
+    shown = current or upcoming or (intervals[-1] if intervals else None)
     return {
         "id": event.id,
         "source": event.source,
         "status": event.status,
         "start": _iso(event.start),
         "end": _iso(event.end),
-        "reduction_kw": event.reduction_kw,
-        "intervals": [
-            {
-                "start": _iso(event.start),
-                "end": _iso(event.end),
-                "reduction_kw": event.reduction_kw,
-                "plan_id": event.plan_id,
-            }
-        ],
+        "reduction_kw": shown["reduction_kw"] if shown else event.reduction_kw,
+        "intervals": [{**i, "plan_id": event.plan_id if i is current else None} for i in intervals],
         "opt": event.opt,
         "reason": event.reason,
         "plan_id": event.plan_id,
         "feasible": plans[0].doc["feasible"] if plans and plans[0] else None,
+        "test": event.test,
+        "external_id": event.external_id,
+        "modification": event.modification,
     }
 
 

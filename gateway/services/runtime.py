@@ -35,6 +35,7 @@ from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
 from gateway.services.dispatch import Ack, fan_out
 from gateway.services.planner import plan, site_mix
 from gateway.settings import GatewaySettings
+from gateway.signals import Schedule
 from gateway.store import repo
 from gateway.store.models import CommandRow, EventRow, PlanRow, as_utc, utcnow
 
@@ -191,6 +192,7 @@ class Gateway:
         if end <= utcnow():
             raise InvalidRequestError(f"the event would end at {end.isoformat()}, in the past")
         event = EventRow(
+            intervals=[_interval(start, end, reduction_kw)],
             id=f"ev-{uuid.uuid4().hex[:12]}",
             source=source,
             status="pending",
@@ -211,6 +213,74 @@ class Gateway:
         self._schedule(event)
         return event
 
+    def site_base(self) -> tuple[float, float]:
+        """(baseline facility kW, maximum facility kW): uncapped, and every GPU at its limit."""
+        mix, k, static = self.mix(), self.settings.overhead_factor, self.settings.static_load_kw
+        placed = [j for j in mix.jobs if j.placement]
+        baseline = sum(j.gpus * j.power_w for j in placed) / 1000.0
+        maximum = sum(j.gpus * j.max_cap_w for j in placed) / 1000.0
+        return static + k * baseline, static + k * maximum
+
+    async def accept_openadr(self, plan: Schedule) -> tuple[str, str | None]:
+        """Store an OpenADR event's schedule, act on it, and say whether we opt in.
+
+        Stored before it is answered; an older modification than the one stored is refused;
+        a cancellation cancels; a test event is answered and never acted on.
+        """
+        event_id = f"oadr-{plan.event_id}"
+        with self.session() as s:
+            known = repo.get_event(s, event_id=event_id)
+        if known is not None and plan.modification < known.modification:
+            return known.opt, f"modification {plan.modification} is older than {known.modification}"
+        if plan.status == "cancelled":
+            if known is not None and known.status in LIVE:
+                await self.cancel_event(event_id, "vtn")
+            return "in", None
+        opt, reason = self._opt(plan)
+        start = plan.start or utcnow()
+        row = EventRow(
+            id=event_id,
+            source="openadr",
+            status="opted_out" if opt == "out" else "pending",
+            start=start,
+            end=plan.end or start,
+            reduction_kw=max((i.reduction_kw for i in plan.intervals), default=0.0),
+            intervals=[_interval(i.start, i.end, i.reduction_kw) for i in plan.intervals],
+            opt=opt,
+            reason=reason,
+            external_id=plan.event_id,
+            modification=plan.modification,
+            test=plan.test,
+            created_at=utcnow(),
+        )
+        with self.session() as s:
+            if known is not None:
+                s.delete(s.merge(known))
+                s.flush()
+            repo.add_event(s, event=row)
+            repo.audit(
+                s,
+                actor="vtn",
+                action="events.openadr",
+                detail={"id": event_id, "modification": plan.modification, "opt": opt},
+            )
+            s.commit()
+        if opt == "in" and not plan.test and plan.intervals:
+            self._schedule(row)
+        return opt, reason
+
+    def _opt(self, plan: Schedule) -> tuple[str, str | None]:
+        """Opt in or out: the signal's own verdict first, then the site's policy."""
+        if plan.opt_out_reason:
+            return "out", plan.opt_out_reason
+        if self.settings.opt_policy == "never":
+            return "out", "the site's policy is never to opt in"
+        most = max((i.reduction_kw for i in plan.intervals), default=0.0)
+        reachable = quote(self.mix(), window_s=1.0, per_job_curves=False)["achievable_kw"]
+        if self.settings.opt_policy == "feasible" and most > reachable * (1 + 1e-9):
+            return "out", f"asks for {most:.1f} kW; the site can shed {reachable:.1f} kW"
+        return "in", None
+
     def _schedule(self, event: EventRow) -> None:
         now = utcnow()
         self.scheduler.add_job(
@@ -229,6 +299,16 @@ class Gateway:
             id=f"end-{event.id}",
             replace_existing=True,
         )
+        for k, interval in enumerate(event.intervals[1:], start=1):  # the target changes
+            when = datetime.fromisoformat(interval["start"])
+            if when > now:
+                self.scheduler.add_job(
+                    self.apply_targets,
+                    "date",
+                    run_date=when,
+                    id=f"step-{event.id}-{k}",
+                    replace_existing=True,
+                )
 
     async def start_event(self, event_id: str) -> None:
         if self._move(event_id, ("pending",), "active"):
@@ -289,14 +369,15 @@ class Gateway:
     async def apply_targets(self, resumed: bool = False) -> None:
         """Plan the strictest active target, or recover when none is left."""
         with self.session() as s:
-            active = repo.list_events(s, statuses=("active",))
+            active = [e for e in repo.list_events(s, statuses=("active",)) if not e.test]
         if active:
             if self._ramp is not None:
                 self._ramp.cancel()
                 self._ramp = None
-            strictest = max(active, key=lambda e: e.reduction_kw)
+            now = utcnow()
+            strictest = max(active, key=lambda e: current_reduction(e, now))
             async with self._lock:
-                await self._plan_and_send(strictest.reduction_kw, strictest.id)
+                await self._plan_and_send(current_reduction(strictest, now), strictest.id)
         elif self.desired or resumed:
             last = self._last_target()
             if self._ramp is None or self._ramp.done():
@@ -454,6 +535,28 @@ class Gateway:
             "shed_facility_kw": k * (baseline - gpu_kw),
             "overhead_factor": k,
             "overhead_factor_stderr": self.settings.overhead_factor_stderr,
-            "active_event_id": max(active, key=lambda e: e.reduction_kw).id if active else None,
+            "active_event_id": (
+                max(active, key=lambda e: current_reduction(e, utcnow())).id if active else None
+            ),
             "nodes_reporting": len(telemetry),
         }
+
+
+def _interval(start: datetime, end: datetime, reduction_kw: float) -> dict[str, Any]:
+    return {
+        "start": as_utc(start).isoformat(),
+        "end": as_utc(end).isoformat(),
+        "reduction_kw": reduction_kw,
+    }
+
+
+def current_reduction(event: EventRow, now: datetime) -> float:
+    """The event's target now: its interval that holds `now` (0 between or outside them)."""
+    for interval in event.intervals:
+        start, end = (
+            datetime.fromisoformat(interval["start"]),
+            datetime.fromisoformat(interval["end"]),
+        )
+        if start <= now < end:
+            return float(interval["reduction_kw"])
+    return 0.0

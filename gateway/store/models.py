@@ -14,7 +14,7 @@ from sqlalchemy import JSON, Column, DateTime
 from sqlmodel import Field, SQLModel
 
 #: Bump when a table changes; a database of another version is refused with a clear error.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def utcnow() -> datetime:
@@ -50,10 +50,15 @@ class EventRow(SQLModel, table=True):
     status: str  #: pending, active, completed, cancelled, opted_out, failed
     start: datetime = _when(nullable=False)
     end: datetime = _when(nullable=False)
-    reduction_kw: float
+    reduction_kw: float  #: the largest of its intervals'
+    #: [{"start", "end", "reduction_kw"}] in ISO UTC: the event's schedule
+    intervals: list[dict[str, Any]] = Field(sa_column=Column(JSON, nullable=False))
     opt: str = "in"
     reason: str | None = None
     plan_id: str | None = None
+    external_id: str | None = Field(default=None, index=True)  #: the VTN's event id
+    modification: int = 0
+    test: bool = False  #: an OpenADR test event: answered, never acted on
     created_at: datetime = _when(nullable=False)
 
 

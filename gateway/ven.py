@@ -1,0 +1,105 @@
+"""The OpenADR 2.0b VEN (openleadr's client), feeding the gateway's events.
+
+Registers with the VTN (retrying with backoff while it is unreachable) and polls at the
+frequency the VTN asks for (openleadr's `show_fingerprint=False`: nothing printed). Every event
+is turned into a schedule (`gateway.signals`), **stored, then answered** (`Gateway.accept_openadr`):
+opt in or out with the reason. This handler is the one place that catches everything: a failure
+is logged, stored as a failed event and answered with an opt-out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import Any
+
+from openleadr import OpenADRClient
+
+from gateway.services.runtime import Gateway
+from gateway.signals import Site, schedule
+from gateway.store import repo
+from gateway.store.models import EventRow, utcnow
+
+log = logging.getLogger("flexgate.ven")
+RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class Ven:
+    def __init__(self, gateway: Gateway) -> None:
+        settings = gateway.settings
+        self.gateway = gateway
+        self.registered = False
+        self.client = OpenADRClient(
+            ven_name=settings.ven_name,
+            vtn_url=settings.vtn_url,
+            show_fingerprint=False,
+            vtn_fingerprint=settings.vtn_fingerprint,
+            cert=str(settings.ven_cert) if settings.ven_cert else None,
+            key=str(settings.ven_key) if settings.ven_key else None,
+        )
+        self.client.add_handler("on_event", self.on_event)
+        self.client.add_handler("on_update_event", self.on_event)
+        self._task: asyncio.Task[None] | None = None
+        self._rng = random.Random()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._register())
+
+    async def _register(self) -> None:
+        attempt = 0
+        while not self.client.registration_id:
+            try:
+                await self.client.run()
+            except Exception as exc:  # the VTN may be down: keep trying, say so
+                log.warning("VTN registration failed: %s", exc)
+            if self.client.registration_id:
+                break
+            await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
+            attempt += 1
+        self.registered = True
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self.client.registration_id:
+            await self.client.stop()
+
+    async def on_event(self, event: dict[str, Any]) -> str:
+        """openleadr's handler: store, act, answer optIn or optOut."""
+        event_id = str(event.get("event_descriptor", {}).get("event_id"))
+        try:
+            baseline, maximum = self.gateway.site_base()
+            plan = schedule(
+                event, Site(baseline_facility_kw=baseline, max_capacity_kw=maximum), self._rng
+            )
+            opt, reason = await self.gateway.accept_openadr(plan)
+            if reason:
+                log.info("event %s: opt %s (%s)", event_id, opt, reason)
+            return "optIn" if opt == "in" else "optOut"
+        except Exception as exc:  # the one place that catches everything
+            log.exception("event %s could not be handled", event_id)
+            self._store_failure(event_id, f"{type(exc).__name__}: {exc}")
+            return "optOut"
+
+    def _store_failure(self, event_id: str, reason: str) -> None:
+        now = utcnow()
+        with self.gateway.session() as s:
+            if repo.get_event(s, event_id=f"oadr-{event_id}") is None:
+                repo.add_event(
+                    s,
+                    event=EventRow(
+                        id=f"oadr-{event_id}",
+                        source="openadr",
+                        status="failed",
+                        start=now,
+                        end=now,
+                        reduction_kw=0.0,
+                        intervals=[],
+                        opt="out",
+                        reason=reason,
+                        external_id=event_id,
+                        created_at=now,
+                    ),
+                )
+                s.commit()

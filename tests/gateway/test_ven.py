@@ -1,0 +1,157 @@
+"""The VEN against openleadr's own VTN on loopback: an event becomes caps, a cancellation
+restores, a signal flexgate does not follow is an opt-out with its reason."""
+
+import asyncio
+import threading
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from openleadr import OpenADRServer
+
+from flexgate.serve import ServerThread
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+from tests.agents.test_crash import free_port
+from tests.gateway.conftest import AGENT_TOKEN, API, API_TOKEN, Site, start_site
+
+VEN_ID = "ven-flexgate"
+
+
+class Vtn:
+    """openleadr's VTN in a thread of its own, asking VENs to poll every second."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self.answers: dict[str, str] = {}
+        self.server = OpenADRServer(
+            vtn_id="TEST_VTN",
+            http_host="127.0.0.1",
+            http_port=self.port,
+            requested_poll_freq=timedelta(seconds=1),
+            show_fingerprint=False,
+        )
+        self.server.add_handler("on_create_party_registration", self.register)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.url = f"http://127.0.0.1:{self.port}/OpenADR2/Simple/2.0b"
+
+    async def register(self, registration_info):
+        return VEN_ID, "reg-1"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self.server.run())
+        self.loop.run_forever()
+
+    def add_event(self, signal_name, signal_type, value, start, seconds):
+        done = threading.Event()
+        box = {}
+
+        def add():
+            box["id"] = self.server.add_event(
+                ven_id=VEN_ID,
+                signal_name=signal_name,
+                signal_type=signal_type,
+                intervals=[
+                    {
+                        "dtstart": start,
+                        "duration": timedelta(seconds=seconds),
+                        "signal_payload": value,
+                    }
+                ],
+                callback=lambda ven_id, event_id, opt_type: self.answers.__setitem__(
+                    event_id, opt_type
+                ),
+            )
+            done.set()
+
+        self.loop.call_soon_threadsafe(add)
+        done.wait(5)
+        return box["id"]
+
+    def cancel(self, event_id):
+        self.loop.call_soon_threadsafe(self.server.cancel_event, VEN_ID, event_id)
+
+    def stop(self) -> None:
+        future = asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop)
+        future.result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def database_url(tmp_path):
+    return f"sqlite:///{tmp_path / 'gateway.db'}"
+
+
+@pytest.fixture
+def vtn_site(tmp_path, database_url):
+    vtn = Vtn()
+    vtn.thread.start()
+    jobs, nodes, agents = start_site(tmp_path, database_url)
+    try:
+        with ServerThread(agents) as agents_url:
+            settings = GatewaySettings(
+                database_url=database_url,
+                api_token=API_TOKEN,
+                agent_token=AGENT_TOKEN,
+                agents=",".join(f"{agents_url}/nodes/{n}" for n in nodes),
+                lease_s=5.0,
+                reconcile_period_s=0.5,
+                recovery_ramp_s=0.2,
+                recovery_steps=1,
+                vtn_url=vtn.url,
+                ven_name="flexgate-test",
+            )
+            with (
+                ServerThread(create_app(settings)) as url,
+                httpx.Client(base_url=url, timeout=20) as api,
+            ):
+                assert api.put("/v1/jobs", json={"jobs": jobs}, headers=API).status_code == 200
+                site = Site(api, nodes, settings)
+                site.wait(
+                    lambda: api.get("/health").json()["ven"] == "registered",
+                    what="the VEN's registration",
+                )
+                yield site, vtn
+    finally:
+        vtn.stop()
+
+
+def test_an_openadr_event_becomes_caps_and_a_cancellation_restores(vtn_site):
+    site, vtn = vtn_site
+    start = datetime.now(UTC) + timedelta(seconds=2)
+    event_id = vtn.add_event("simple", "level", 2.0, start, 60)
+    stored = site.wait(
+        lambda: (r := site.api.get(f"/v1/events/oadr-{event_id}")).status_code == 200 and r.json(),
+        what="the event reaching the gateway",
+    )
+    assert stored["source"] == "openadr"
+    assert stored["opt"] == "in"
+    baseline = site.api.get("/v1/site").json()["baseline_facility_kw"]
+    assert stored["reduction_kw"] == pytest.approx(0.25 * baseline)  # SIMPLE level 2: 25%
+    site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="the VTN hearing optIn")
+    site.wait(lambda: any(w < 700 for ws in site.limits().values() for w in ws), what="caps")
+    assert site.api.get(f"/v1/events/oadr-{event_id}").json()["status"] == "active"
+    vtn.cancel(event_id)
+    site.wait(
+        lambda: site.api.get(f"/v1/events/oadr-{event_id}").json()["status"] == "cancelled",
+        what="the cancellation",
+    )
+    site.wait(
+        lambda: all(w == 700.0 for ws in site.limits().values() for w in ws), what="the restore"
+    )
+
+
+def test_a_signal_flexgate_does_not_follow_is_an_opt_out_with_its_reason(vtn_site):
+    site, vtn = vtn_site
+    event_id = vtn.add_event(
+        "ELECTRICITY_PRICE", "price", 0.3, datetime.now(UTC) + timedelta(seconds=2), 60
+    )
+    site.wait(lambda: vtn.answers.get(event_id) == "optOut", what="the VTN hearing optOut")
+    stored = site.api.get(f"/v1/events/oadr-{event_id}").json()
+    assert stored["status"] == "opted_out"
+    assert "not a signal flexgate acts on" in stored["reason"]
+    assert all(w == 700.0 for ws in site.limits().values() for w in ws)
