@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	@touch $@
 
 demo: $(STAMP)
+	$(BIN)/flexgate lab
 	$(BIN)/flexgate allocate examples/site.json --reduction-kw 25
 	$(BIN)/flexgate allocate examples/site.json --reduction-kw 25 --strategy equal
 	$(BIN)/flexgate quote examples/site.json --reduction-kw 25 --window-s 3600

@@ -148,6 +148,26 @@ def _build_parser() -> argparse.ArgumentParser:
     gateway.add_argument("--port", type=int, help="port (default 8000)")
     gateway.add_argument("--lab", action="store_true", help="lab mode: placeholder tokens allowed")
     gateway.set_defaults(command=_cmd_gateway, name="gateway")
+
+    lab = sub.add_parser("lab", help="the whole chain on loopback: mock VTN, gateway, agents")
+    lab.add_argument("--nodes", type=_positive_int, default=4, metavar="N")
+    lab.add_argument("--gpus-per-node", type=_positive_int, default=8, metavar="G")
+    lab.add_argument(
+        "--reduction",
+        type=_fraction,
+        default=0.25,
+        metavar="F",
+        help="share of the GPU-attributable facility power the VTN asks for (default 0.25)",
+    )
+    lab.add_argument("--duration", type=_positive, default=40.0, metavar="S", help="event length")
+    lab.add_argument("--out", type=Path, default=Path("out"), help="where the plot goes")
+    lab.set_defaults(command=_cmd_lab, name="lab")
+
+    vtn = sub.add_parser("mock-vtn", help="an OpenADR 2.0b VTN (openleadr) issuing a scenario")
+    vtn.add_argument("--scenario", type=Path, metavar="FILE", help="events to issue (JSON)")
+    vtn.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    vtn.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    vtn.set_defaults(command=_cmd_mock_vtn, name="mock-vtn")
     return parser
 
 
@@ -466,6 +486,38 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         raise BadInputError(_first_error(exc)) from None
     run_gateway(settings)
     return 0
+
+
+def _cmd_lab(args: argparse.Namespace) -> int:
+    from flexgate.lab import run_lab
+
+    return run_lab(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        reduction=args.reduction,
+        duration_s=args.duration,
+        out=args.out,
+    )
+
+
+def _cmd_mock_vtn(args: argparse.Namespace) -> int:
+    import time
+
+    from flexgate.mockvtn import DEFAULT_SCENARIO, MockVtn, read_scenario
+
+    try:
+        scenario = read_scenario(args.scenario) if args.scenario else DEFAULT_SCENARIO
+    except FileNotFoundError:
+        raise BadInputError(f"{args.scenario}: no such file") from None
+    except (ValueError, OSError) as exc:
+        raise BadInputError(f"{args.scenario}: {exc}") from None
+    vtn = MockVtn(scenario, host=args.host, port=args.port).start()
+    print(f"mock VTN at {vtn.url}; waiting for a VEN (Ctrl-C stops)", file=sys.stderr)
+    try:
+        while True:
+            time.sleep(1)
+    finally:
+        vtn.stop()
 
 
 def _first_error(exc: Any) -> str:

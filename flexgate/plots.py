@@ -93,3 +93,21 @@ def plot_sync(run: Any, path: Path) -> None:
     bottom.grid(alpha=0.3)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_lab(trace: list[tuple[float, float, float, str]], requested_kw: float, path: Path) -> None:
+    """Site power against the target over a lab run."""
+    fig, ax = plt.subplots(figsize=(10, 4), constrained_layout=True)
+    if trace:
+        t, kw, target, _ = zip(*trace, strict=True)
+        ax.plot(t, kw, color="tab:blue", lw=1.5, label="site power (agents' telemetry x k)")
+        ax.step(t, target, where="post", color="tab:red", ls="--", label="target")
+    ax.set(
+        xlabel="time since start [s]",
+        ylabel="facility power [kW]",
+        title=f"flexgate lab: the VTN asks for {requested_kw:.1f} kW",
+    )
+    ax.legend(frameon=False)
+    ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -13,13 +13,13 @@ import pytest
 from tests.conftest import EXAMPLES, ROOT
 
 
-def flexgate(*args: str | Path) -> subprocess.CompletedProcess[str]:
+def flexgate(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "flexgate.cli", *map(str, args)],
         capture_output=True,
         text=True,
         cwd=ROOT,
-        timeout=60,
+        timeout=timeout,
         check=False,
     )
 

@@ -1,0 +1,80 @@
+"""`flexgate lab` and `flexgate mock-vtn` as a user runs them (real servers on loopback)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from flexgate.mockvtn import check_scenario
+from tests.test_cli import assert_bad_input, flexgate, write
+
+
+@pytest.mark.timeout(180)
+def test_lab_meets_the_target_end_to_end(tmp_path: Path) -> None:
+    result = flexgate("lab", "--nodes", "2", "--duration", "15", "--out", tmp_path, timeout=150)
+    assert result.returncode == 0, result.stdout + result.stderr
+    plot = tmp_path / "lab-site-power.png"
+    assert f"plot: {plot}" in result.stdout.replace("\n", "")
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((tmp_path / "lab-report.json").read_text())
+    assert report["met"] is True
+    assert report["achieved_kw"] == pytest.approx(report["requested_kw"], rel=0.05)
+    # The event came from openleadr's VTN, was answered optIn, planned and carried out.
+    assert report["event"]["opt"] == "in"
+    assert report["event"]["status"] == "completed"
+    assert report["event"]["id"].startswith("oadr-")
+    assert report["plan"]["feasible"] is True
+    assert report["sync"]["verdict"] == "safe"
+    for name in ("requested at the meter", "throughput kept", "control delay against T/2"):
+        assert name in result.stdout
+
+
+@pytest.mark.timeout(180)
+def test_lab_exits_1_when_the_site_cannot_meet_the_target(tmp_path: Path) -> None:
+    # 95% of the GPU-attributable power is more than caps down to 200 W of 700 W can shed.
+    result = flexgate(
+        "lab",
+        "--nodes",
+        "1",
+        "--reduction",
+        "0.95",
+        "--duration",
+        "12",
+        "--out",
+        tmp_path,
+        timeout=150,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads((tmp_path / "lab-report.json").read_text())
+    assert report["met"] is False
+    assert report["achieved_kw"] < 0.95 * report["requested_kw"]
+    assert "outside 5%" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("scenario", "fragment"),
+    [
+        ({}, "non-empty 'events'"),
+        ({"events": [], "vtn": 1}, "non-empty 'events'"),
+        ({"events": [{"signal_name": "SIMPLE"}], "colour": 1}, "unknown field(s) ['colour']"),
+        ({"events": [{"signal_name": "SIMPLE", "signal_type": "level"}]}, "missing 'intervals'"),
+        (
+            {"events": [{"signal_name": "SIMPLE", "signal_type": "level", "intervals": [{}]}]},
+            "positive 'duration_s'",
+        ),
+        ({"events": [{"signal_name": "X", "when": 3}]}, "unknown field(s) ['when']"),
+    ],
+)
+def test_a_bad_scenario_is_refused_naming_the_problem(scenario, fragment) -> None:
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        check_scenario(scenario)
+
+
+def test_mock_vtn_refuses_a_bad_scenario_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "scenario.json", {"events": [{"signal_name": "SIMPLE"}]})
+    assert_bad_input(flexgate("mock-vtn", "--scenario", path), "missing 'signal_type'")
+    assert_bad_input(flexgate("mock-vtn", "--scenario", tmp_path / "nope.json"), "no such file")
+    assert_bad_input(flexgate("mock-vtn", "--scenario", write(tmp_path, "x.json", "{")), "x.json")
