@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,18 +25,13 @@ import httpx
 import numpy as np
 
 from agents.protocol import CapCommand
+from flexgate.serve import free_port
 from gateway.services.dispatch import fan_out
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 TOKEN = "bench-agent-token-0123456789"
 API_TOKEN = "bench-api-token-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve(args: list[str], url: str, env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from agents.service import AgentNode
 from agents.service import create_app as agent_app
 from agents.simulated import SimulatedBackend
 from flexgate.mockvtn import MockVtn
-from flexgate.serve import ServerThread
+from flexgate.serve import ServerThread, free_port
 from flexmodel.jobs import parse_job_mix
 from flexmodel.workload import MAIN_TYPES, POWER_W
 from gateway.app import create_app
@@ -36,12 +35,6 @@ from gateway.settings import LAB_API_TOKEN, GatewaySettings
 TOLERANCE = 0.05
 START_AFTER_S = 8.0
 OVERHEAD_FACTOR = 1.3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def lab_jobs(nodes: int, gpus_per_node: int, seed: int = 7) -> list[dict[str, Any]]:

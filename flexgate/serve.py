@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from typing import Any
 
 import uvicorn
+
+
+def free_port() -> int:
+    """A port free on loopback now (for servers that cannot be given port 0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class ServerThread:

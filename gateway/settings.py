@@ -44,6 +44,7 @@ class GatewaySettings(BaseSettings):
     vtn_url: str = Field(default="", description="the VTN's OpenADR 2.0b endpoint; empty: no VEN")
     ven_name: str = "flexgate"
     vtn_fingerprint: str | None = None
+    vtn_allow_unsigned: bool = False
     ven_cert: Path | None = None
     ven_key: Path | None = None
     opt_policy: Literal["feasible", "always", "never"] = "feasible"
@@ -66,6 +67,15 @@ class GatewaySettings(BaseSettings):
                     f"FLEXGATE_{name.upper()} must be set to a secret of at least "
                     f"{MIN_TOKEN_CHARS} characters (placeholders are refused outside the lab)"
                 )
+        if self.vtn_url and not (self.lab or self.vtn_fingerprint or self.vtn_allow_unsigned):
+            raise ValueError(
+                "FLEXGATE_VTN_FINGERPRINT must be set with FLEXGATE_VTN_URL: without it openleadr "
+                "checks no signature and a forged event would cap real GPUs (set "
+                "FLEXGATE_VTN_ALLOW_UNSIGNED=true only for a VTN that signs nothing, on a trusted "
+                "network)"
+            )
+        if (self.ven_cert is None) != (self.ven_key is None):
+            raise ValueError("FLEXGATE_VEN_CERT and FLEXGATE_VEN_KEY go together")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("FLEXGATE_TLS_CERT and FLEXGATE_TLS_KEY go together")
         return self

@@ -4,21 +4,15 @@ at the next start; SIGTERM restores on the way out."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 
+from flexgate.serve import free_port
 from tests.agents.fake_agent import TOKEN
 from tests.conftest import ROOT
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(port, state_dir, driver):

@@ -103,6 +103,7 @@ def vtn_site(tmp_path, database_url):
                 recovery_ramp_s=0.2,
                 recovery_steps=1,
                 vtn_url=vtn.url,
+                vtn_allow_unsigned=True,  # openleadr's test VTN has no certificate
                 ven_name="flexgate-test",
             )
             with (

@@ -1,0 +1,118 @@
+"""The VEN's signature checks, as configured by flexgate, on the EPRI signature vectors.
+
+The VEN's own openleadr client fetches each vector from a loopback server, exactly as it fetches
+a VTN's replies; a message is accepted when the client hands back its parsed payload. The
+vectors were signed at 2019-09-11T20:42:00Z and openleadr refuses replies older than a few
+seconds, so its clock is set to that moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
+import pytest
+from aiohttp import web
+from openleadr import messaging, utils
+
+from flexgate.serve import free_port
+from gateway.settings import GatewaySettings
+from gateway.ven import Ven
+from tests.gateway.conftest import AGENT_TOKEN, API_TOKEN
+
+SIGNED_AT = datetime(2019, 9, 11, 20, 42, 0, tzinfo=UTC)
+PREFIX = "created_party_registration-with-signature"
+
+
+class SigningClock(datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return SIGNED_AT if tz is not None else SIGNED_AT.replace(tzinfo=None)
+
+
+def settings(**changes) -> GatewaySettings:
+    return GatewaySettings(
+        database_url="sqlite://", api_token=API_TOKEN, agent_token=AGENT_TOKEN, **changes
+    )
+
+
+def test_a_ven_without_a_vtn_fingerprint_is_refused_outside_the_lab():
+    with pytest.raises(ValueError, match="FLEXGATE_VTN_FINGERPRINT must be set"):
+        settings(vtn_url="https://vtn.example/OpenADR2/Simple/2.0b")
+    assert settings(vtn_url="https://vtn.example", vtn_fingerprint="AB:CD").vtn_fingerprint
+    assert settings(vtn_url="https://vtn.example", vtn_allow_unsigned=True).vtn_allow_unsigned
+    with pytest.raises(ValueError, match="FLEXGATE_VEN_CERT and FLEXGATE_VEN_KEY"):
+        settings(vtn_url="https://vtn.example", vtn_fingerprint="AB:CD", ven_cert="cert.pem")
+
+
+def fetch(shared, name: str) -> tuple[str | None, dict]:
+    """What the VEN's client makes of `name` when the VTN replies with it."""
+    body = (shared / "vectors" / "openadr2b" / name).read_bytes()
+    der = (shared / "vectors" / "openadr2b" / "certificate-attached-to-signature.der").read_bytes()
+    port = free_port()
+    ven = Ven(
+        SimpleNamespace(
+            settings=settings(
+                vtn_url=f"http://127.0.0.1:{port}/OpenADR2/Simple/2.0b",
+                vtn_fingerprint=utils.certificate_fingerprint_from_der(der),
+            )
+        )
+    )
+
+    async def reply(_request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/xml")
+
+    async def run() -> tuple[str | None, dict]:
+        app = web.Application()
+        app.router.add_post("/OpenADR2/Simple/2.0b/EiRegisterParty", reply)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            answer = await ven.client._perform_request("EiRegisterParty", b"<query/>")
+            return answer if answer is not None else (None, {})
+        finally:
+            await ven.client.client_session.close()
+            await runner.cleanup()
+
+    return asyncio.run(run())
+
+
+@pytest.fixture
+def signing_clock(monkeypatch):
+    monkeypatch.setattr(messaging, "datetime", SigningClock)
+    messaging.NONCE_CACHE.clear()
+    yield
+    messaging.NONCE_CACHE.clear()
+
+
+def test_the_good_signed_reply_is_accepted(shared, signing_clock):
+    kind, payload = fetch(shared, f"{PREFIX}.xml")
+    assert kind == "oadrCreatedPartyRegistration"
+    assert payload["registration_id"] == "752e4cc6c5413baa1a80"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "tampered",
+        "wrong-certificate",  # passes openleadr without a fingerprint: hence the refusal above
+        "empty-nonce",
+        "timestamp-missing",
+        "no-reference-to-ReplayProtect",
+        "no-reference-to-oadrSignedObject",
+        "two-oadrSignedObject",
+    ],
+)
+def test_every_bad_signed_reply_is_rejected(shared, signing_clock, case):
+    assert fetch(shared, f"{PREFIX}-{case}.xml") == (None, {})
+
+
+def test_a_replayed_reply_is_rejected(shared, signing_clock):
+    assert fetch(shared, f"{PREFIX}.xml")[0] == "oadrCreatedPartyRegistration"
+    assert fetch(shared, f"{PREFIX}.xml") == (None, {})
+
+
+def test_a_good_reply_signed_long_ago_is_rejected(shared):
+    assert fetch(shared, f"{PREFIX}.xml") == (None, {})
