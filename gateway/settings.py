@@ -43,6 +43,8 @@ class GatewaySettings(BaseSettings):
     log_level: str = "info"
     vtn_url: str = Field(default="", description="the VTN's OpenADR 2.0b endpoint; empty: no VEN")
     ven_name: str = "flexgate"
+    ven_groups: str = Field(default="", description="comma-separated groupIDs this VEN answers")
+    ven_resources: str = Field(default="", description="comma-separated resourceIDs it controls")
     vtn_fingerprint: str | None = None
     vtn_allow_unsigned: bool = False
     ven_cert: Path | None = None

@@ -45,6 +45,28 @@ class Site:
 
 
 @dataclass(frozen=True)
+class Party:
+    """Who this VEN is, for an event's targets: its venID, groups and resources."""
+
+    ven_id: str | None
+    groups: frozenset[str] = frozenset()
+    resources: frozenset[str] = frozenset()
+
+    def untargeted_reason(self, event: Mapping[str, Any]) -> str | None:
+        """None when the event is for this VEN (no targets, or one of them names it)."""
+        targets = [t for t in event.get("targets") or [] if isinstance(t, Mapping)]
+        if not targets:
+            return None
+        for target in targets:
+            if target.get("ven_id") is not None and target.get("ven_id") == self.ven_id:
+                return None
+            if target.get("group_id") in self.groups or target.get("resource_id") in self.resources:
+                return None
+        named = ", ".join(f"{k}={v}" for t in targets for k, v in t.items())
+        return f"not targeted at this VEN (targets: {named})"
+
+
+@dataclass(frozen=True)
 class Interval:
     start: datetime
     end: datetime
@@ -72,8 +94,17 @@ class Schedule:
         return self.intervals[-1].end if self.intervals else None
 
 
-def schedule(event: Mapping[str, Any], site: Site, rng: random.Random | None = None) -> Schedule:
-    """The facility reductions an OpenADR event asks for, interval by interval."""
+def schedule(
+    event: Mapping[str, Any],
+    site: Site,
+    rng: random.Random | None = None,
+    party: Party | None = None,
+) -> Schedule:
+    """The facility reductions an OpenADR event asks for, interval by interval.
+
+    With `party`, an event whose targets name neither this VEN nor one of its groups or
+    resources is opted out of, with the reason.
+    """
     descriptor = event.get("event_descriptor", {})
     period = event.get("active_period", {})
     startafter = _seconds(period.get("tolerance", {}).get("tolerate", {}).get("startafter"))
@@ -97,6 +128,8 @@ def schedule(event: Mapping[str, Any], site: Site, rng: random.Random | None = N
                 out.opt_out_reason = reason.removeprefix("opt out: ")
             continue
         pieces += _timed(signal, reductions, start, total)
+    if party is not None and (elsewhere := party.untargeted_reason(event)):
+        out.opt_out_reason = elsewhere
     if out.opt_out_reason is None and not pieces:
         out.opt_out_reason = "no signal flexgate can act on: " + "; ".join(out.ignored or ["none"])
     out.intervals = [] if out.opt_out_reason else _strictest(pieces)

@@ -17,7 +17,7 @@ from typing import Any
 from openleadr import OpenADRClient
 
 from gateway.services.runtime import Gateway
-from gateway.signals import Site, schedule
+from gateway.signals import Party, Site, schedule
 from gateway.store import repo
 from gateway.store.models import EventRow, utcnow
 
@@ -70,9 +70,8 @@ class Ven:
         event_id = str(event.get("event_descriptor", {}).get("event_id"))
         try:
             baseline, maximum = self.gateway.site_base()
-            plan = schedule(
-                event, Site(baseline_facility_kw=baseline, max_capacity_kw=maximum), self._rng
-            )
+            site = Site(baseline_facility_kw=baseline, max_capacity_kw=maximum)
+            plan = schedule(event, site, self._rng, self._party())
             opt, reason = await self.gateway.accept_openadr(plan)
             if reason:
                 log.info("event %s: opt %s (%s)", event_id, opt, reason)
@@ -81,6 +80,14 @@ class Ven:
             log.exception("event %s could not be handled", event_id)
             self._store_failure(event_id, f"{type(exc).__name__}: {exc}")
             return "optOut"
+
+    def _party(self) -> Party:
+        settings = self.gateway.settings
+
+        def names(text: str) -> frozenset[str]:
+            return frozenset(n.strip() for n in text.split(",") if n.strip())
+
+        return Party(self.client.ven_id, names(settings.ven_groups), names(settings.ven_resources))
 
     def _store_failure(self, event_id: str, reason: str) -> None:
         now = utcnow()

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from openleadr.messaging import parse_message
 
-from gateway.signals import Site, schedule
+from gateway.signals import Party, Site, schedule
 
 SITE = Site(baseline_facility_kw=1000.0, max_capacity_kw=1200.0)
 T0 = datetime(2026, 11, 29, 18, 0, tzinfo=UTC)
@@ -163,3 +163,19 @@ def test_ramp_up_test_events_and_open_ended_intervals():
     assert plan.ramp_up_s == 300
     assert plan.modification == 2
     assert plan.end - plan.start == timedelta(hours=24)  # open-ended: until cancelled
+
+
+def test_targets_decide_whether_the_event_is_for_this_ven(shared):
+    (event,) = vector(shared, "distribute_event_1event2signals.xml")  # targets venID deef06...
+    me = Party("deef06ba5329fcc0e5fa")
+    assert schedule(event, SITE, party=me).opt_out_reason is None
+    assert len(schedule(event, SITE, party=me).intervals) == 3
+    other = schedule(event, SITE, party=Party("someone-else", frozenset({"g1"})))
+    assert other.intervals == []
+    assert other.opt_out_reason == "not targeted at this VEN (targets: ven_id=deef06ba5329fcc0e5fa)"
+    by_group = {**event, "targets": [{"group_id": "west"}, {"resource_id": "hall-2"}]}
+    assert schedule(by_group, SITE, party=Party("x", groups=frozenset({"west"}))).intervals
+    assert schedule(by_group, SITE, party=Party("x", resources=frozenset({"hall-2"}))).intervals
+    assert not schedule(by_group, SITE, party=Party("x", frozenset({"east"}))).intervals
+    # No targets: the event is for every VEN that receives it.
+    assert schedule({**event, "targets": []}, SITE, party=Party(None)).intervals
