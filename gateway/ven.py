@@ -40,6 +40,7 @@ class Ven:
         )
         self.client.add_handler("on_event", self.on_event)
         self.client.add_handler("on_update_event", self.on_event)
+        self.client.add_hook("after_parse_xml", self.after_parse)
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
 
@@ -64,6 +65,14 @@ class Ven:
             self._task.cancel()
         if self.client.registration_id:
             await self.client.stop()
+
+    async def after_parse(self, kind: str, payload: dict[str, Any]) -> None:
+        """Implied cancellation: a distribute lists every event the VTN still holds for us."""
+        if kind != "oadrDistributeEvent":
+            return
+        listed = {str(e.get("event_descriptor", {}).get("event_id")) for e in payload["events"]}
+        for event_id in await self.gateway.cancel_unlisted_openadr(listed):
+            log.info("event %s: no longer listed by the VTN, cancelled", event_id)
 
     async def on_event(self, event: dict[str, Any]) -> str:
         """openleadr's handler: store, act, answer optIn or optOut."""

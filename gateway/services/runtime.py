@@ -269,6 +269,15 @@ class Gateway:
             self._schedule(row)
         return opt, reason
 
+    async def cancel_unlisted_openadr(self, listed: set[str]) -> list[str]:
+        """Cancel every live OpenADR event whose id the VTN no longer lists; their ids."""
+        with self.session() as s:
+            live = repo.list_events(s, statuses=LIVE)
+        gone = [e.id for e in live if e.source == "openadr" and e.external_id not in listed]
+        for event_id in gone:
+            await self.cancel_event(event_id, "vtn")
+        return gone
+
     def _opt(self, plan: Schedule) -> tuple[str, str | None]:
         """Opt in or out: the signal's own verdict first, then the site's policy."""
         if plan.opt_out_reason:

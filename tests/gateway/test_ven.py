@@ -9,10 +9,9 @@ import httpx
 import pytest
 from openleadr import OpenADRServer
 
-from flexgate.serve import ServerThread
+from flexgate.serve import ServerThread, free_port
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from tests.agents.test_crash import free_port
 from tests.gateway.conftest import AGENT_TOKEN, API, API_TOKEN, Site, start_site
 
 VEN_ID = "ven-flexgate"
@@ -69,6 +68,16 @@ class Vtn:
         self.loop.call_soon_threadsafe(add)
         done.wait(5)
         return box["id"]
+
+    def forget(self, event_id):
+        """Drop the event from what the VTN distributes, without cancelling it (implied)."""
+
+        def drop():
+            events = self.server.events[VEN_ID]
+            events[:] = [e for e in events if e.event_descriptor.event_id != event_id]
+            self.server.events_updated[VEN_ID] = True
+
+        self.loop.call_soon_threadsafe(drop)
 
     def cancel(self, event_id):
         self.loop.call_soon_threadsafe(self.server.cancel_event, VEN_ID, event_id)
@@ -156,3 +165,20 @@ def test_a_signal_flexgate_does_not_follow_is_an_opt_out_with_its_reason(vtn_sit
     assert stored["status"] == "opted_out"
     assert "not a signal flexgate acts on" in stored["reason"]
     assert all(w == 700.0 for ws in site.limits().values() for w in ws)
+
+
+def test_an_event_the_vtn_stops_listing_is_cancelled_and_restored(vtn_site):
+    site, vtn = vtn_site
+    kept = vtn.add_event("simple", "level", 1.0, datetime.now(UTC) + timedelta(seconds=600), 60)
+    event_id = vtn.add_event("simple", "level", 2.0, datetime.now(UTC) + timedelta(seconds=2), 60)
+    site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="the VTN hearing optIn")
+    site.wait(lambda: any(w < 700 for ws in site.limits().values() for w in ws), what="caps")
+    vtn.forget(event_id)
+    site.wait(
+        lambda: site.api.get(f"/v1/events/oadr-{event_id}").json()["status"] == "cancelled",
+        what="the implied cancellation",
+    )
+    site.wait(
+        lambda: all(w == 700.0 for ws in site.limits().values() for w in ws), what="the restore"
+    )
+    assert site.api.get(f"/v1/events/oadr-{kept}").json()["status"] == "pending"
