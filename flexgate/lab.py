@@ -26,6 +26,7 @@ from agents.service import AgentNode
 from agents.service import create_app as agent_app
 from agents.simulated import SimulatedBackend
 from flexgate.mockvtn import MockVtn
+from flexgate.plots import plot_lab
 from flexgate.serve import ServerThread, free_port
 from flexmodel.jobs import parse_job_mix
 from flexmodel.workload import MAIN_TYPES, POWER_W
@@ -136,7 +137,6 @@ def run_lab(
         )
         trace = watch(api, vtn, duration_s, requested, console)
         return report(api, jobs, requested, trace, out, console)
-    return 1
 
 
 def watch(
@@ -162,6 +162,10 @@ def watch(
             table.add_row("site power", f"{site['facility_power_kw']:.1f} kW")
             table.add_row("target", f"{target:.1f} kW")
             table.add_row("shed now", f"{site['shed_facility_kw']:.1f} kW of {requested:.1f} kW")
+            if events and events[0]["plan_id"] and status == "active":
+                plan = api.get(f"/v1/plans/{events[0]['plan_id']}").json()
+                for job in plan["jobs"]:
+                    table.add_row(f"  {job['id']}", f"cap {job['cap_w']:.0f} W")
             live.update(table)
             if status in ("completed", "cancelled", "opted_out", "failed") and (
                 time.monotonic() - begin > START_AFTER_S + duration_s + 8
@@ -217,10 +221,10 @@ def report(
         delay = (node["actuation_delay"] or {}).get("p99_s")
         half = min(periods.get(node["node"], [float("nan")])) / 2
         loops.add_row(
-            f"agent {node['node']} (per-GPU caps)",
+            f"agent {node['node']}",
             "-" if delay is None else f"{delay * 1000:.2f} ms",
             f"{half:.2f} s",
-            "safe (firmware caps)",
+            "-" if delay is None else ("below T/2" if delay < half else "[red]above T/2[/]"),
         )
     sync = api.get("/v1/sync").json()
     for loop in sync["loops"]:
@@ -236,8 +240,6 @@ def report(
     console.print(f"sync verdict: {sync['verdict']}")
     out.mkdir(parents=True, exist_ok=True)
     path = out / "lab-site-power.png"
-    from flexgate.plots import plot_lab
-
     plot_lab(trace, requested, path)
     (out / "lab-report.json").write_text(
         json.dumps(
