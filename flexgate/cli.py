@@ -511,7 +511,9 @@ def _cmd_mock_vtn(args: argparse.Namespace) -> int:
         raise BadInputError(f"{args.scenario}: no such file") from None
     except (ValueError, OSError) as exc:
         raise BadInputError(f"{args.scenario}: {exc}") from None
-    vtn = MockVtn(scenario, host=args.host, port=args.port).start()
+    vtn = MockVtn(
+        scenario, host=args.host, port=args.port, say=lambda line: print(line, flush=True)
+    ).start()
     print(f"mock VTN at {vtn.url}; waiting for a VEN (Ctrl-C stops)", file=sys.stderr)
     try:
         while True:

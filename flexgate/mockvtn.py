@@ -2,7 +2,7 @@
 
 A scenario is JSON (docs/openadr.md):
 
-    {"vtn_id": "MOCK_VTN", "poll_s": 1,
+    {"vtn_id": "MOCK_VTN", "poll_s": 1, "report_s": 10,
      "events": [{"signal_name": "LOAD_DISPATCH", "signal_type": "delta",
                  "start_offset_s": 10, "ramp_up_s": 5, "startafter_s": 0,
                  "intervals": [{"duration_s": 30, "value": -25}, {"duration_s": 30, "value": -10}],
@@ -10,7 +10,8 @@ A scenario is JSON (docs/openadr.md):
 
 Any VEN may register (its VEN id is its name). Each event is issued once the first VEN has
 registered, starting `start_offset_s` later; `cancel_after_s` cancels it that long after it
-was issued. Everything the VTN sends and hears is printed.
+was issued. With `report_s`, the VTN asks for the VEN's TELEMETRY_USAGE values at that
+granularity. Everything the VTN sends and hears is printed.
 
 openleadr 0.5.36's `add_event` drops the ramp-up period (it recomputes the active period from
 the intervals after setting it) and has no way to give `startafter`: both are written onto the
@@ -43,6 +44,7 @@ EVENT_FIELDS = {
 DEFAULT_SCENARIO: dict[str, Any] = {
     "vtn_id": "MOCK_VTN",
     "poll_s": 1,
+    "report_s": 10,
     "events": [
         {
             "signal_name": "LOAD_DISPATCH",
@@ -64,7 +66,7 @@ def check_scenario(doc: Any) -> None:
     """Refuse a scenario that cannot be issued, naming the problem."""
     if not isinstance(doc, dict) or not isinstance(doc.get("events"), list) or not doc["events"]:
         raise ValueError("a scenario needs a non-empty 'events' list")
-    unknown = set(doc) - {"vtn_id", "poll_s", "events"}
+    unknown = set(doc) - {"vtn_id", "poll_s", "report_s", "events"}
     if unknown:
         raise ValueError(f"scenario: unknown field(s) {sorted(unknown)}")
     for i, event in enumerate(doc["events"]):
@@ -106,6 +108,8 @@ class MockVtn:
             show_fingerprint=False,
         )
         self.server.add_handler("on_create_party_registration", self._register)
+        if scenario.get("report_s"):
+            self.server.add_handler("on_register_report", self._register_report)
         self.url = f"http://{host}:{port}/OpenADR2/Simple/2.0b"
         self.issued: list[dict[str, Any]] = []  #: {"event_id", "start", "end", "answer"}
         self._thread = threading.Thread(target=self._run, name="mock-vtn", daemon=True)
@@ -118,6 +122,29 @@ class MockVtn:
             self._ven = ven_id
             self.loop.call_later(0.5, self._issue_all)
         return ven_id, f"reg-{ven_id}"
+
+    async def _register_report(
+        self,
+        ven_id: str,
+        resource_id: str,
+        measurement: str,
+        unit: str,
+        scale: str,
+        min_sampling_interval: timedelta,
+        max_sampling_interval: timedelta,
+    ) -> tuple[Callable[[list[tuple[datetime, float]]], None], timedelta]:
+        """Ask for every value the VEN offers, every `report_s` seconds, and print it."""
+        unit_name = f"{'' if scale in (None, 'none') else scale}{unit or ''}"
+
+        def received(values: list[tuple[datetime, float]]) -> None:
+            for when, value in values:
+                at = f"{when:%H:%M:%S}"
+                self.say(
+                    f"VTN: report from '{ven_id}': {resource_id} = {value} {unit_name} at {at}"
+                )
+
+        wanted = timedelta(seconds=float(self.scenario["report_s"]))
+        return received, min(max(wanted, min_sampling_interval), max_sampling_interval)
 
     def _issue_all(self) -> None:
         assert self._ven is not None

@@ -10,11 +10,15 @@ is logged, stored as a failed event and answered with an opt-out.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import logging
 import random
+import time
+from datetime import timedelta
 from typing import Any
 
-from openleadr import OpenADRClient
+from openleadr import OpenADRClient, enums, objects
 
 from gateway.services.runtime import Gateway
 from gateway.signals import Party, Site, schedule
@@ -23,6 +27,17 @@ from gateway.store.models import EventRow, utcnow
 
 log = logging.getLogger("flexgate.ven")
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+#: The TELEMETRY_USAGE report offered to the VTN: one rID per value of `GET /v1/site`, in kW.
+REPORT_ID = "flexgate-site-usage"
+REPORT_VALUES = {
+    "facility_kw": "facility_power_kw",
+    "gpu_kw": "gpu_power_kw",
+    "shed_kw": "shed_facility_kw",
+}
+#: How often a report value may be sampled: the VTN picks its granularity in this range.
+SAMPLING = objects.SamplingRate(
+    min_period=timedelta(seconds=1), max_period=timedelta(hours=1), on_change=False
+)
 
 
 class Ven:
@@ -41,6 +56,19 @@ class Ven:
         self.client.add_handler("on_event", self.on_event)
         self.client.add_handler("on_update_event", self.on_event)
         self.client.add_hook("after_parse_xml", self.after_parse)
+        # A copy: openleadr writes the scale onto the measurement it is given.
+        kilowatts = dataclasses.replace(enums.MEASUREMENTS.REAL_POWER)
+        for r_id in REPORT_VALUES:
+            self.client.add_report(
+                callback=functools.partial(self.reading, r_id),
+                resource_id=r_id,
+                measurement=kilowatts,
+                scale="k",
+                report_specifier_id=REPORT_ID,
+                r_id=r_id,
+                sampling_rate=SAMPLING,
+            )
+        self._site: tuple[float, dict[str, Any]] | None = None
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
 
@@ -65,6 +93,13 @@ class Ven:
             self._task.cancel()
         if self.client.registration_id:
             await self.client.stop()
+
+    async def reading(self, r_id: str) -> float:
+        """One TELEMETRY_USAGE value: the site as `GET /v1/site` shows it, read once per sample."""
+        now = time.monotonic()
+        if self._site is None or now - self._site[0] > 0.5:
+            self._site = (now, await self.gateway.site())
+        return round(float(self._site[1][REPORT_VALUES[r_id]]), 3)
 
     async def after_parse(self, kind: str, payload: dict[str, Any]) -> None:
         """Implied cancellation: a distribute lists every event the VTN still holds for us."""

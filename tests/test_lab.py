@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from flexgate.mockvtn import check_scenario
+from flexgate.serve import free_port
+from tests.conftest import ROOT
 from tests.test_cli import assert_bad_input, flexgate, write
 
 
@@ -78,3 +84,68 @@ def test_mock_vtn_refuses_a_bad_scenario_file(tmp_path: Path) -> None:
     assert_bad_input(flexgate("mock-vtn", "--scenario", path), "missing 'signal_type'")
     assert_bad_input(flexgate("mock-vtn", "--scenario", tmp_path / "nope.json"), "no such file")
     assert_bad_input(flexgate("mock-vtn", "--scenario", write(tmp_path, "x.json", "{")), "x.json")
+
+
+@pytest.mark.timeout(120)
+def test_mock_vtn_issues_its_scenario_to_a_gateway_and_prints_both_sides(tmp_path: Path) -> None:
+    """Two real processes: `flexgate mock-vtn` and `flexgate gateway --lab` (no agents, so
+    the site can shed nothing and the gateway opts out, with its reason, and reports 0 kW)."""
+    scenario = {
+        "vtn_id": "MOCK_VTN",
+        "poll_s": 1,
+        "report_s": 1,
+        "events": [
+            {
+                "signal_name": "LOAD_DISPATCH",
+                "signal_type": "delta",
+                "start_offset_s": 3,
+                "ramp_up_s": 2,
+                "intervals": [{"duration_s": 5, "value": -1.5}],
+            }
+        ],
+    }
+    path = write(tmp_path, "scenario.json", scenario)
+    vtn_port, gw_port = free_port(), free_port()
+    command = [sys.executable, "-m", "flexgate.cli"]
+    vtn = subprocess.Popen(
+        [*command, "mock-vtn", "--scenario", str(path), "--port", str(vtn_port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+    )
+    env = {
+        **os.environ,
+        "FLEXGATE_DATABASE_URL": f"sqlite:///{tmp_path / 'gw.db'}",
+        "FLEXGATE_VTN_URL": f"http://127.0.0.1:{vtn_port}/OpenADR2/Simple/2.0b",
+        "FLEXGATE_VEN_NAME": "flexgate-cli",
+    }
+    gateway = subprocess.Popen(
+        [*command, "gateway", "--lab", "--port", str(gw_port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=ROOT,
+    )
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        assert vtn.stdout is not None
+        while time.monotonic() < deadline:
+            line = vtn.stdout.readline()
+            lines.append(line.strip())
+            if "report from 'flexgate-cli': shed_kw" in line and any(
+                "answered" in x for x in lines
+            ):
+                break
+    finally:
+        for process in (gateway, vtn):
+            process.terminate()
+            process.wait(10)
+        vtn.stdout.close()
+    text = "\n".join(lines)
+    assert "VTN: registered VEN 'flexgate-cli'" in text
+    assert "sent LOAD_DISPATCH/delta event" in text
+    assert "[-1.5]" in text
+    assert "answered optOut" in text  # nothing placed: the site can shed 0 kW
+    assert "report from 'flexgate-cli': facility_kw = 0.0 kW" in text

@@ -24,6 +24,7 @@ class Vtn:
         self.port = free_port()
         self.loop = asyncio.new_event_loop()
         self.answers: dict[str, str] = {}
+        self.reports: dict[str, list[float]] = {}  #: TELEMETRY_USAGE values by resource
         self.server = OpenADRServer(
             vtn_id="TEST_VTN",
             http_host="127.0.0.1",
@@ -32,11 +33,31 @@ class Vtn:
             show_fingerprint=False,
         )
         self.server.add_handler("on_create_party_registration", self.register)
+        self.server.add_handler("on_register_report", self.register_report)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.url = f"http://127.0.0.1:{self.port}/OpenADR2/Simple/2.0b"
 
     async def register(self, registration_info):
         return VEN_ID, "reg-1"
+
+    async def register_report(
+        self,
+        ven_id,
+        resource_id,
+        measurement,
+        unit,
+        scale,
+        min_sampling_interval,
+        max_sampling_interval,
+    ):
+        """Ask for every usage value at a 1 s granularity (openleadr's compact handler)."""
+        self.reports[resource_id] = []
+
+        def received(values):
+            self.reports[resource_id] += [value for _, value in values]
+
+        self.units = (unit, scale)
+        return received, max(min_sampling_interval, timedelta(seconds=1))
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -182,3 +203,17 @@ def test_an_event_the_vtn_stops_listing_is_cancelled_and_restored(vtn_site):
         lambda: all(w == 700.0 for ws in site.limits().values() for w in ws), what="the restore"
     )
     assert site.api.get(f"/v1/events/oadr-{kept}").json()["status"] == "pending"
+
+
+def test_the_ven_reports_site_usage_at_the_vtns_granularity(vtn_site):
+    site, vtn = vtn_site
+    site.wait(
+        lambda: all(len(vtn.reports.get(r, [])) >= 3 for r in ("facility_kw", "gpu_kw", "shed_kw")),
+        what="three TELEMETRY_USAGE reports of each value",
+    )
+    assert vtn.units == ("W", "k")
+    now = site.api.get("/v1/site").json()
+    facility, gpu = vtn.reports["facility_kw"][-1], vtn.reports["gpu_kw"][-1]
+    assert facility == pytest.approx(now["facility_power_kw"], rel=0.05)
+    assert facility == pytest.approx(now["overhead_factor"] * gpu, rel=1e-3)
+    assert vtn.reports["shed_kw"][-1] == pytest.approx(0.0, abs=0.1 * facility)  # no event
