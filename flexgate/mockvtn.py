@@ -197,9 +197,8 @@ class MockVtn:
         if ramp_up_s:
             utils.setmember(period, "ramp_up_period", timedelta(seconds=ramp_up_s))
         if startafter_s:
-            utils.setmember(
-                period, "tolerance", {"tolerate": {"startafter": timedelta(seconds=startafter_s)}}
-            )
+            # openleadr's template writes tolerance.startafter inside <tolerate>.
+            utils.setmember(period, "tolerance", {"startafter": timedelta(seconds=startafter_s)})
 
     def _cancel(self, ven_id: str, event_id: str) -> None:
         self.server.cancel_event(ven_id, event_id)

@@ -16,7 +16,8 @@ so the VEN and the tests share it. The signal's **name** decides what it means:
 Units come from the signal's `itemUnits` and `siScaleCode` (W, kW, MW); a signal without
 them is taken in kW. Intervals start at the event's dtstart plus the durations of those before
 them unless they carry their own; `startafter` shifts the whole schedule by a random offset in
-`[0, startafter]`; ramp-up is reported so caps can step down before the start. When several
+`[0, startafter]`; a ramp-up adds RAMP_STEPS intervals before the first one, stepping caps
+down so its target holds from its start. When several
 signals overlap, the strictest reduction holds in each time slice.
 """
 
@@ -32,6 +33,8 @@ from typing import Any
 
 #: Share of the baseline facility power each SIMPLE level sheds (0 to 3).
 LEVEL_SHARES = (0.0, 0.10, 0.25, 0.40)
+#: Ramp-up: caps step down in this many equal steps before the first interval starts.
+RAMP_STEPS = 3
 #: An open-ended event (duration 0) is scheduled for this long, until cancelled.
 OPEN_ENDED = timedelta(hours=24)
 _SCALE_TO_KW = {None: 1.0, "none": 1e-3, "k": 1.0, "M": 1e3, "G": 1e6}
@@ -133,7 +136,22 @@ def schedule(
     if out.opt_out_reason is None and not pieces:
         out.opt_out_reason = "no signal flexgate can act on: " + "; ".join(out.ignored or ["none"])
     out.intervals = [] if out.opt_out_reason else _strictest(pieces)
+    if out.intervals and out.ramp_up_s > 0:
+        out.intervals = _ramp(out.intervals[0], out.ramp_up_s) + out.intervals
     return out
+
+
+def _ramp(first: Interval, ramp_up_s: float) -> list[Interval]:
+    """Steps of 1/n, 2/n ... n/n of the first interval's reduction over the ramp-up before it,
+    so the target already holds when the interval starts."""
+    step = timedelta(seconds=ramp_up_s / RAMP_STEPS)
+    begin = first.start - RAMP_STEPS * step
+    return [
+        Interval(
+            begin + i * step, begin + (i + 1) * step, first.reduction_kw * (i + 1) / RAMP_STEPS
+        )
+        for i in range(RAMP_STEPS)
+    ]
 
 
 def _signal(signal: Mapping[str, Any], site: Site) -> tuple[list[float], str | None]:

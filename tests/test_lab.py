@@ -100,6 +100,7 @@ def test_mock_vtn_issues_its_scenario_to_a_gateway_and_prints_both_sides(tmp_pat
                 "signal_type": "delta",
                 "start_offset_s": 3,
                 "ramp_up_s": 2,
+                "startafter_s": 1,
                 "intervals": [{"duration_s": 5, "value": -1.5}],
             }
         ],

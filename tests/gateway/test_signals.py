@@ -162,7 +162,21 @@ def test_ramp_up_test_events_and_open_ended_intervals():
     assert plan.test is True  # the VEN answers a test event but never acts on it
     assert plan.ramp_up_s == 300
     assert plan.modification == 2
-    assert plan.end - plan.start == timedelta(hours=24)  # open-ended: until cancelled
+    # open-ended: until cancelled; the ramp-up's steps come before it
+    assert plan.end - plan.start == timedelta(hours=24, seconds=300)
+
+
+def test_ramp_up_steps_caps_down_before_the_first_interval_starts():
+    plan = schedule(event(signal("LOAD_DISPATCH", "delta", -90.0, -30.0), ramp=60), SITE)
+    assert [(i.start - T0, i.end - T0, i.reduction_kw) for i in plan.intervals] == [
+        (timedelta(seconds=-60), timedelta(seconds=-40), pytest.approx(30.0)),
+        (timedelta(seconds=-40), timedelta(seconds=-20), pytest.approx(60.0)),
+        (timedelta(seconds=-20), timedelta(0), pytest.approx(90.0)),
+        (timedelta(0), timedelta(minutes=30), 90.0),  # the target holds from the start
+        (timedelta(minutes=30), timedelta(minutes=60), 30.0),
+    ]
+    assert plan.start == T0 - timedelta(seconds=60)
+    assert schedule(event(signal("LOAD_DISPATCH", "delta", -90.0)), SITE).start == T0
 
 
 def test_targets_decide_whether_the_event_is_for_this_ven(shared):
