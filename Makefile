@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/sync_bench.py
 	$(BIN)/python bench/agent_bench.py
 	$(BIN)/python bench/gateway_bench.py
+	$(BIN)/python bench/ven_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

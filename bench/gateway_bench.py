@@ -53,6 +53,27 @@ def serve(args: list[str], url: str, env: dict[str, str] | None = None) -> subpr
     raise RuntimeError(f"{args} did not start")
 
 
+def gateway_env(database: Path, **settings: str) -> dict[str, str]:
+    """This process's environment without FLEXGATE_ variables, plus the bench's settings."""
+    return (
+        {k: v for k, v in os.environ.items() if not k.startswith("FLEXGATE_")}
+        | {
+            "FLEXGATE_DATABASE_URL": f"sqlite:///{database}",
+            "FLEXGATE_API_TOKEN": API_TOKEN,
+            "FLEXGATE_AGENT_TOKEN": TOKEN,
+            "FLEXGATE_LOG_LEVEL": "warning",
+        }
+        | {f"FLEXGATE_{k.upper()}": v for k, v in settings.items()}
+    )
+
+
+def serve_gateway(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """`flexgate gateway` on a free port with these settings: the process and its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    return serve(["-m", "flexgate.cli", "gateway", "--port", str(port)], f"{url}/health", env), url
+
+
 async def fan_out_rounds(base: str, nodes: int, rounds: int) -> dict[str, object]:
     totals, delays = [], []
     connector = aiohttp.TCPConnector(limit=nodes, keepalive_timeout=75)
@@ -150,20 +171,9 @@ def main() -> None:
         farm.wait()
 
     # Quotes: the gateway with a 1000-job mix (no agents) against a bare endpoint.
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXGATE_")} | {
-        "FLEXGATE_DATABASE_URL": f"sqlite:///{tmp / 'quotes.db'}",
-        "FLEXGATE_API_TOKEN": API_TOKEN,
-        "FLEXGATE_AGENT_TOKEN": TOKEN,
-        "FLEXGATE_LOG_LEVEL": "warning",
-    }
-    gateway = serve(
-        ["-m", "flexgate.cli", "gateway", "--port", str(port)],
-        f"http://127.0.0.1:{port}/health",
-        env,
-    )
+    env = gateway_env(tmp / "quotes.db")
+    gateway, url = serve_gateway(env)
     try:
-        url = f"http://127.0.0.1:{port}"
         mix = big_mix(1000, 0)
         for job in mix["jobs"]:
             job.pop("placement")
@@ -202,7 +212,7 @@ def main() -> None:
     mix_file = tmp / "mix.json"
     mix = big_mix(nodes, nodes)
     mix_file.write_text(json.dumps(mix))
-    farm_port, port = free_port(), free_port()
+    farm_port = free_port()
     farm = serve(
         ["bench/servers.py", "farm", str(farm_port), str(nodes), TOKEN, str(mix_file)],
         f"http://127.0.0.1:{farm_port}/nodes/n0000/health",
@@ -213,13 +223,9 @@ def main() -> None:
             f"http://127.0.0.1:{farm_port}/nodes/n{i:04d}" for i in range(nodes)
         ),
     }
-    gateway = serve(
-        ["-m", "flexgate.cli", "gateway", "--port", str(port)],
-        f"http://127.0.0.1:{port}/health",
-        env,
-    )
+    gateway, url = serve_gateway(env)
     try:
-        url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {API_TOKEN}"}
+        auth = {"Authorization": f"Bearer {API_TOKEN}"}
         with httpx.Client(base_url=url, timeout=60, headers=auth) as api:
             api.put("/v1/jobs", json=mix).raise_for_status()
             start = time.perf_counter()

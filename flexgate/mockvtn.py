@@ -151,7 +151,20 @@ class MockVtn:
         for spec in self.scenario["events"]:
             self._issue(self._ven, spec)
 
-    def _issue(self, ven_id: str, spec: dict[str, Any]) -> None:
+    def issue(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Issue one more event to the registered VEN now, from any thread; its record."""
+        check_scenario({"events": [spec]})
+        if self._ven is None:
+            raise RuntimeError("no VEN has registered yet")
+        ven_id = self._ven
+        return asyncio.run_coroutine_threadsafe(self._issue_async(ven_id, spec), self.loop).result(
+            10
+        )
+
+    async def _issue_async(self, ven_id: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._issue(ven_id, spec)
+
+    def _issue(self, ven_id: str, spec: dict[str, Any]) -> dict[str, Any]:
         start = datetime.now(UTC) + timedelta(seconds=float(spec.get("start_offset_s", 0)))
         intervals, cursor = [], start
         for iv in spec["intervals"]:
@@ -189,6 +202,7 @@ class MockVtn:
         )
         if spec.get("cancel_after_s") is not None:
             self.loop.call_later(float(spec["cancel_after_s"]), self._cancel, ven_id, event_id)
+        return record
 
     def _patch(self, ven_id: str, event_id: str, ramp_up_s: float, startafter_s: float) -> None:
         """Put back the ramp-up and add the startafter that openleadr's add_event leaves out."""

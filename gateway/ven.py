@@ -15,6 +15,7 @@ import functools
 import logging
 import random
 import time
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -69,6 +70,7 @@ class Ven:
                 sampling_rate=SAMPLING,
             )
         self._site: tuple[float, dict[str, Any]] | None = None
+        gateway.tell_vtn_opt_out = self.opt_out
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
 
@@ -100,6 +102,17 @@ class Ven:
         if self._site is None or now - self._site[0] > 0.5:
             self._site = (now, await self.gateway.site())
         return round(float(self._site[1][REPORT_VALUES[r_id]]), 3)
+
+    async def opt_out(self, event: EventRow) -> None:
+        """oadrCreatedEvent optOut for an event cancelled on the site; repeated if re-sent."""
+        assert event.external_id is not None
+        await self.client.created_event(
+            request_id=uuid.uuid4().hex,
+            event_id=event.external_id,
+            opt_type="optOut",
+            modification_number=event.modification,
+        )
+        self.client.responded_events[event.external_id] = "optOut"
 
     async def after_parse(self, kind: str, payload: dict[str, Any]) -> None:
         """Implied cancellation: a distribute lists every event the VTN still holds for us."""

@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -59,6 +60,8 @@ class Gateway:
         self._ramp: asyncio.Task[None] | None = None
         self.alarm = RayleighAlarm()
         self.phases: dict[str, float] = {}  #: job id -> phase [rad] at the last watch
+        #: Set by the VEN: tells the VTN we opted out of an event cancelled on our side.
+        self.tell_vtn_opt_out: Callable[[EventRow], Awaitable[None]] | None = None
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -334,12 +337,32 @@ class Gateway:
             raise NotFoundError(f"no event '{event_id}'")
         if event.status not in LIVE:
             raise ConflictError(f"event '{event_id}' is {event.status}: nothing to cancel")
+        if event.source == "openadr" and actor != "vtn":
+            await self._opt_out_locally(event_id, actor)
         self._move(event_id, LIVE, "cancelled", actor=actor)
         for job in (f"start-{event_id}", f"end-{event_id}"):
             if self.scheduler.get_job(job):
                 self.scheduler.remove_job(job)
         await self.apply_targets()
         return self.event(event_id)
+
+    async def _opt_out_locally(self, event_id: str, actor: str) -> None:
+        """An OpenADR event cancelled on our side: stored as an opt-out and the VTN told, first
+        (CONTRACT.md), waiting at most `dispatch_timeout_s` so the restore is never held up."""
+        with self.session() as s:
+            event = repo.get_event(s, event_id=event_id)
+            assert event is not None
+            event.opt, event.reason = "out", f"cancelled on the site by {actor}"
+            s.add(event)
+            s.commit()
+            s.refresh(event)
+        if self.tell_vtn_opt_out is not None:
+            try:
+                await asyncio.wait_for(
+                    self.tell_vtn_opt_out(event), self.settings.dispatch_timeout_s
+                )
+            except Exception:  # the GPUs are restored either way; say the VTN was not told
+                log.exception("event %s: the VTN could not be told of the opt-out", event_id)
 
     def _move(
         self, event_id: str, sources: tuple[str, ...], target: str, actor: str = "scheduler"

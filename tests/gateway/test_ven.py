@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from openleadr import OpenADRServer
+from openleadr import OpenADRServer, hooks
 
 from flexgate.serve import ServerThread, free_port
 from gateway.app import create_app
@@ -217,3 +217,28 @@ def test_the_ven_reports_site_usage_at_the_vtns_granularity(vtn_site):
     assert facility == pytest.approx(now["facility_power_kw"], rel=0.05)
     assert facility == pytest.approx(now["overhead_factor"] * gpu, rel=1e-3)
     assert vtn.reports["shed_kw"][-1] == pytest.approx(0.0, abs=0.1 * facility)  # no event
+
+
+def test_cancelling_an_openadr_event_on_the_site_restores_and_tells_the_vtn(vtn_site):
+    site, vtn = vtn_site
+    event_id = vtn.add_event("simple", "level", 2.0, datetime.now(UTC) + timedelta(seconds=1), 60)
+    site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="the VTN hearing optIn")
+    site.wait(lambda: any(w < 700 for ws in site.limits().values() for w in ws), what="caps")
+    heard: list[str] = []
+
+    async def created(message_type, payload):  # openleadr hands the first answer only
+        if message_type == "oadrCreatedEvent":
+            heard.extend(r["opt_type"] for r in payload["event_responses"])
+
+    hooks.register("before_handle", created)
+    try:
+        answer = site.api.delete(f"/v1/events/oadr-{event_id}", headers=API)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["status"] == "cancelled"
+        assert answer.json()["opt"] == "out"
+        site.wait(lambda: "optOut" in heard, what="the VTN hearing optOut")
+    finally:
+        hooks.HOOKS["before_handle"].remove(created)
+    site.wait(
+        lambda: all(w == 700.0 for ws in site.limits().values() for w in ws), what="the restore"
+    )
