@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ from gateway.settings import LAB_API_TOKEN, GatewaySettings
 TOLERANCE = 0.05
 START_AFTER_S = 8.0
 OVERHEAD_FACTOR = 1.3
+AGENT_TOKEN = "lab-agent-token-0123"
 
 
 def lab_jobs(nodes: int, gpus_per_node: int, seed: int = 7) -> list[dict[str, Any]]:
@@ -105,15 +107,16 @@ def run_lab(
     }
     vtn = MockVtn(scenario, port=free_port(), say=lambda line: console.print(f"[dim]{line}[/]"))
     with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, tmp, ignore_errors=True)  # last: after every server
         agents_url = stack.enter_context(
-            ServerThread(agent_app(agents, "lab-agent-token-0123", prefixed=True))
+            ServerThread(agent_app(agents, AGENT_TOKEN, prefixed=True))
         )
         stack.callback(vtn.stop)
         vtn.start()
         settings = GatewaySettings(
             database_url=f"sqlite:///{tmp / 'gateway.db'}",
             lab=True,
-            agent_token="lab-agent-token-0123",
+            agent_token=AGENT_TOKEN,
             overhead_factor=OVERHEAD_FACTOR,
             agents=",".join(f"{agents_url}/nodes/{n}" for n in names),
             lease_s=20.0,
