@@ -30,6 +30,8 @@ from typing import Any
 
 from openleadr import OpenADRServer, utils
 
+import gateway.ven  # noqa: F401  (hardens openleadr's XML parser for the VTN side too)
+
 EVENT_FIELDS = {
     "signal_name",
     "signal_type",

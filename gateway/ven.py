@@ -19,7 +19,8 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from openleadr import OpenADRClient, enums, objects
+from lxml import etree
+from openleadr import OpenADRClient, enums, messaging, objects
 
 from gateway.services.runtime import Gateway
 from gateway.signals import Party, Site, schedule
@@ -27,6 +28,15 @@ from gateway.store import repo
 from gateway.store.models import EventRow, utcnow
 
 log = logging.getLogger("flexgate.ven")
+
+# openleadr 0.5.36 parses every message with one module-level lxml parser that resolves
+# entities and loads DTDs: an entity-expansion ("billion laughs") message crashes the process
+# (a segfault with lxml 6 / libxml2 2.14), and external entities would be read. flexgate
+# replaces that parser, for its VEN and the mock VTN alike, with one that does neither: such a
+# message fails schema validation and is dropped.
+messaging.XML_PARSER = etree.XMLParser(
+    schema=messaging.XML_SCHEMA, resolve_entities=False, load_dtd=False, no_network=True
+)
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 #: The TELEMETRY_USAGE report offered to the VTN: one rID per value of `GET /v1/site`, in kW.
 REPORT_ID = "flexgate-site-usage"

@@ -9,6 +9,8 @@ seconds, so its clock is set to that moment.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
@@ -19,6 +21,7 @@ from openleadr import messaging, utils
 from flexgate.serve import free_port
 from gateway.settings import GatewaySettings
 from gateway.ven import Ven
+from tests.conftest import ROOT
 from tests.gateway.conftest import AGENT_TOKEN, API_TOKEN
 
 SIGNED_AT = datetime(2019, 9, 11, 20, 42, 0, tzinfo=UTC)
@@ -47,16 +50,20 @@ def test_a_ven_without_a_vtn_fingerprint_is_refused_outside_the_lab():
 
 
 def fetch(shared, name: str) -> tuple[str | None, dict]:
-    """What the VEN's client makes of `name` when the VTN replies with it."""
-    body = (shared / "vectors" / "openadr2b" / name).read_bytes()
-    der = (shared / "vectors" / "openadr2b" / "certificate-attached-to-signature.der").read_bytes()
+    """What the VEN's client makes of vector `name` when the VTN replies with it."""
+    vectors = shared / "vectors" / "openadr2b"
+    der = (vectors / "certificate-attached-to-signature.der").read_bytes()
+    body = (vectors / name).read_bytes()
+    return serve_to_ven(body, fingerprint=utils.certificate_fingerprint_from_der(der))
+
+
+def serve_to_ven(body: bytes, fingerprint: str | None) -> tuple[str | None, dict]:
+    """Reply `body` to the VEN's client from a loopback server; what the client hands back."""
     port = free_port()
+    pinned = {"vtn_fingerprint": fingerprint} if fingerprint else {"vtn_allow_unsigned": True}
     ven = Ven(
         SimpleNamespace(
-            settings=settings(
-                vtn_url=f"http://127.0.0.1:{port}/OpenADR2/Simple/2.0b",
-                vtn_fingerprint=utils.certificate_fingerprint_from_der(der),
-            )
+            settings=settings(vtn_url=f"http://127.0.0.1:{port}/OpenADR2/Simple/2.0b", **pinned)
         )
     )
 
@@ -116,3 +123,47 @@ def test_a_replayed_reply_is_rejected(shared, signing_clock):
 
 def test_a_good_reply_signed_long_ago_is_rejected(shared):
     assert fetch(shared, f"{PREFIX}.xml") == (None, {})
+
+
+def entity_bomb(levels: int = 9) -> bytes:
+    """The "billion laughs": 10**levels copies of "lol" from a few hundred bytes."""
+    entities = "".join(
+        f'<!ENTITY l{i} "{(f"&l{i - 1};" if i else "lol") * (10 if i else 1)}">'
+        for i in range(levels)
+    )
+    return (
+        f'<?xml version="1.0"?><!DOCTYPE p [{entities}]>'
+        f'<oadr:oadrPayload xmlns:oadr="http://openadr.org/oadr-2.0b/2012/07">&l{levels - 1};'
+        "</oadr:oadrPayload>"
+    ).encode()
+
+
+EXTERNAL_ENTITY = (
+    b'<?xml version="1.0"?><!DOCTYPE p [<!ENTITY e SYSTEM "file:///etc/passwd">]>'
+    b'<oadr:oadrPayload xmlns:oadr="http://openadr.org/oadr-2.0b/2012/07">&e;</oadr:oadrPayload>'
+)
+
+
+@pytest.mark.parametrize("payload", [entity_bomb(), EXTERNAL_ENTITY], ids=["bomb", "external"])
+def test_hostile_xml_is_rejected_without_expanding_anything(payload):
+    # In a child process: openleadr's own parser segfaults on the bomb, and a regression must
+    # fail this test, not kill the test session.
+    script = (
+        "import sys, gateway.ven\n"
+        "from openleadr import messaging\n"
+        "try:\n"
+        "    messaging.validate_xml_schema(sys.stdin.buffer.read())\n"
+        "    print('accepted')\n"
+        "except Exception as exc:\n"
+        "    print('rejected', type(exc).__name__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        input=payload,
+        capture_output=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 0, f"the parser crashed (exit {result.returncode})"
+    assert result.stdout.decode().split() == ["rejected", "XMLSyntaxError"]
