@@ -50,6 +50,10 @@ _ZERO = 1e-12
 Mask = NDArray[np.bool_]
 
 
+#: The shortest compute share analysed: below it |c_1|^2 underflows and the coupling is 0/0.
+MIN_DUTY = 1e-6
+
+
 def harmonic_power(m: ArrayLike, duty: ArrayLike) -> Array:
     """`|c_m|^2` of a two-level waveform with compute share `duty`."""
     m = np.asarray(m, dtype=float)
@@ -240,8 +244,11 @@ def _check(
 ) -> None:
     if np.any(~np.isfinite(period)) or np.any(period <= 0):
         raise FlexModelError("period_s must be positive")
-    if np.any(~np.isfinite(duty)) or np.any((duty <= 0) | (duty >= 1)):
-        raise FlexModelError("duty must lie strictly between 0 and 1 (a two-level waveform)")
+    if np.any(~np.isfinite(duty)) or np.any((duty < MIN_DUTY) | (duty > 1 - MIN_DUTY)):
+        raise FlexModelError(
+            f"duty must lie between {MIN_DUTY:g} and 1 - {MIN_DUTY:g} (a two-level waveform; "
+            "a share closer to 0 or 1 leaves no harmonic to couple through)"
+        )
     for name, value in (
         ("delay_s", delay_s),
         ("window_s", window_s),
