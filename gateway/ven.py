@@ -96,6 +96,11 @@ class Ven:
                 log.warning("VTN registration failed: %s", exc)
             if self.client.registration_id:
                 break
+            # openleadr closes its HTTP session when registration fails and would reuse the
+            # closed one on the next try: drop it so the next attempt opens a new one.
+            session = self.client.client_session
+            if session is not None and session.closed:
+                self.client.client_session = None
             await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
             attempt += 1
         self.registered = True

@@ -3,6 +3,7 @@ restores, a signal flexgate does not follow is an opt-out with its reason."""
 
 import asyncio
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -20,8 +21,8 @@ VEN_ID = "ven-flexgate"
 class Vtn:
     """openleadr's VTN in a thread of its own, asking VENs to poll every second."""
 
-    def __init__(self) -> None:
-        self.port = free_port()
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.loop = asyncio.new_event_loop()
         self.answers: dict[str, str] = {}
         self.reports: dict[str, list[float]] = {}  #: TELEMETRY_USAGE values by resource
@@ -104,6 +105,8 @@ class Vtn:
         self.loop.call_soon_threadsafe(self.server.cancel_event, VEN_ID, event_id)
 
     def stop(self) -> None:
+        if self.loop.is_closed():
+            return
         future = asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop)
         future.result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -242,3 +245,58 @@ def test_cancelling_an_openadr_event_on_the_site_restores_and_tells_the_vtn(vtn_
     site.wait(
         lambda: all(w == 700.0 for ws in site.limits().values() for w in ws), what="the restore"
     )
+
+
+def test_a_vtn_that_is_down_is_retried_and_stored_events_run_without_it(tmp_path, database_url):
+    """The VTN is unreachable when the gateway starts; the VEN keeps trying and registers when
+    it comes up. Once an event is stored, the VTN going away again changes nothing: the event
+    starts, caps are set, and it ends and restores on time."""
+    port = free_port()
+    jobs, nodes, agents = start_site(tmp_path, database_url)
+    with ServerThread(agents) as agents_url:
+        settings = GatewaySettings(
+            database_url=database_url,
+            api_token=API_TOKEN,
+            agent_token=AGENT_TOKEN,
+            agents=",".join(f"{agents_url}/nodes/{n}" for n in nodes),
+            lease_s=5.0,
+            reconcile_period_s=0.5,
+            recovery_ramp_s=0.2,
+            recovery_steps=1,
+            vtn_url=f"http://127.0.0.1:{port}/OpenADR2/Simple/2.0b",
+            vtn_allow_unsigned=True,
+            ven_name="flexgate-test",
+        )
+        with (
+            ServerThread(create_app(settings)) as url,
+            httpx.Client(base_url=url, timeout=20) as api,
+        ):
+            assert api.put("/v1/jobs", json={"jobs": jobs}, headers=API).status_code == 200
+            site = Site(api, nodes, settings)
+            time.sleep(2.0)  # a few failed attempts
+            assert api.get("/health").json()["ven"] == "registering"
+            vtn = Vtn(port)
+            vtn.thread.start()
+            try:
+                site.wait(
+                    lambda: api.get("/health").json()["ven"] == "registered",
+                    seconds=30,
+                    what="registration once the VTN is up",
+                )
+                event_id = vtn.add_event(
+                    "simple", "level", 2.0, datetime.now(UTC) + timedelta(seconds=3), 4
+                )
+                site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="optIn")
+            finally:
+                vtn.stop()  # the VTN goes away with the event stored
+            site.wait(
+                lambda: any(w < 700 for ws in site.limits().values() for w in ws), what="caps"
+            )
+            site.wait(
+                lambda: api.get(f"/v1/events/oadr-{event_id}").json()["status"] == "completed",
+                what="the event's end",
+            )
+            site.wait(
+                lambda: all(w == 700.0 for ws in site.limits().values() for w in ws),
+                what="the restore",
+            )
