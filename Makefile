@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench reliability clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "flexgate needs Python 3.11 or newer: set PYTHON=/path/to/python3.11")'
@@ -33,6 +33,13 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest
+
+reliability: $(STAMP)  # the fault, bad-input and security tests of docs/reliability.md
+	$(BIN)/pytest tests/agents/test_crash.py tests/agents/test_caps.py tests/agents/test_nvml.py \
+	    tests/agents/test_service.py tests/gateway/test_restart.py tests/gateway/test_events.py \
+	    tests/gateway/test_ven.py tests/gateway/test_ven_security.py tests/gateway/test_security.py \
+	    tests/gateway/test_api.py tests/gateway/test_store.py tests/gateway/test_signals.py \
+	    tests/test_cli_fuzz.py tests/test_lab.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/allocate_bench.py
