@@ -1,8 +1,10 @@
 """Reads behind FLEXGATE_READ_TOKEN, and HTTPS when a certificate and key are set."""
 
+import logging
 import shutil
 import ssl
 import subprocess
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from flexgate.serve import ServerThread
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from tests.gateway.conftest import AGENT_TOKEN, API_TOKEN
+from tests.gateway.conftest import AGENT_TOKEN, API, API_TOKEN
 
 READ_TOKEN = "read-token-0123456789abcdef"
 
@@ -88,3 +90,30 @@ def test_https_when_a_certificate_and_key_are_set(tmp_path):
             assert api.get("/health").json()["status"] == "ok"
     with pytest.raises(ValueError, match="go together"):
         settings(tmp_path, tls_cert=cert)
+
+
+def test_tokens_never_reach_the_logs(site, caplog):
+    """A whole event, wrong tokens included, logged at DEBUG by every logger in the process:
+    neither the API token nor the agent token appears."""
+    caplog.set_level(logging.DEBUG)
+    api = site.api
+    assert (
+        api.post("/v1/events", json={}, headers={"Authorization": "Bearer wrong"}).status_code
+        == 401
+    )
+    assert (
+        api.put(
+            "/v1/jobs", json={"jobs": []}, headers={"Authorization": f"Bearer {API_TOKEN}x"}
+        ).status_code
+        == 401
+    )
+    start = datetime.now(UTC).isoformat()
+    created = api.post(
+        "/v1/events", json={"reduction_kw": 5.0, "start": start, "duration_s": 2}, headers=API
+    )
+    assert created.status_code == 201, created.text
+    event = created.json()
+    site.wait(lambda: api.get(f"/v1/events/{event['id']}").json()["status"] == "completed")
+    assert caplog.records, "nothing was logged: the check would prove nothing"
+    for secret in (API_TOKEN, AGENT_TOKEN):
+        assert secret not in caplog.text
