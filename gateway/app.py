@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 
 from agents.protocol import validation_detail
 from flexmodel.errors import FlexModelError
@@ -16,6 +18,8 @@ from gateway.errors import GatewayError
 from gateway.services.runtime import Gateway
 from gateway.settings import GatewaySettings, get_settings
 from gateway.store.db import open_engine
+
+log = logging.getLogger("flexgate.gateway")
 
 
 def create_app(settings: GatewaySettings | None = None) -> FastAPI:
@@ -59,6 +63,12 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     @app.exception_handler(FlexModelError)
     async def model_error(_: Request, exc: FlexModelError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(OperationalError)
+    async def store_down(_: Request, exc: OperationalError) -> JSONResponse:
+        log.warning("store unreachable: %s", exc.orig)
+        detail = "the store is unreachable: nothing was changed; try again"
+        return JSONResponse({"detail": detail}, status_code=503, headers={"Retry-After": "5"})
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -6,8 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import ValidationError
+from sqlalchemy.exc import OperationalError
 
 from flexmodel.phases import MIN_JOBS_FOR_RAYLEIGH, order_parameters, rayleigh_threshold
 from gateway.api.deps import READ, GatewayDep, Writer
@@ -33,17 +34,23 @@ v1 = APIRouter(prefix="/v1", dependencies=READ)
 
 
 @router.get("/health", response_model=Health)
-async def health(request: Request, gateway: GatewayDep) -> dict[str, Any]:
-    with gateway.session() as s:
-        repo.list_events(s, statuses=("active",))  # the store answers
-    return {
-        "status": "ok",
-        "store": "ok",
+async def health(request: Request, gateway: GatewayDep) -> Any:
+    """200 when the store answers; 503 "unhealthy" (with the same fields) when it does not."""
+    try:
+        with gateway.session() as s:
+            repo.list_events(s, statuses=("active",))
+        store = "ok"
+    except OperationalError as exc:
+        store = f"unreachable: {type(exc.orig).__name__}"
+    doc = {
+        "status": "ok" if store == "ok" else "unhealthy",
+        "store": store,
         "scheduler": gateway.scheduler.running,
         "agents_configured": len(gateway.settings.agent_urls),
         "agents_known": len(gateway.nodes),
         "ven": _ven_state(request),
     }
+    return doc if store == "ok" else JSONResponse(doc, status_code=503)
 
 
 def _ven_state(request: Request) -> str | None:

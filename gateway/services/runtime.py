@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
 from agents.protocol import CapCommand
@@ -483,6 +484,13 @@ class Gateway:
             timeout_s=self.settings.dispatch_timeout_s,
             retries=self.settings.dispatch_retries,
         )
+        try:
+            self._store_acks(acks)
+        except OperationalError as exc:  # the agents have their caps; only the record is missing
+            log.warning("store unreachable: %d acks not recorded (%s)", len(acks), exc)
+        return acks
+
+    def _store_acks(self, acks: list[Ack]) -> None:
         with self.session() as s:
             for ack in acks:
                 repo.add_command(
@@ -501,7 +509,6 @@ class Gateway:
                     ),
                 )
             s.commit()
-        return acks
 
     async def watch_phases(self) -> None:
         """The jobs' phases from the agents, and the Rayleigh alarm (three windows held)."""
@@ -516,14 +523,28 @@ class Gateway:
             self.alarm.update(list(self.phases.values()))
 
     async def reconcile(self) -> None:
-        """Renew leases and put back what drifted: the desired state again, same generation."""
+        """Renew leases and put back what drifted: the desired state again, same generation.
+
+        Leases are renewed from memory, so an unreachable store does not drop caps mid-event;
+        events whose start or end was missed meanwhile are caught up once it answers again."""
         await self.discover()
         await self.watch_phases()
-        if self.generation is None or not self.nodes:
-            return
-        async with self._lock:
-            if self.generation is not None:
-                await self._send()
+        if self.generation is not None and self.nodes:
+            async with self._lock:
+                if self.generation is not None:
+                    await self._send()
+        await self._catch_up()
+
+    async def _catch_up(self) -> None:
+        """Start and end the events whose scheduled moment passed while the store was down."""
+        now = utcnow()
+        with self.session() as s:
+            live = repo.list_events(s, statuses=LIVE)
+        for event in live:
+            if as_utc(event.end) <= now:
+                await self.end_event(event.id)
+            elif event.status == "pending" and as_utc(event.start) <= now:
+                await self.start_event(event.id)
 
     # --- what the site does ----------------------------------------------------------------
 

@@ -3,6 +3,7 @@ caps, the new gateway takes over the leases and restores at the end."""
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,11 +12,21 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, text
 
-from flexgate.serve import ServerThread
-from tests.agents.test_crash import free_port
+from flexgate.serve import ServerThread, free_port
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
 from tests.conftest import ROOT
-from tests.gateway.conftest import AGENT_TOKEN, API, API_TOKEN, Site, start_site
+from tests.gateway.conftest import (
+    AGENT_TOKEN,
+    API,
+    API_TOKEN,
+    POSTGRES,
+    Site,
+    postgres_available,
+    start_site,
+)
 
 
 @pytest.fixture(params=["sqlite"])
@@ -106,3 +117,81 @@ def test_gateway_killed_mid_event_resumes(tmp_path, database_url):
             stack.close()
             gateway.terminate()
             gateway.wait(timeout=10)
+
+
+def pg_ctl(action: str) -> None:
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action, "-m", "fast"]
+        if action == "stop"
+        else ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    if action == "start":
+        deadline = time.monotonic() + 30
+        while subprocess.run(["pg_isready", "-h", "127.0.0.1", "-q"], check=False).returncode:
+            assert time.monotonic() < deadline, "PostgreSQL did not come back"
+            time.sleep(0.2)
+
+
+@pytest.mark.skipif(
+    shutil.which("pg_ctlcluster") is None or os.geteuid() != 0 or "127.0.0.1" not in POSTGRES,
+    reason="restarting PostgreSQL needs pg_ctlcluster, root and a local server (CI has them)",
+)
+def test_postgresql_restarted_mid_event(tmp_path):
+    """The store goes away mid-event: /health says unhealthy (503), writes are refused with
+    503 and change nothing, the caps stay (leases renewed from memory). When it is back the
+    gateway answers again, the event is still active, and cancelling it restores."""
+    if not postgres_available():
+        pytest.fail(f"no PostgreSQL at {POSTGRES}")
+    engine = create_engine(POSTGRES)
+    with engine.begin() as connection:
+        connection.execute(text("drop schema public cascade; create schema public"))
+    engine.dispose()
+    jobs, nodes, agents = start_site(tmp_path, POSTGRES)
+    with ServerThread(agents) as agents_url:
+        settings = GatewaySettings(
+            database_url=POSTGRES,
+            api_token=API_TOKEN,
+            agent_token=AGENT_TOKEN,
+            agents=",".join(f"{agents_url}/nodes/{n}" for n in nodes),
+            lease_s=4.0,
+            reconcile_period_s=0.5,
+            recovery_ramp_s=0.2,
+            recovery_steps=1,
+        )
+        with (
+            ServerThread(create_app(settings)) as url,
+            httpx.Client(base_url=url, timeout=20) as api,
+        ):
+            site = Site(api, nodes, settings)
+            assert api.put("/v1/jobs", json={"jobs": jobs}, headers=API).status_code == 200
+            start = datetime.now(UTC).isoformat()
+            body = {"reduction_kw": 15, "start": start, "duration_s": 120}
+            event = api.post("/v1/events", headers=API, json=body).json()
+            site.wait(
+                lambda: any(w < 700 for ws in site.limits().values() for w in ws), what="caps"
+            )
+            capped = site.limits()
+            pg_ctl("stop")
+            try:
+                health = api.get("/health")
+                assert health.status_code == 503
+                assert health.json()["status"] == "unhealthy"
+                refused = api.post("/v1/events", headers=API, json=body)
+                assert refused.status_code == 503
+                assert "store is unreachable" in refused.json()["detail"]
+                time.sleep(6.0)  # past the 4 s lease: renewed from memory
+                assert site.limits() == capped
+            finally:
+                pg_ctl("start")
+            site.wait(lambda: api.get("/health").status_code == 200, what="the store back")
+            assert api.get(f"/v1/events/{event['id']}").json()["status"] == "active"
+            assert len(api.get("/v1/events").json()["events"]) == 1  # the refused one is not there
+            assert api.delete(f"/v1/events/{event['id']}", headers=API).status_code == 200
+            site.wait(
+                lambda: all(w == 700.0 for ws in site.limits().values() for w in ws),
+                what="the restore",
+            )
