@@ -5,6 +5,10 @@ frequency the VTN asks for (openleadr's `show_fingerprint=False`: nothing printe
 is turned into a schedule (`gateway.signals`), **stored, then answered** (`Gateway.accept_openadr`):
 opt in or out with the reason. This handler is the one place that catches everything: a failure
 is logged, stored as a failed event and answered with an opt-out.
+
+Also here: implied cancellation (an event the VTN stops listing), target filtering, the
+TELEMETRY_USAGE report, the opt-out sent when the site cancels an OpenADR event, and the
+hardened XML parser (docs/openadr.md).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ log = logging.getLogger("flexgate.ven")
 messaging.XML_PARSER = etree.XMLParser(
     schema=messaging.XML_SCHEMA, resolve_entities=False, load_dtd=False, no_network=True
 )
+
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 #: The TELEMETRY_USAGE report offered to the VTN: one rID per value of `GET /v1/site`, in kW.
 REPORT_ID = "flexgate-site-usage"
@@ -133,7 +138,8 @@ class Ven:
         """Implied cancellation: a distribute lists every event the VTN still holds for us."""
         if kind != "oadrDistributeEvent":
             return
-        listed = {str(e.get("event_descriptor", {}).get("event_id")) for e in payload["events"]}
+        events = payload.get("events") or []  # an empty distribute cancels every event
+        listed = {str(e.get("event_descriptor", {}).get("event_id")) for e in events}
         for event_id in await self.gateway.cancel_unlisted_openadr(listed):
             log.info("event %s: no longer listed by the VTN, cancelled", event_id)
 
