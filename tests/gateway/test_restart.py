@@ -136,14 +136,15 @@ def pg_ctl(action: str) -> None:
             time.sleep(0.2)
 
 
-@pytest.mark.skipif(
+NEEDS_LOCAL_POSTGRES = pytest.mark.skipif(
     shutil.which("pg_ctlcluster") is None or os.geteuid() != 0 or "127.0.0.1" not in POSTGRES,
     reason="restarting PostgreSQL needs pg_ctlcluster, root and a local server (CI has them)",
 )
-def test_postgresql_restarted_mid_event(tmp_path):
-    """The store goes away mid-event: /health says unhealthy (503), writes are refused with
-    503 and change nothing, the caps stay (leases renewed from memory). When it is back the
-    gateway answers again, the event is still active, and cancelling it restores."""
+
+
+@contextlib.contextmanager
+def postgres_site(tmp_path):
+    """A gateway on a clean PostgreSQL database, its agents, and the job mix put."""
     if not postgres_available():
         pytest.fail(f"no PostgreSQL at {POSTGRES}")
     engine = create_engine(POSTGRES)
@@ -166,32 +167,64 @@ def test_postgresql_restarted_mid_event(tmp_path):
             ServerThread(create_app(settings)) as url,
             httpx.Client(base_url=url, timeout=20) as api,
         ):
-            site = Site(api, nodes, settings)
             assert api.put("/v1/jobs", json={"jobs": jobs}, headers=API).status_code == 200
-            start = datetime.now(UTC).isoformat()
-            body = {"reduction_kw": 15, "start": start, "duration_s": 120}
-            event = api.post("/v1/events", headers=API, json=body).json()
-            site.wait(
-                lambda: any(w < 700 for ws in site.limits().values() for w in ws), what="caps"
-            )
-            capped = site.limits()
-            pg_ctl("stop")
-            try:
-                health = api.get("/health")
-                assert health.status_code == 503
-                assert health.json()["status"] == "unhealthy"
-                refused = api.post("/v1/events", headers=API, json=body)
-                assert refused.status_code == 503
-                assert "store is unreachable" in refused.json()["detail"]
-                time.sleep(6.0)  # past the 4 s lease: renewed from memory
-                assert site.limits() == capped
-            finally:
-                pg_ctl("start")
-            site.wait(lambda: api.get("/health").status_code == 200, what="the store back")
-            assert api.get(f"/v1/events/{event['id']}").json()["status"] == "active"
-            assert len(api.get("/v1/events").json()["events"]) == 1  # the refused one is not there
-            assert api.delete(f"/v1/events/{event['id']}", headers=API).status_code == 200
-            site.wait(
-                lambda: all(w == 700.0 for ws in site.limits().values() for w in ws),
-                what="the restore",
-            )
+            yield Site(api, nodes, settings)
+
+
+def capped(site):
+    return any(w < 700 for ws in site.limits().values() for w in ws)
+
+
+def restored(site):
+    return all(w == 700.0 for ws in site.limits().values() for w in ws)
+
+
+@NEEDS_LOCAL_POSTGRES
+def test_postgresql_restarted_mid_event(tmp_path):
+    """The store goes away mid-event: /health says unhealthy (503), writes are refused with
+    503 and change nothing, the caps stay (leases renewed from memory). When it is back the
+    gateway answers again, the event is still active, and cancelling it restores."""
+    with postgres_site(tmp_path) as site:
+        api = site.api
+        body = {"reduction_kw": 15, "start": datetime.now(UTC).isoformat(), "duration_s": 120}
+        event = api.post("/v1/events", headers=API, json=body).json()
+        site.wait(lambda: capped(site), what="caps")
+        caps = site.limits()
+        pg_ctl("stop")
+        try:
+            health = api.get("/health")
+            assert health.status_code == 503
+            assert health.json()["status"] == "unhealthy"
+            refused = api.post("/v1/events", headers=API, json=body)
+            assert refused.status_code == 503
+            assert "store is unreachable" in refused.json()["detail"]
+            time.sleep(6.0)  # past the 4 s lease: renewed from memory
+            assert site.limits() == caps
+        finally:
+            pg_ctl("start")
+        site.wait(lambda: api.get("/health").status_code == 200, what="the store back")
+        assert api.get(f"/v1/events/{event['id']}").json()["status"] == "active"
+        assert len(api.get("/v1/events").json()["events"]) == 1  # the refused one is not there
+        assert api.delete(f"/v1/events/{event['id']}", headers=API).status_code == 200
+        site.wait(lambda: restored(site), what="the restore")
+
+
+@NEEDS_LOCAL_POSTGRES
+def test_an_event_that_ends_while_postgresql_is_down_ends_when_it_returns(tmp_path):
+    """The end falls in the outage: the scheduled end cannot be stored, so the caps hold until
+    the store is back, and the next reconciliation ends the event and restores."""
+    with postgres_site(tmp_path) as site:
+        api = site.api
+        body = {"reduction_kw": 15, "start": datetime.now(UTC).isoformat(), "duration_s": 4}
+        event = api.post("/v1/events", headers=API, json=body).json()
+        site.wait(lambda: capped(site), what="caps")
+        pg_ctl("stop")
+        try:
+            time.sleep(6.0)  # the end passes while the store is down
+        finally:
+            pg_ctl("start")
+        site.wait(
+            lambda: api.get(f"/v1/events/{event['id']}").json()["status"] == "completed",
+            what="the event ended once the store answers",
+        )
+        site.wait(lambda: restored(site), what="the restore")
