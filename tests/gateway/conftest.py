@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -111,19 +112,23 @@ def start_site(tmp_path, database_url, **overrides):
     return jobs, nodes, agent_app(list(nodes.values()), AGENT_TOKEN, prefixed=True)
 
 
-@pytest.fixture
-def site(tmp_path, database_url):
+@contextlib.contextmanager
+def running_site(tmp_path, database_url, **changes):
+    """Agents and a gateway (short timers; `changes` override settings), the job mix put."""
     jobs, nodes, agents = start_site(tmp_path, database_url)
     with ServerThread(agents) as agents_url:
         settings = GatewaySettings(
-            database_url=database_url,
-            api_token=API_TOKEN,
-            agent_token=AGENT_TOKEN,
-            agents=",".join(f"{agents_url}/nodes/{n}" for n in nodes),
-            lease_s=5.0,
-            reconcile_period_s=0.5,
-            recovery_ramp_s=0.4,
-            recovery_steps=2,
+            **{
+                "database_url": database_url,
+                "api_token": API_TOKEN,
+                "agent_token": AGENT_TOKEN,
+                "agents": ",".join(f"{agents_url}/nodes/{n}" for n in nodes),
+                "lease_s": 5.0,
+                "reconcile_period_s": 0.5,
+                "recovery_ramp_s": 0.4,
+                "recovery_steps": 2,
+                **changes,
+            }
         )
         with (
             ServerThread(create_app(settings)) as url,
@@ -132,6 +137,12 @@ def site(tmp_path, database_url):
             answer = api.put("/v1/jobs", json={"jobs": jobs}, headers=API)
             assert answer.status_code == 200, answer.text
             yield Site(api, nodes, settings)
+
+
+@pytest.fixture
+def site(tmp_path, database_url):
+    with running_site(tmp_path, database_url) as site:
+        yield site
 
 
 def now_iso() -> str:

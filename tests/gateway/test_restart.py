@@ -15,8 +15,6 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from flexgate.serve import ServerThread, free_port
-from gateway.app import create_app
-from gateway.settings import GatewaySettings
 from tests.conftest import ROOT
 from tests.gateway.conftest import (
     AGENT_TOKEN,
@@ -25,6 +23,7 @@ from tests.gateway.conftest import (
     POSTGRES,
     Site,
     postgres_available,
+    running_site,
     start_site,
 )
 
@@ -151,24 +150,10 @@ def postgres_site(tmp_path):
     with engine.begin() as connection:
         connection.execute(text("drop schema public cascade; create schema public"))
     engine.dispose()
-    jobs, nodes, agents = start_site(tmp_path, POSTGRES)
-    with ServerThread(agents) as agents_url:
-        settings = GatewaySettings(
-            database_url=POSTGRES,
-            api_token=API_TOKEN,
-            agent_token=AGENT_TOKEN,
-            agents=",".join(f"{agents_url}/nodes/{n}" for n in nodes),
-            lease_s=4.0,
-            reconcile_period_s=0.5,
-            recovery_ramp_s=0.2,
-            recovery_steps=1,
-        )
-        with (
-            ServerThread(create_app(settings)) as url,
-            httpx.Client(base_url=url, timeout=20) as api,
-        ):
-            assert api.put("/v1/jobs", json={"jobs": jobs}, headers=API).status_code == 200
-            yield Site(api, nodes, settings)
+    with running_site(
+        tmp_path, POSTGRES, lease_s=4.0, recovery_ramp_s=0.2, recovery_steps=1
+    ) as site:
+        yield site
 
 
 def capped(site):

@@ -6,14 +6,11 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 
-import httpx
 import pytest
 from openleadr import OpenADRServer, hooks
 
-from flexgate.serve import ServerThread, free_port
-from gateway.app import create_app
-from gateway.settings import GatewaySettings
-from tests.gateway.conftest import AGENT_TOKEN, API, API_TOKEN, Site, start_site
+from flexgate.serve import free_port
+from tests.gateway.conftest import API, running_site
 
 VEN_ID = "ven-flexgate"
 
@@ -119,37 +116,23 @@ def database_url(tmp_path):
     return f"sqlite:///{tmp_path / 'gateway.db'}"
 
 
+SHORT = {"recovery_ramp_s": 0.2, "recovery_steps": 1, "ven_name": "flexgate-test"}
+
+
 @pytest.fixture
 def vtn_site(tmp_path, database_url):
     vtn = Vtn()
     vtn.thread.start()
-    jobs, nodes, agents = start_site(tmp_path, database_url)
     try:
-        with ServerThread(agents) as agents_url:
-            settings = GatewaySettings(
-                database_url=database_url,
-                api_token=API_TOKEN,
-                agent_token=AGENT_TOKEN,
-                agents=",".join(f"{agents_url}/nodes/{n}" for n in nodes),
-                lease_s=5.0,
-                reconcile_period_s=0.5,
-                recovery_ramp_s=0.2,
-                recovery_steps=1,
-                vtn_url=vtn.url,
-                vtn_allow_unsigned=True,  # openleadr's test VTN has no certificate
-                ven_name="flexgate-test",
+        # openleadr's test VTN has no certificate
+        with running_site(
+            tmp_path, database_url, vtn_url=vtn.url, vtn_allow_unsigned=True, **SHORT
+        ) as site:
+            site.wait(
+                lambda: site.api.get("/health").json()["ven"] == "registered",
+                what="the VEN's registration",
             )
-            with (
-                ServerThread(create_app(settings)) as url,
-                httpx.Client(base_url=url, timeout=20) as api,
-            ):
-                assert api.put("/v1/jobs", json={"jobs": jobs}, headers=API).status_code == 200
-                site = Site(api, nodes, settings)
-                site.wait(
-                    lambda: api.get("/health").json()["ven"] == "registered",
-                    what="the VEN's registration",
-                )
-                yield site, vtn
+            yield site, vtn
     finally:
         vtn.stop()
 
@@ -252,51 +235,33 @@ def test_a_vtn_that_is_down_is_retried_and_stored_events_run_without_it(tmp_path
     it comes up. Once an event is stored, the VTN going away again changes nothing: the event
     starts, caps are set, and it ends and restores on time."""
     port = free_port()
-    jobs, nodes, agents = start_site(tmp_path, database_url)
-    with ServerThread(agents) as agents_url:
-        settings = GatewaySettings(
-            database_url=database_url,
-            api_token=API_TOKEN,
-            agent_token=AGENT_TOKEN,
-            agents=",".join(f"{agents_url}/nodes/{n}" for n in nodes),
-            lease_s=5.0,
-            reconcile_period_s=0.5,
-            recovery_ramp_s=0.2,
-            recovery_steps=1,
-            vtn_url=f"http://127.0.0.1:{port}/OpenADR2/Simple/2.0b",
-            vtn_allow_unsigned=True,
-            ven_name="flexgate-test",
+    url = f"http://127.0.0.1:{port}/OpenADR2/Simple/2.0b"
+    with running_site(
+        tmp_path, database_url, vtn_url=url, vtn_allow_unsigned=True, **SHORT
+    ) as site:
+        api = site.api
+        time.sleep(2.0)  # a few failed attempts
+        assert api.get("/health").json()["ven"] == "registering"
+        vtn = Vtn(port)
+        vtn.thread.start()
+        try:
+            site.wait(
+                lambda: api.get("/health").json()["ven"] == "registered",
+                seconds=30,
+                what="registration once the VTN is up",
+            )
+            event_id = vtn.add_event(
+                "simple", "level", 2.0, datetime.now(UTC) + timedelta(seconds=3), 4
+            )
+            site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="optIn")
+        finally:
+            vtn.stop()  # the VTN goes away with the event stored
+        site.wait(lambda: any(w < 700 for ws in site.limits().values() for w in ws), what="caps")
+        site.wait(
+            lambda: api.get(f"/v1/events/oadr-{event_id}").json()["status"] == "completed",
+            what="the event's end",
         )
-        with (
-            ServerThread(create_app(settings)) as url,
-            httpx.Client(base_url=url, timeout=20) as api,
-        ):
-            assert api.put("/v1/jobs", json={"jobs": jobs}, headers=API).status_code == 200
-            site = Site(api, nodes, settings)
-            time.sleep(2.0)  # a few failed attempts
-            assert api.get("/health").json()["ven"] == "registering"
-            vtn = Vtn(port)
-            vtn.thread.start()
-            try:
-                site.wait(
-                    lambda: api.get("/health").json()["ven"] == "registered",
-                    seconds=30,
-                    what="registration once the VTN is up",
-                )
-                event_id = vtn.add_event(
-                    "simple", "level", 2.0, datetime.now(UTC) + timedelta(seconds=3), 4
-                )
-                site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="optIn")
-            finally:
-                vtn.stop()  # the VTN goes away with the event stored
-            site.wait(
-                lambda: any(w < 700 for ws in site.limits().values() for w in ws), what="caps"
-            )
-            site.wait(
-                lambda: api.get(f"/v1/events/oadr-{event_id}").json()["status"] == "completed",
-                what="the event's end",
-            )
-            site.wait(
-                lambda: all(w == 700.0 for ws in site.limits().values() for w in ws),
-                what="the restore",
-            )
+        site.wait(
+            lambda: all(w == 700.0 for ws in site.limits().values() for w in ws),
+            what="the restore",
+        )
