@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -83,6 +84,8 @@ def run_lab(
     console: Console | None = None,
 ) -> int:
     console = console or Console()
+    # openleadr's advice to VTN implementers (ven_lookup, report handlers) is not for lab users.
+    logging.getLogger("openleadr").setLevel(logging.ERROR)
     jobs = lab_jobs(nodes, gpus_per_node)
     mix = parse_job_mix({"overhead_factor": OVERHEAD_FACTOR, "jobs": jobs})
     attributable = OVERHEAD_FACTOR * sum(j.gpus * j.power_w for j in mix.jobs) / 1000.0

@@ -21,6 +21,8 @@ queued event right after `add_event`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import threading
 from collections.abc import Callable
@@ -222,7 +224,8 @@ class MockVtn:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self.server.run())
+        with contextlib.redirect_stdout(io.StringIO()):  # openleadr's banner; we say the URL
+            self.loop.run_until_complete(self.server.run())
         self.loop.run_forever()
 
     def start(self) -> MockVtn:

@@ -83,6 +83,7 @@ class Ven:
                 report_specifier_id=REPORT_ID,
                 r_id=r_id,
                 sampling_rate=SAMPLING,
+                report_duration=timedelta(hours=1),  # the buffer the VTN may ask back over
             )
         self._site: tuple[float, dict[str, Any]] | None = None
         gateway.tell_vtn_opt_out = self.opt_out
