@@ -146,3 +146,32 @@ def validation_detail(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
         {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
         for e in errors
     ]
+
+
+class FieldError(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class Problem(BaseModel):
+    """Every error answer of both services: what was wrong, in words. A malformed request
+    (422) lists where and what; a request the model refuses says it in one sentence."""
+
+    detail: str | list[FieldError]
+
+
+_PROBLEMS = {
+    400: "the body is not valid JSON",
+    401: "no valid bearer token",
+    404: "no such resource",
+    409: "the request conflicts with the current state",
+    422: "a malformed request, or one the model refuses; nothing was changed",
+    502: "the GPU or its driver failed",
+    503: "the store is unreachable; nothing was changed (Retry-After)",
+}
+
+
+def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error codes, all answered as `Problem`."""
+    return {code: {"model": Problem, "description": _PROBLEMS[code]} for code in codes}

@@ -35,6 +35,7 @@ from agents.protocol import (
     Health,
     RestoreResponse,
     TelemetryResponse,
+    problems,
     validation_detail,
 )
 from agents.state import OriginalLimits
@@ -110,7 +111,7 @@ def node_router(resolve: Callable[..., Any], token: str, prefix: str = "") -> AP
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
             raise UnauthorizedError("a valid bearer token is required to change limits")
 
-    router = APIRouter(prefix=prefix)
+    router = APIRouter(prefix=prefix, responses=problems(404, 422) if prefix else None)
     auth = [Depends(authorised)]
     here = Depends(resolve)  # a default, not an annotation: resolved when the route is made
 
@@ -129,14 +130,21 @@ def node_router(resolve: Callable[..., Any], token: str, prefix: str = "") -> AP
     def gpus(node: AgentNode = here) -> GpusResponse:
         return node.gpus()
 
-    @router.put("/v1/caps", response_model=CapResponse, dependencies=auth)
+    @router.put(
+        "/v1/caps",
+        response_model=CapResponse,
+        dependencies=auth,
+        responses=problems(400, 401, 409, 422, 502),
+    )
     async def put_caps(command: CapCommand, node: AgentNode = here) -> CapResponse:
         received = node.controller.clock()
         if node.backend.kind == "sim":  # microseconds: no thread hop
             return node.controller.apply(command, received)
         return await run_in_threadpool(node.controller.apply, command, received)  # NVML blocks
 
-    @router.delete("/v1/caps", response_model=RestoreResponse, dependencies=auth)
+    @router.delete(
+        "/v1/caps", response_model=RestoreResponse, dependencies=auth, responses=problems(401, 502)
+    )
     def delete_caps(node: AgentNode = here) -> RestoreResponse:
         return RestoreResponse(results=node.controller.restore_all())
 

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 
+from agents.protocol import problems
 from flexmodel.phases import MIN_JOBS_FOR_RAYLEIGH, order_parameters, rayleigh_threshold
 from gateway.api.deps import READ, GatewayDep, Writer
 from gateway.api.schemas import (
@@ -30,10 +31,14 @@ from gateway.store import repo
 from gateway.store.models import EventRow, as_utc, utcnow
 
 router = APIRouter()
-v1 = APIRouter(prefix="/v1", dependencies=READ)
+v1 = APIRouter(prefix="/v1", dependencies=READ, responses=problems(401, 503))
 
 
-@router.get("/health", response_model=Health)
+@router.get(
+    "/health",
+    response_model=Health,
+    responses={503: {"model": Health, "description": "the store is unreachable"}},
+)
 async def health(request: Request, gateway: GatewayDep) -> Any:
     """200 when the store answers; 503 "unhealthy" (with the same fields) when it does not."""
     try:
@@ -60,7 +65,12 @@ def _ven_state(request: Request) -> str | None:
     return "registered" if ven.registered else "registering"
 
 
-@router.get("/metrics", response_class=PlainTextResponse, dependencies=READ)
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    dependencies=READ,
+    responses=problems(401, 503),
+)
 async def metrics(gateway: GatewayDep) -> str:
     with gateway.session() as s:
         live = repo.list_events(s, statuses=("pending", "active"))
@@ -90,13 +100,13 @@ async def list_jobs(gateway: GatewayDep) -> dict[str, Any]:
         return {"jobs": repo.load_jobs(s)}
 
 
-@v1.put("/jobs")
+@v1.put("/jobs", responses=problems(400, 422))
 async def replace_jobs(body: JobsBody, gateway: GatewayDep, actor: Writer) -> dict[str, Any]:
     mix = await gateway.replace_jobs(body.jobs, actor)
     return {"jobs": len(mix.jobs)}
 
 
-@v1.put("/jobs/{job_id}")
+@v1.put("/jobs/{job_id}", responses=problems(400, 422))
 async def put_job(
     job_id: str, job: dict[str, Any], gateway: GatewayDep, actor: Writer, response: Response
 ) -> dict[str, Any]:
@@ -107,7 +117,7 @@ async def put_job(
     return {"id": job_id, "created": created}
 
 
-@v1.delete("/jobs/{job_id}", status_code=204)
+@v1.delete("/jobs/{job_id}", status_code=204, responses=problems(404, 422))
 async def delete_job(job_id: str, gateway: GatewayDep, actor: Writer) -> None:
     await gateway.delete_job(job_id, actor)
 
@@ -141,7 +151,7 @@ async def nodes(gateway: GatewayDep) -> dict[str, Any]:
 
 @v1.post(
     "/quotes",
-    responses={200: {"model": Quote, "description": "a quote"}},
+    responses={200: {"model": Quote, "description": "a quote"}, **problems(400, 422)},
     openapi_extra={
         "requestBody": {
             "required": False,
@@ -204,12 +214,12 @@ async def list_events(gateway: GatewayDep) -> dict[str, Any]:
     return {"events": [event_doc(e, gateway) for e in events]}
 
 
-@v1.get("/events/{event_id}", response_model=Event)
+@v1.get("/events/{event_id}", response_model=Event, responses=problems(404, 422))
 async def get_event(event_id: str, gateway: GatewayDep) -> dict[str, Any]:
     return event_doc(gateway.event(event_id), gateway)
 
 
-@v1.post("/events", status_code=201, response_model=Event)
+@v1.post("/events", status_code=201, response_model=Event, responses=problems(400, 422))
 async def create_event(body: EventCreate, gateway: GatewayDep, actor: Writer) -> dict[str, Any]:
     event = await gateway.create_event(
         reduction_kw=body.reduction_kw,
@@ -221,12 +231,12 @@ async def create_event(body: EventCreate, gateway: GatewayDep, actor: Writer) ->
     return event_doc(event, gateway)
 
 
-@v1.delete("/events/{event_id}", response_model=Event)
+@v1.delete("/events/{event_id}", response_model=Event, responses=problems(404, 409, 422))
 async def cancel_event(event_id: str, gateway: GatewayDep, actor: Writer) -> dict[str, Any]:
     return event_doc(await gateway.cancel_event(event_id, actor), gateway)
 
 
-@v1.get("/plans/{plan_id}", response_model=Plan)
+@v1.get("/plans/{plan_id}", response_model=Plan, responses=problems(404, 422))
 async def get_plan(plan_id: str, gateway: GatewayDep) -> dict[str, Any]:
     with gateway.session() as s:
         row = repo.get_plan(s, plan_id=plan_id)

@@ -46,7 +46,7 @@ class JobsBody(_Strict):
 
 
 class EventCreate(_Strict):
-    reduction_kw: float = Field(gt=0, description="facility-level reduction [kW]")
+    reduction_kw: float = Field(gt=0, le=1e7, description="facility-level reduction [kW]")
     start: datetime = Field(description="when the target must hold (ISO 8601 with a time zone)")
     duration_s: float = Field(gt=0, le=7 * 86400)
 
@@ -147,6 +147,9 @@ class Plan(_Open):
     jobs: list[JobCap]
     commands: list[NodeCommand]
     unplaced_jobs: list[str]
+    unreachable_nodes: list[str] = Field(
+        default_factory=list, description="nodes planned as down: their jobs give nothing"
+    )
     sync: dict[str, Any]
 
 

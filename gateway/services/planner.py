@@ -42,15 +42,23 @@ def site_mix(jobs: list[dict[str, Any]], settings: GatewaySettings) -> JobMix:
 
 
 def plan(
-    mix: JobMix, facility_kw: float, nodes: set[str], settings: GatewaySettings
+    mix: JobMix,
+    facility_kw: float,
+    nodes: set[str],
+    settings: GatewaySettings,
+    down: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """The allocation for `facility_kw` at the meter, as per-node commands."""
+    """The allocation for `facility_kw` at the meter, as per-node commands. Jobs on a node
+    that is `down` give nothing; that node is sent no caps."""
+    up = nodes - down
     reachable = np.array(
-        [bool(job.placement) and all(p.node in nodes for p in job.placement) for job in mix.jobs],
+        [bool(job.placement) and all(p.node in up for p in job.placement) for job in mix.jobs],
         dtype=bool,
     )
     problem = mix.problem if reachable.all() else mix.problem.excluding(~reachable)
-    gpu_w = max(facility_kw, 0.0) * 1000.0 / mix.overhead_factor
+    # Beyond twice what can be cut, a target is as infeasible (and finite: 1e308 kW overflows).
+    limit_w = 2.0 * float(problem.max_cut_w.sum()) + 1.0
+    gpu_w = min(max(facility_kw, 0.0) * 1000.0 / mix.overhead_factor, limit_w)
     result = allocate(problem, gpu_w, "optimal")
     doc = allocation_dict(
         result,
@@ -59,12 +67,13 @@ def plan(
         requested_facility_kw=facility_kw,
     )
     caps: dict[str, list[dict[str, float]]] = defaultdict(list)
-    for job, cap in zip(mix.jobs, result.cap_w, strict=True):
-        if job.placement and cap < job.max_cap_w - UNCAPPED_MARGIN_W:
+    for job, cap, ok in zip(mix.jobs, result.cap_w, reachable, strict=True):
+        if ok and cap < job.max_cap_w - UNCAPPED_MARGIN_W:
             for where in job.placement:
                 caps[where.node] += [{"gpu": g, "cap_w": round(float(cap), 1)} for g in where.gpus]
     doc["commands"] = [{"node": node, "caps": caps.get(node, [])} for node in sorted(nodes)]
     doc["unplaced_jobs"] = [j.id for j, ok in zip(mix.jobs, reachable, strict=True) if not ok]
+    doc["unreachable_nodes"] = sorted(down & nodes)
     doc["shortfall_kw"] = max(facility_kw - doc["achieved_facility_kw"], 0.0)
     doc["sync"] = loops_report(mix, settings)
     return doc

@@ -8,6 +8,10 @@
 - **Reconciliation** every `reconcile_period_s`: the desired state is sent again with the same
   generation, which renews every lease and puts back whatever drifted (an agent that
   restarted, a limit changed under us). Nodes that did not answer at start are looked up again.
+- **Unreachable nodes.** A node whose command failed (after the retries) is planned as down:
+  its jobs give nothing and the target is re-planned onto the other nodes, as far as their
+  bounds allow (the rest is `shortfall_kw`). It is still sent its desired state (no caps), so
+  it is seen coming back; then the target is re-planned with it again.
 - **Recovery.** When no event is active any more, caps step back over `recovery_ramp_s` in
   `recovery_steps` plans of decreasing reduction, then every GPU gets its original limit.
 """
@@ -55,6 +59,8 @@ class Gateway:
         self.desired: dict[str, list[dict[str, float]]] = {}
         self.generation: int | None = None
         self.plan_id: str | None = None
+        self.down: set[str] = set()  #: nodes whose last command failed
+        self._target: tuple[float, str | None] | None = None  #: (facility kW, event id)
         self._mix: JobMix | None = None
         self._quotes: dict[tuple[float | None, float, float] | bytes, bytes] = {}
         self._lock = asyncio.Lock()
@@ -434,31 +440,45 @@ class Gateway:
         await asyncio.sleep(pause)
         async with self._lock:
             await self._plan_and_send(0.0, None)
-            self.desired, self.generation = {}, None  # nothing left to renew
+            self.desired, self.generation, self._target = {}, None, None  # nothing to renew
 
-    async def _plan_and_send(self, facility_kw: float, event_id: str | None) -> PlanRow:
+    async def _plan_and_send(self, facility_kw: float, event_id: str | None) -> None:
+        """Plan the target onto the nodes that answer and send it; once more when a node went
+        down or came back meanwhile."""
         await self.discover()
-        doc = plan(self.mix(), facility_kw, set(self.nodes), self.settings)
-        with self.session() as s:
-            generation = repo.next_generation(s)
-            row = PlanRow(
-                id=f"plan-{uuid.uuid4().hex[:12]}",
-                event_id=event_id,
-                generation=generation,
-                doc=doc,
-                created_at=utcnow(),
+        self._target = (facility_kw, event_id)
+        for _ in range(2):
+            doc = plan(
+                self.mix(), facility_kw, set(self.nodes), self.settings, frozenset(self.down)
             )
-            repo.add_plan(s, plan=row)
-            if event_id is not None:
-                event = repo.get_event(s, event_id=event_id)
-                if event is not None:
-                    event.plan_id = row.id
-                    s.add(event)
-            s.commit()
-        self.desired = {c["node"]: c["caps"] for c in doc["commands"]}
-        self.generation, self.plan_id = generation, row.id
-        await self._send()
-        return row
+            with self.session() as s:
+                generation = repo.next_generation(s)
+                row = PlanRow(
+                    id=f"plan-{uuid.uuid4().hex[:12]}",
+                    event_id=event_id,
+                    generation=generation,
+                    doc=doc,
+                    created_at=utcnow(),
+                )
+                repo.add_plan(s, plan=row)
+                if event_id is not None:
+                    event = repo.get_event(s, event_id=event_id)
+                    if event is not None:
+                        event.plan_id = row.id
+                        s.add(event)
+                s.commit()
+            self.desired = {c["node"]: c["caps"] for c in doc["commands"]}
+            self.generation, self.plan_id = generation, row.id
+            if not self._note_down(await self._send()):
+                return
+
+    def _note_down(self, acks: list[Ack]) -> bool:
+        """Record which nodes failed; True when that changed."""
+        down = {a.node for a in acks if a.status == "failed"}
+        changed, self.down = down != self.down, down
+        if changed:
+            log.warning("nodes unreachable: %s", ", ".join(sorted(down)) or "none")
+        return changed
 
     async def _send(self) -> list[Ack]:
         assert self.http is not None
@@ -531,8 +551,9 @@ class Gateway:
         await self.watch_phases()
         if self.generation is not None and self.nodes:
             async with self._lock:
-                if self.generation is not None:
-                    await self._send()
+                if self.generation is not None and self._note_down(await self._send()):
+                    assert self._target is not None
+                    await self._plan_and_send(*self._target)
         await self._catch_up()
 
     async def _catch_up(self) -> None:

@@ -4,8 +4,6 @@ at the next start; SIGTERM restores on the way out."""
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime
 
@@ -14,40 +12,8 @@ import httpx
 from flexgate.serve import ServerThread, free_port
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from tests.agents.fake_agent import TOKEN
-from tests.conftest import ROOT
-
-
-def start(port, state_dir, driver):
-    log = driver.with_suffix(".log")
-    with log.open("ab") as errors:  # the child keeps its own copy of the file
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.agents.fake_agent",
-                str(port),
-                str(state_dir),
-                str(driver),
-            ],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=errors,
-        )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    process.kill()
-    process.wait()
-    raise RuntimeError(f"the agent did not start: {log.read_text()}")
-
-
-def driver_limits(driver):
-    return json.loads(driver.read_text())["limits_mw"]
+from tests.agents.fake_agent import TOKEN, driver_limits, wait_for
+from tests.agents.fake_agent import start_agent as start
 
 
 def cap(port, watts):
@@ -137,10 +103,3 @@ def test_an_agent_killed_mid_event_gets_its_caps_back_when_it_returns(tmp_path):
     finally:
         agent.terminate()
         agent.wait(10)
-
-
-def wait_for(check, what, seconds=15.0):
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)

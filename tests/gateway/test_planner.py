@@ -1,0 +1,38 @@
+"""The planner alone: targets beyond the site, and nodes planned as down."""
+
+import json
+
+import pytest
+
+from gateway.services.planner import plan, site_mix
+from gateway.settings import GatewaySettings
+from tests.conftest import EXAMPLES
+
+SETTINGS = GatewaySettings(api_token="planner-api-token-0123", agent_token="planner-agent-0123")
+JOBS = json.loads((EXAMPLES / "site.json").read_text())["jobs"]
+NODES = {p["node"] for j in JOBS for p in j["placement"]}
+
+
+@pytest.mark.parametrize("facility_kw", [1e6, 1e300, 1.7e308])
+def test_a_target_beyond_the_site_is_delivered_at_its_most(facility_kw):
+    mix = site_mix(JOBS, SETTINGS)
+    most = plan(mix, 1e5, NODES, SETTINGS)
+    doc = plan(mix, facility_kw, NODES, SETTINGS)
+    assert doc["feasible"] is False
+    assert doc["achieved_facility_kw"] == pytest.approx(most["achieved_facility_kw"])
+    assert doc["shortfall_kw"] == pytest.approx(facility_kw - doc["achieved_facility_kw"])
+    json.dumps(doc, allow_nan=False)  # stored and served as JSON
+
+
+def test_a_node_down_gets_no_caps_and_its_jobs_give_nothing():
+    mix = site_mix(JOBS, SETTINGS)
+    doc = plan(mix, 30.0, NODES, SETTINGS, down=frozenset({"node-09"}))
+    assert doc["unreachable_nodes"] == ["node-09"]
+    assert doc["unplaced_jobs"] == ["gpt-oss-20b-ft-x8"]
+    assert doc["feasible"] is True
+    assert doc["achieved_facility_kw"] == pytest.approx(30.0)
+    commands = {c["node"]: c["caps"] for c in doc["commands"]}
+    assert commands["node-09"] == []
+    assert set(commands) == NODES
+    everyone = {c["node"]: c["caps"] for c in plan(mix, 30.0, NODES, SETTINGS)["commands"]}
+    assert everyone["node-09"]  # the most flexible job is capped when its node answers
