@@ -5,9 +5,10 @@
 - **Targets.** Whenever the set of active events or the job mix changes, the strictest active
   target (the largest reduction) is planned and every node is sent its whole desired state with
   a new generation.
-- **Reconciliation** every `reconcile_period_s`: the desired state is sent again with the same
-  generation, which renews every lease and puts back whatever drifted (an agent that
-  restarted, a limit changed under us). Nodes that did not answer at start are looked up again.
+- **Reconciliation** every `reconcile_period_s` on the monotonic clock: the desired state is
+  sent again with the same generation, which renews every lease and puts back whatever drifted
+  (an agent that restarted, a limit changed under us). Nodes that did not answer at start are
+  looked up again. Event starts and ends follow the wall clock (APScheduler), as events do.
 - **Unreachable nodes.** A node whose command failed (after the retries) is planned as down:
   its jobs give nothing and the target is re-planned onto the other nodes, as far as their
   bounds allow (the rest is `shortfall_kw`). It is still sent its desired state (no caps), so
@@ -65,6 +66,7 @@ class Gateway:
         self._quotes: dict[tuple[float | None, float, float] | bytes, bytes] = {}
         self._lock = asyncio.Lock()
         self._ramp: asyncio.Task[None] | None = None
+        self._reconciler: asyncio.Task[None] | None = None
         self.alarm = RayleighAlarm()
         self.phases: dict[str, float] = {}  #: job id -> phase [rad] at the last watch
         #: Set by the VEN: tells the VTN we opted out of an event cancelled on our side.
@@ -78,19 +80,13 @@ class Gateway:
         )
         await self.discover()
         self.scheduler.start()
-        self.scheduler.add_job(
-            self.reconcile,
-            "interval",
-            seconds=self.settings.reconcile_period_s,
-            id="reconcile",
-            coalesce=True,
-            max_instances=1,
-        )
         await self.resume()
+        self._reconciler = asyncio.create_task(self._reconcile_forever())
 
     async def stop(self) -> None:
-        if self._ramp is not None:
-            self._ramp.cancel()
+        for task in (self._ramp, self._reconciler):
+            if task is not None:
+                task.cancel()
         self.scheduler.shutdown(wait=False)
         if self.http is not None:
             await self.http.close()
@@ -541,6 +537,16 @@ class Gateway:
         }
         if len(self.phases) >= MIN_JOBS_FOR_RAYLEIGH:
             self.alarm.update(list(self.phases.values()))
+
+    async def _reconcile_forever(self) -> None:
+        """Reconcile every `reconcile_period_s` on the event loop's monotonic clock, so a step
+        of the wall clock neither stalls the lease renewals nor bunches them up."""
+        while True:
+            await asyncio.sleep(self.settings.reconcile_period_s)
+            try:
+                await self.reconcile()
+            except Exception:  # the next period tries again; the leases bound the damage
+                log.exception("reconciliation failed")
 
     async def reconcile(self) -> None:
         """Renew leases and put back what drifted: the desired state again, same generation.
