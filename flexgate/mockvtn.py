@@ -110,7 +110,9 @@ class MockVtn:
             http_port=port,
             requested_poll_freq=timedelta(seconds=float(scenario.get("poll_s", 1))),
             show_fingerprint=False,
+            ven_lookup=self._lookup,
         )
+        self.registered: dict[str, str] = {}  #: VEN id -> registration id
         self.server.add_handler("on_create_party_registration", self._register)
         if scenario.get("report_s"):
             self.server.add_handler("on_register_report", self._register_report)
@@ -121,11 +123,17 @@ class MockVtn:
 
     async def _register(self, registration_info: dict[str, Any]) -> tuple[str, str]:
         ven_id = str(registration_info.get("ven_name", "ven"))
+        self.registered[ven_id] = f"reg-{ven_id}"
         self.say(f"VTN: registered VEN '{ven_id}'")
         if self._ven is None:
             self._ven = ven_id
             self.loop.call_later(0.5, self._issue_all)
-        return ven_id, f"reg-{ven_id}"
+        return ven_id, self.registered[ven_id]
+
+    def _lookup(self, ven_id: str) -> dict[str, str]:
+        """A VEN this VTN does not know is asked to register again (oadrRequestReregistration)."""
+        known = self.registered.get(ven_id)
+        return {"ven_id": ven_id, "registration_id": known} if known else {}
 
     async def _register_report(
         self,

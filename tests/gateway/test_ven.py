@@ -16,7 +16,8 @@ VEN_ID = "ven-flexgate"
 
 
 class Vtn:
-    """openleadr's VTN in a thread of its own, asking VENs to poll every second."""
+    """openleadr's VTN in a thread of its own, asking VENs to poll every second. It asks a VEN
+    it does not know to re-register (`ven_lookup`), as a VTN that lost its state would."""
 
     def __init__(self, port: int | None = None) -> None:
         self.port = port or free_port()
@@ -29,14 +30,21 @@ class Vtn:
             http_port=self.port,
             requested_poll_freq=timedelta(seconds=1),
             show_fingerprint=False,
+            ven_lookup=self.lookup,
         )
+        self.registrations = 0
         self.server.add_handler("on_create_party_registration", self.register)
         self.server.add_handler("on_register_report", self.register_report)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.url = f"http://127.0.0.1:{self.port}/OpenADR2/Simple/2.0b"
 
     async def register(self, registration_info):
-        return VEN_ID, "reg-1"
+        self.registrations += 1
+        return VEN_ID, f"reg-{self.registrations}"
+
+    def lookup(self, ven_id):
+        known = ven_id == VEN_ID and self.registrations > 0
+        return {"ven_id": ven_id, "registration_id": f"reg-{self.registrations}"} if known else {}
 
     async def register_report(
         self,
@@ -265,3 +273,29 @@ def test_a_vtn_that_is_down_is_retried_and_stored_events_run_without_it(tmp_path
             lambda: all(w == 700.0 for ws in site.limits().values() for w in ws),
             what="the restore",
         )
+
+
+def test_a_restarted_vtn_asks_for_reregistration_and_gets_it(tmp_path, database_url):
+    """The VTN goes away and comes back without its state: at the first poll it answers
+    oadrRequestReregistration, the VEN registers again, and the next event is acted on."""
+    vtn = Vtn()
+    vtn.thread.start()
+    try:
+        with running_site(
+            tmp_path, database_url, vtn_url=vtn.url, vtn_allow_unsigned=True, **SHORT
+        ) as site:
+            site.wait(lambda: vtn.registrations == 1, what="the first registration")
+            vtn.stop()
+            time.sleep(2.0)  # polls fail meanwhile
+            vtn = Vtn(vtn.port)  # knows no VEN
+            vtn.thread.start()
+            back = time.monotonic()
+            site.wait(lambda: vtn.registrations == 1, what="the re-registration")
+            print(f"registered again {time.monotonic() - back:.2f} s after the VTN came back")
+            event_id = vtn.add_event("simple", "level", 2.0, datetime.now(UTC), 30)
+            site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="optIn")
+            site.wait(
+                lambda: any(w < 700 for ws in site.limits().values() for w in ws), what="caps"
+            )
+    finally:
+        vtn.stop()
