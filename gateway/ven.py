@@ -23,6 +23,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+import aiohttp
 from lxml import etree
 from openleadr import OpenADRClient, enums, messaging, objects
 
@@ -43,6 +44,8 @@ messaging.XML_PARSER = etree.XMLParser(
 )
 
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+#: The largest VTN reply read. OpenADR messages are kilobytes; openleadr would read any size.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 #: The TELEMETRY_USAGE report offered to the VTN: one rID per value of `GET /v1/site`, in kW.
 REPORT_ID = "flexgate-site-usage"
 REPORT_VALUES = {
@@ -56,12 +59,41 @@ SAMPLING = objects.SamplingRate(
 )
 
 
+class MessageTooLargeError(Exception):
+    pass
+
+
+class BoundedResponse(aiohttp.ClientResponse):
+    """A VTN reply, read only up to MAX_MESSAGE_BYTES: a larger one is refused unread."""
+
+    async def read(self) -> bytes:
+        if self.content_length is not None and self.content_length > MAX_MESSAGE_BYTES:
+            self.close()
+            raise MessageTooLargeError(f"{self.content_length} bytes exceeds {MAX_MESSAGE_BYTES}")
+        body = bytearray()
+        async for chunk in self.content.iter_any():
+            body += chunk
+            if len(body) > MAX_MESSAGE_BYTES:
+                self.close()
+                raise MessageTooLargeError(f"the reply exceeds {MAX_MESSAGE_BYTES} bytes")
+        return bytes(body)
+
+
+class Client(OpenADRClient):
+    """openleadr's client whose VTN replies are bounded (openleadr reads each one whole and
+    logs a refused one as a request error, dropping it)."""
+
+    async def _ensure_client_session(self) -> None:
+        await super()._ensure_client_session()
+        self.client_session._response_class = BoundedResponse
+
+
 class Ven:
     def __init__(self, gateway: Gateway) -> None:
         settings = gateway.settings
         self.gateway = gateway
         self.registered = False
-        self.client = OpenADRClient(
+        self.client = Client(
             ven_name=settings.ven_name,
             vtn_url=settings.vtn_url,
             show_fingerprint=False,

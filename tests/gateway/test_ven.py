@@ -6,6 +6,7 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 
+import aiohttp
 import pytest
 from openleadr import OpenADRServer, hooks
 
@@ -299,3 +300,35 @@ def test_a_restarted_vtn_asks_for_reregistration_and_gets_it(tmp_path, database_
             )
     finally:
         vtn.stop()
+
+
+def test_the_ven_calls_only_the_vtn(tmp_path, database_url, monkeypatch):
+    """Every outbound request of a whole OpenADR session (registration, polls, the event's
+    answer, reports) goes to the VTN, or to a configured agent, and nowhere else."""
+    called: list[str] = []
+    original = aiohttp.ClientSession._request
+
+    def recording(self, method, url, *args, **kwargs):
+        called.append(str(url))
+        return original(self, method, url, *args, **kwargs)
+
+    monkeypatch.setattr(aiohttp.ClientSession, "_request", recording)
+    vtn = Vtn()
+    vtn.thread.start()
+    try:
+        with running_site(
+            tmp_path, database_url, vtn_url=vtn.url, vtn_allow_unsigned=True, **SHORT
+        ) as site:
+            event_id = vtn.add_event("simple", "level", 2.0, datetime.now(UTC), 2)
+            site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="optIn")
+            site.wait(lambda: any(vtn.reports.values()), what="a report")
+            site.wait(
+                lambda: site.api.get(f"/v1/events/oadr-{event_id}").json()["status"] == "completed",
+                what="the event's end",
+            )
+            allowed = [vtn.url, *site.settings.agent_urls]
+    finally:
+        vtn.stop()
+    to_vtn = [url for url in called if url.startswith(f"{vtn.url}/")]
+    assert to_vtn, "no request to the VTN was seen: the check would prove nothing"
+    assert all(any(url.startswith(f"{a}/") for a in allowed) for url in called), called

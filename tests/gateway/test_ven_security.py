@@ -20,7 +20,7 @@ from openleadr import messaging, utils
 
 from flexgate.serve import free_port
 from gateway.settings import GatewaySettings
-from gateway.ven import Ven
+from gateway.ven import MAX_MESSAGE_BYTES, Ven
 from tests.conftest import ROOT
 from tests.gateway.conftest import AGENT_TOKEN, API_TOKEN
 
@@ -57,8 +57,9 @@ def fetch(shared, name: str) -> tuple[str | None, dict]:
     return serve_to_ven(body, fingerprint=utils.certificate_fingerprint_from_der(der))
 
 
-def serve_to_ven(body: bytes, fingerprint: str | None) -> tuple[str | None, dict]:
-    """Reply `body` to the VEN's client from a loopback server; what the client hands back."""
+def serve_to_ven(body: bytes, fingerprint: str | None, reply=None) -> tuple[str | None, dict]:
+    """Reply `body` (or what the `reply` handler answers) to the VEN's client from a loopback
+    server; what the client hands back."""
     port = free_port()
     pinned = {"vtn_fingerprint": fingerprint} if fingerprint else {"vtn_allow_unsigned": True}
     ven = Ven(
@@ -67,12 +68,12 @@ def serve_to_ven(body: bytes, fingerprint: str | None) -> tuple[str | None, dict
         )
     )
 
-    async def reply(_request: web.Request) -> web.Response:
+    async def whole(_request: web.Request) -> web.Response:
         return web.Response(body=body, content_type="application/xml")
 
     async def run() -> tuple[str | None, dict]:
         app = web.Application()
-        app.router.add_post("/OpenADR2/Simple/2.0b/EiRegisterParty", reply)
+        app.router.add_post("/OpenADR2/Simple/2.0b/EiRegisterParty", reply or whole)
         runner = web.AppRunner(app)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -123,6 +124,34 @@ def test_a_replayed_reply_is_rejected(shared, signing_clock):
 
 def test_a_good_reply_signed_long_ago_is_rejected(shared):
     assert fetch(shared, f"{PREFIX}.xml") == (None, {})
+
+
+HUGE_BYTES = 16 * MAX_MESSAGE_BYTES
+
+
+def test_a_reply_of_declared_excessive_size_is_refused_unread(caplog):
+    assert serve_to_ven(b"<" * HUGE_BYTES, None) == (None, {})
+    assert f"{HUGE_BYTES} bytes exceeds {MAX_MESSAGE_BYTES}" in caplog.text
+
+
+def test_a_streamed_reply_is_cut_at_the_limit(caplog):
+    sent = 0
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        nonlocal sent
+        response = web.StreamResponse(headers={"Content-Type": "application/xml"})
+        await response.prepare(request)  # chunked: no size announced
+        try:
+            while sent < HUGE_BYTES:
+                await response.write(b"<" * 65536)
+                sent += 65536
+        except (ConnectionError, RuntimeError):  # the VEN hung up
+            pass
+        return response
+
+    assert serve_to_ven(b"", None, reply=endless) == (None, {})
+    assert f"exceeds {MAX_MESSAGE_BYTES} bytes" in caplog.text
+    assert sent < HUGE_BYTES / 2  # the VEN stopped reading, far short of the whole
 
 
 def entity_bomb(levels: int = 9) -> bytes:
