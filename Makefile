@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench reliability clean
+.PHONY: demo test lint bench reliability soak clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "flexgate needs Python 3.11 or newer: set PYTHON=/path/to/python3.11")'
@@ -39,7 +39,12 @@ reliability: $(STAMP)  # the fault, bad-input and security tests of docs/reliabi
 	    tests/agents/test_service.py tests/gateway/test_restart.py tests/gateway/test_events.py \
 	    tests/gateway/test_ven.py tests/gateway/test_ven_security.py tests/gateway/test_security.py \
 	    tests/gateway/test_api.py tests/gateway/test_store.py tests/gateway/test_signals.py \
-	    tests/test_cli_fuzz.py tests/test_lab.py
+	    tests/test_cli_fuzz.py tests/test_lab.py tests/gateway/test_agent_down.py \
+	    tests/gateway/test_planner.py tests/test_clock_step.py tests/test_openapi_fuzz.py \
+	    tests/test_soak.py
+
+soak: $(STAMP)  # 60 s, 50 clients, 1000 nodes: bench/results/soak.json
+	$(BIN)/python bench/soak.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/allocate_bench.py

@@ -35,7 +35,7 @@ class GatewaySettings(BaseSettings):
     recovery_steps: int = Field(default=4, ge=1, le=100)
     dispatch_timeout_s: float = Field(default=5.0, gt=0.0)
     dispatch_retries: int = Field(default=3, ge=0, le=10)
-    telemetry_window_s: float = Field(default=5.0, gt=0.0)
+    telemetry_max_age_s: float = Field(default=1.0, ge=0.0)
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     tls_cert: Path | None = None

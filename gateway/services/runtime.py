@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import math
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -61,12 +62,14 @@ class Gateway:
         self.generation: int | None = None
         self.plan_id: str | None = None
         self.down: set[str] = set()  #: nodes whose last command failed
+        self.fan_outs = 0  #: desired states sent to every node, since start
         self._target: tuple[float, str | None] | None = None  #: (facility kW, event id)
         self._mix: JobMix | None = None
         self._quotes: dict[tuple[float | None, float, float] | bytes, bytes] = {}
         self._lock = asyncio.Lock()
         self._ramp: asyncio.Task[None] | None = None
         self._reconciler: asyncio.Task[None] | None = None
+        self._telemetry: tuple[float, asyncio.Future[dict[str, dict[str, Any]]]] | None = None
         self.alarm = RayleighAlarm()
         self.phases: dict[str, float] = {}  #: job id -> phase [rad] at the last watch
         #: Set by the VEN: tells the VTN we opted out of an event cancelled on our side.
@@ -346,7 +349,8 @@ class Gateway:
         for job in (f"start-{event_id}", f"end-{event_id}"):
             if self.scheduler.get_job(job):
                 self.scheduler.remove_job(job)
-        await self.apply_targets()
+        if event.status == "active":  # a pending event has set no target
+            await self.apply_targets()
         return self.event(event_id)
 
     async def _opt_out_locally(self, event_id: str, actor: str) -> None:
@@ -493,6 +497,7 @@ class Gateway:
             )  # type: ignore[arg-type]
             for node, url in sorted(self.nodes.items())
         ]
+        self.fan_outs += 1
         acks = await fan_out(
             self.http,
             targets,
@@ -576,7 +581,17 @@ class Gateway:
     # --- what the site does ----------------------------------------------------------------
 
     async def telemetry(self) -> dict[str, dict[str, Any]]:
-        """Each reachable agent's telemetry, by node."""
+        """Each reachable agent's telemetry, by node: one round for every caller within
+        `telemetry_max_age_s` of its start (a dashboard, plan reads, the phase watch)."""
+        now = time.monotonic()
+        if self._telemetry is None or (
+            self._telemetry[1].done()
+            and now - self._telemetry[0] >= self.settings.telemetry_max_age_s
+        ):
+            self._telemetry = (now, asyncio.ensure_future(self._ask_telemetry()))
+        return await asyncio.shield(self._telemetry[1])
+
+    async def _ask_telemetry(self) -> dict[str, dict[str, Any]]:
         assert self.http is not None
 
         async def ask(node: str, url: str) -> tuple[str, dict[str, Any] | None]:

@@ -1,0 +1,254 @@
+"""Soak: mixed API traffic from 50 concurrent clients while the gateway fans out to 1000 nodes
+(results/soak.json; docs/reliability.md).
+
+Three processes: simulated nodes (`bench/servers.py farm`), the gateway (`flexgate gateway`)
+and this one, the clients. An event is active throughout, so every reconciliation
+(`--reconcile-s`) sends the desired state to every node: a 1000-node fan-out each time.
+Meanwhile the clients, each in a loop with no pause, send a fixed mix: quotes, health, event
+and plan reads, metrics, job list, an event created and cancelled, a malformed event (422
+expected). One more client polls `/v1/site` and `/v1/sync` once a second, as a dashboard does
+(each asks every node for telemetry).
+
+Reported: requests, errors (any answer but the expected one, or no answer), p50/p99 by kind
+and overall; the gateway's resident memory against the count of fan-outs, after a warm-up:
+the growth from the second quarter of the run to the last, and the fitted slope per 100
+fan-outs. Exit status 1 on any error.
+
+    python bench/soak.py [--seconds 60] [--clients 50] [--nodes 1000] [--reconcile-s 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import aiohttp
+import httpx
+import numpy as np
+from gateway_bench import (
+    API_TOKEN,
+    RESULTS,
+    TOKEN,
+    big_mix,
+    gateway_env,
+    serve,
+    serve_gateway,
+)  # bench/ is on sys.path
+
+from flexgate.serve import free_port
+
+AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
+#: (kind, weight): what the clients send, in these proportions.
+MIX = (
+    ("quote", 35),
+    ("health", 10),
+    ("events", 10),
+    ("event", 10),
+    ("plan", 10),
+    ("metrics", 10),
+    ("jobs", 5),
+    ("create_cancel", 5),
+    ("invalid", 5),
+)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def fan_outs(url: str) -> int:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    line = next(x for x in text.splitlines() if x.startswith("flexgate_fan_outs_total "))
+    return int(line.split()[1])
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.latency: dict[str, list[float]] = {}
+        self.errors: list[str] = []
+
+    async def call(
+        self, session: aiohttp.ClientSession, kind: str, method: str, url: str, expect: int, **kw
+    ) -> dict | None:
+        start = time.perf_counter()
+        try:
+            async with session.request(method, url, **kw) as answer:
+                body = await answer.read()
+                status = answer.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+            return None
+        self.latency.setdefault(kind, []).append(time.perf_counter() - start)
+        if status != expect:
+            self.errors.append(f"{kind}: HTTP {status} (expected {expect}): {body[:200]!r}")
+            return None
+        return json.loads(body) if body and body[:1] in b"[{" else None
+
+
+async def clients(url: str, event: dict, count: int, seconds: float, rec: Recorder) -> float:
+    stop = time.perf_counter() + seconds
+    kinds = [k for k, _ in MIX]
+    weights = [w for _, w in MIX]
+    later = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+
+    async def client(seed: int, session: aiohttp.ClientSession) -> None:
+        rng = random.Random(seed)
+        while time.perf_counter() < stop:
+            kind = rng.choices(kinds, weights)[0]
+            if kind == "quote":
+                body = {"reduction_kw": rng.choice([10.0, 50.0, 100.0, 250.0]), "window_s": 3600}
+                await rec.call(session, kind, "POST", f"{url}/v1/quotes", 200, json=body)
+            elif kind == "health":
+                await rec.call(session, kind, "GET", f"{url}/health", 200)
+            elif kind == "events":
+                await rec.call(session, kind, "GET", f"{url}/v1/events", 200)
+            elif kind == "event":
+                await rec.call(session, kind, "GET", f"{url}/v1/events/{event['id']}", 200)
+            elif kind == "plan":
+                await rec.call(session, kind, "GET", f"{url}/v1/plans/{event['plan_id']}", 200)
+            elif kind == "metrics":
+                await rec.call(session, kind, "GET", f"{url}/metrics", 200)
+            elif kind == "jobs":
+                await rec.call(session, kind, "GET", f"{url}/v1/jobs", 200)
+            elif kind == "create_cancel":
+                body = {"reduction_kw": 20.0, "start": later, "duration_s": 600}
+                made = await rec.call(
+                    session, "create", "POST", f"{url}/v1/events", 201, json=body, headers=AUTH
+                )
+                if made is not None:
+                    await rec.call(
+                        session, "cancel", "DELETE", f"{url}/v1/events/{made['id']}", 200,
+                        headers=AUTH,
+                    )  # fmt: skip
+            else:
+                body = {"reduction_kw": -1, "start": "yesterday", "duration_s": 0}
+                await rec.call(
+                    session, kind, "POST", f"{url}/v1/events", 422, json=body, headers=AUTH
+                )
+
+    async def dashboard(session: aiohttp.ClientSession) -> None:
+        while time.perf_counter() < stop:
+            await rec.call(session, "site", "GET", f"{url}/v1/site", 200)
+            await rec.call(session, "sync", "GET", f"{url}/v1/sync", 200)
+            await asyncio.sleep(1.0)
+
+    timeout = aiohttp.ClientTimeout(total=60)
+    connector = aiohttp.TCPConnector(limit=count + 1)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        begin = time.perf_counter()
+        await asyncio.gather(dashboard(session), *(client(i, session) for i in range(count)))
+        return time.perf_counter() - begin
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    return {
+        "count": len(values),
+        "p50_ms": 1000 * float(np.percentile(values, 50)),
+        "p99_ms": 1000 * float(np.percentile(values, 99)),
+    }
+
+
+def memory_report(samples: list[tuple[float, float, int]]) -> dict[str, object]:
+    """RSS [MB] against fan-outs: growth from the second quarter to the last, and the slope."""
+    rss = np.array([s[1] for s in samples])
+    count = np.array([s[2] for s in samples], dtype=float)
+    quarter = max(len(samples) // 4, 1)
+    second, last = rss[quarter : 2 * quarter], rss[-quarter:]
+    warm = slice(quarter, None)  # the first quarter warms up (caches, connections)
+    slope = float(np.polyfit(count[warm], rss[warm], 1)[0]) if np.ptp(count[warm]) > 0 else 0.0
+    return {
+        "samples": len(samples),
+        "fan_outs": int(count[-1] - count[0]),
+        "rss_start_mb": float(rss[0]),
+        "rss_second_quarter_median_mb": float(np.median(second)),
+        "rss_last_quarter_median_mb": float(np.median(last)),
+        "growth_mb": float(np.median(last) - np.median(second)),
+        "slope_mb_per_100_fan_outs": 100 * slope,
+        "rss_max_mb": float(rss.max()),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--reconcile-s", type=float, default=2.0)
+    parser.add_argument("--out", type=Path, default=RESULTS / "soak.json")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="soak-"))
+    mix = big_mix(args.nodes, args.nodes)
+    (tmp / "mix.json").write_text(json.dumps(mix))
+    farm_port = free_port()
+    farm = serve(
+        ["bench/servers.py", "farm", str(farm_port), str(args.nodes), TOKEN, str(tmp / "mix.json")],
+        f"http://127.0.0.1:{farm_port}/nodes/n0000/health",
+    )
+    env = gateway_env(
+        tmp / "gateway.db",
+        agents=",".join(f"http://127.0.0.1:{farm_port}/nodes/n{i:04d}" for i in range(args.nodes)),
+        reconcile_period_s=str(args.reconcile_s),
+        lease_s=str(max(30.0, 10 * args.reconcile_s)),
+        dispatch_timeout_s="20",
+    )
+    gateway, url = serve_gateway(env)
+    try:
+        with httpx.Client(base_url=url, timeout=60, headers=AUTH) as api:
+            api.put("/v1/jobs", json=mix).raise_for_status()
+            start = datetime.now(UTC).isoformat()
+            body = {"reduction_kw": 100.0, "start": start, "duration_s": args.seconds + 600}
+            event = api.post("/v1/events", json=body).json()
+            while not (event := api.get(f"/v1/events/{event['id']}").json())["plan_id"]:
+                time.sleep(0.05)
+        samples: list[tuple[float, float, int]] = []
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(1.0):
+                samples.append((time.monotonic(), rss_mb(gateway.pid), fan_outs(url)))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        rec = Recorder()
+        elapsed = asyncio.run(clients(url, event, args.clients, args.seconds, rec))
+        done.set()
+        sampler.join()
+    finally:
+        gateway.terminate()
+        farm.terminate()
+        gateway.wait()
+        farm.wait()
+    everything = [v for values in rec.latency.values() for v in values]
+    out = {
+        "benchmark": "soak",
+        "seconds": elapsed,
+        "clients": args.clients,
+        "nodes": args.nodes,
+        "reconcile_period_s": args.reconcile_s,
+        "requests": len(everything) + len(rec.errors),
+        "requests_per_s": (len(everything) + len(rec.errors)) / elapsed,
+        "errors": len(rec.errors),
+        "first_errors": rec.errors[:10],
+        "latency": percentiles(everything),
+        "by_kind": {kind: percentiles(values) for kind, values in sorted(rec.latency.items())},
+        "memory": memory_report(samples),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps({k: out[k] for k in ("requests", "errors", "latency", "memory")}, indent=2))
+    return 1 if rec.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
