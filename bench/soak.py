@@ -9,12 +9,16 @@ and plan reads, metrics, job list, an event created and cancelled, a malformed e
 expected). One more client polls `/v1/site` and `/v1/sync` once a second, as a dashboard does
 (each asks every node for telemetry).
 
-Reported: requests, errors (any answer but the expected one, or no answer), p50/p99 by kind
-and overall; the gateway's resident memory against the count of fan-outs, after a warm-up:
-the growth from the second quarter of the run to the last, and the fitted slope per 100
-fan-outs. Exit status 1 on any error.
+Then the clients stop and the fan-outs go on alone for `--fan-out-s`: the gateway's resident
+memory is sampled against the count of fan-outs (its `/metrics`), to show whether repeated
+fan-outs grow it: the growth from the second quarter of that phase to the last, and the
+fitted slope per 100 fan-outs (the first quarter warms up).
 
-    python bench/soak.py [--seconds 60] [--clients 50] [--nodes 1000] [--reconcile-s 2]
+Reported: requests, errors (any answer but the expected one, or no answer), p50/p99 by kind
+and overall; the memory figures of both phases. Exit status 1 on any error.
+
+    python bench/soak.py [--seconds 60] [--clients 50] [--nodes 1000] [--reconcile-s 0.5]
+                         [--fan-out-s 90]
 """
 
 from __future__ import annotations
@@ -184,7 +188,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--reconcile-s", type=float, default=2.0)
+    parser.add_argument("--reconcile-s", type=float, default=0.5)
+    parser.add_argument("--fan-out-s", type=float, default=90.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "soak.json")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="soak-"))
@@ -222,6 +227,8 @@ def main() -> int:
         sampler.start()
         rec = Recorder()
         elapsed = asyncio.run(clients(url, event, args.clients, args.seconds, rec))
+        under_load = len(samples)
+        time.sleep(args.fan_out_s)  # the fan-outs alone
         done.set()
         sampler.join()
     finally:
@@ -242,11 +249,13 @@ def main() -> int:
         "first_errors": rec.errors[:10],
         "latency": percentiles(everything),
         "by_kind": {kind: percentiles(values) for kind, values in sorted(rec.latency.items())},
-        "memory": memory_report(samples),
+        "memory_under_load": memory_report(samples[:under_load]),
+        "memory_fan_outs_alone": memory_report(samples[under_load:]),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps({k: out[k] for k in ("requests", "errors", "latency", "memory")}, indent=2))
+    shown = ("requests", "errors", "latency", "memory_under_load", "memory_fan_outs_alone")
+    print(json.dumps({k: out[k] for k in shown}, indent=2))
     return 1 if rec.errors else 0
 
 

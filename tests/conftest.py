@@ -1,7 +1,9 @@
-"""Shared fixtures: where ../shared is, and the example files."""
+"""Shared fixtures: where ../shared is, the example files, and measured recovery times."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -17,3 +19,24 @@ def shared() -> Path:
     if not (SHARED / "data" / "h200_pfi_table.csv").exists():
         pytest.skip(f"../shared is not beside this clone ({SHARED} missing)")
     return SHARED
+
+
+#: Recovery times [s] the fault tests measured in this session, by name.
+RECOVERY: dict[str, float] = {}
+
+
+@pytest.fixture
+def recovery():
+    """`recovery(name, seconds)`: record a measured recovery time. With
+    FLEXGATE_RECOVERY_REPORT set (`make reliability`), they are written there as JSON."""
+
+    def record(name: str, seconds: float) -> None:
+        RECOVERY[name] = round(seconds, 3)
+
+    return record
+
+
+def pytest_sessionfinish(session):
+    target = os.environ.get("FLEXGATE_RECOVERY_REPORT")
+    if target and RECOVERY:
+        Path(target).write_text(json.dumps(RECOVERY, indent=2, sort_keys=True) + "\n")

@@ -15,11 +15,12 @@ from tests.conftest import ROOT
 def test_a_short_soak_answers_every_request(tmp_path):
     out = tmp_path / "soak.json"
     command = [sys.executable, "bench/soak.py", "--seconds", "6", "--clients", "50"]
-    command += ["--nodes", "50", "--reconcile-s", "0.5", "--out", str(out)]
+    command += ["--nodes", "50", "--fan-out-s", "3", "--out", str(out)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["errors"] == 0, report["first_errors"]
     assert report["requests"] > 200
-    assert report["memory"]["fan_outs"] >= 2  # the nodes were sent their state meanwhile
+    assert report["memory_under_load"]["fan_outs"] >= 2  # the nodes got their state meanwhile
+    assert report["memory_fan_outs_alone"]["fan_outs"] >= 2
     assert set(report["by_kind"]) >= {"quote", "plan", "create", "cancel", "invalid", "site"}

@@ -246,7 +246,7 @@ async def get_plan(plan_id: str, gateway: GatewayDep) -> dict[str, Any]:
         row = repo.get_plan(s, plan_id=plan_id)
         if row is None:
             raise NotFoundError(f"no plan '{plan_id}'")
-        commands = repo.commands_for(s, plan_id=plan_id)
+        commands = repo.latest_commands(s, plan_id=plan_id)
     latest: dict[str, Any] = {}
     for c in commands:
         latest[c.node] = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlmodel import Session, col, delete, select
+from sqlmodel import Session, col, delete, func, select
 
 from gateway.store.models import (
     AuditRow,
@@ -89,9 +89,14 @@ def add_command(session: Session, *, command: CommandRow) -> None:
     session.add(command)
 
 
-def commands_for(session: Session, *, plan_id: str) -> list[CommandRow]:
-    query = select(CommandRow).where(CommandRow.plan_id == plan_id).order_by(col(CommandRow.id))
-    return list(session.exec(query))
+def latest_commands(session: Session, *, plan_id: str) -> list[CommandRow]:
+    """Each node's last answer to the plan (every reconciliation adds one per node)."""
+    last = (
+        select(func.max(CommandRow.id))
+        .where(CommandRow.plan_id == plan_id)
+        .group_by(col(CommandRow.node))
+    )
+    return list(session.exec(select(CommandRow).where(col(CommandRow.id).in_(last))))
 
 
 def next_generation(session: Session) -> int:

@@ -62,7 +62,7 @@ def test_sigterm_restores_every_gpu(tmp_path):
     assert driver_limits(driver) == [650_000, 650_000]
 
 
-def test_an_agent_killed_mid_event_gets_its_caps_back_when_it_returns(tmp_path):
+def test_an_agent_killed_mid_event_gets_its_caps_back_when_it_returns(tmp_path, recovery):
     """SIGKILL an agent during a gateway event and start it again: it restores its originals
     at start, and the gateway's next reconciliation puts the event's caps back."""
     port, driver = free_port(), tmp_path / "driver.json"
@@ -99,7 +99,7 @@ def test_an_agent_killed_mid_event_gets_its_caps_back_when_it_returns(tmp_path):
             agent = start(port, tmp_path / "state", driver)  # restores the originals at start
             back = time.monotonic()
             wait_for(lambda: driver_limits(driver) == capped, "the caps put back")
-            print(f"caps back {time.monotonic() - back:.2f} s after the agent answered")
+            recovery("agent restarted: its caps back after it answers", time.monotonic() - back)
     finally:
         agent.terminate()
         agent.wait(10)

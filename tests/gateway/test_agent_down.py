@@ -29,7 +29,7 @@ def job(node: str, pfi: float) -> dict:
     }
 
 
-def test_a_dead_agents_share_is_replanned_onto_the_others_and_back(tmp_path):
+def test_a_dead_agents_share_is_replanned_onto_the_others_and_back(tmp_path, recovery):
     ports = {n: free_port() for n in NODES}
     drivers = {n: tmp_path / f"{n}.json" for n in NODES}
     agents = {n: start_agent(ports[n], tmp_path / n, drivers[n], n) for n in NODES}
@@ -105,7 +105,8 @@ def test_a_dead_agents_share_is_replanned_onto_the_others_and_back(tmp_path):
             returned_s = time.monotonic() - back
             assert again["unplaced_jobs"] == []
             assert {n: driver_limits(drivers[n]) for n in ("node-a", "node-b")} == before
-            print(f"share moved {moved_s:.2f} s after the SIGKILL; back {returned_s:.2f} s")
+            recovery("agent down: its share on the other nodes after the SIGKILL", moved_s)
+            recovery("agent down: its share back after it answers", returned_s)
     finally:
         for agent in agents.values():
             agent.terminate()

@@ -55,7 +55,7 @@ def gateway_process(port, env, log):
     raise RuntimeError(f"the gateway did not start: {log.read_text()}")
 
 
-def test_gateway_killed_mid_event_resumes(tmp_path, database_url):
+def test_gateway_killed_mid_event_resumes(tmp_path, database_url, recovery):
     jobs, nodes, agents = start_site(tmp_path, database_url)
     with ServerThread(agents) as agents_url:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXGATE_")} | {
@@ -98,7 +98,25 @@ def test_gateway_killed_mid_event_resumes(tmp_path, database_url):
             os.kill(gateway.pid, signal.SIGKILL)
             gateway.wait(timeout=10)
             assert site.limits() == capped  # the agents hold their caps (lease 4 s)
+            restart = time.monotonic()
+            left = {name: n.controller.lease_remaining_s() or 0.0 for name, n in nodes.items()}
             gateway, url = gateway_process(port, env, log)
+            recovery(
+                "gateway SIGKILLed: answering again after its restart", time.monotonic() - restart
+            )
+
+            def renewed():  # more left than the old lease would have by now
+                since = time.monotonic() - restart
+                return all(
+                    (n.controller.lease_remaining_s() or 0.0) > left[name] - since + 0.5
+                    for name, n in nodes.items()
+                )
+
+            site.wait(renewed, what="the leases renewed")
+            recovery(
+                "gateway SIGKILLed: every lease renewed after its restart",
+                time.monotonic() - restart,
+            )
             assert api.get(f"/v1/events/{event['id']}").json()["status"] == "active"
             time.sleep(5.0)  # past the old lease: the new gateway renewed it
             assert site.limits() == capped  # re-planned on the same mix: the same caps
@@ -165,7 +183,7 @@ def restored(site):
 
 
 @NEEDS_LOCAL_POSTGRES
-def test_postgresql_restarted_mid_event(tmp_path):
+def test_postgresql_restarted_mid_event(tmp_path, recovery):
     """The store goes away mid-event: /health says unhealthy (503), writes are refused with
     503 and change nothing, the caps stay (leases renewed from memory). When it is back the
     gateway answers again, the event is still active, and cancelling it restores."""
@@ -187,7 +205,9 @@ def test_postgresql_restarted_mid_event(tmp_path):
             assert site.limits() == caps
         finally:
             pg_ctl("start")
+        back = time.monotonic()
         site.wait(lambda: api.get("/health").status_code == 200, what="the store back")
+        recovery("PostgreSQL restarted: gateway healthy after it answers", time.monotonic() - back)
         assert api.get(f"/v1/events/{event['id']}").json()["status"] == "active"
         assert len(api.get("/v1/events").json()["events"]) == 1  # the refused one is not there
         assert api.delete(f"/v1/events/{event['id']}", headers=API).status_code == 200
@@ -195,7 +215,7 @@ def test_postgresql_restarted_mid_event(tmp_path):
 
 
 @NEEDS_LOCAL_POSTGRES
-def test_an_event_that_ends_while_postgresql_is_down_ends_when_it_returns(tmp_path):
+def test_an_event_that_ends_while_postgresql_is_down_ends_when_it_returns(tmp_path, recovery):
     """The end falls in the outage: the scheduled end cannot be stored, so the caps hold until
     the store is back, and the next reconciliation ends the event and restores."""
     with postgres_site(tmp_path) as site:
@@ -208,8 +228,10 @@ def test_an_event_that_ends_while_postgresql_is_down_ends_when_it_returns(tmp_pa
             time.sleep(6.0)  # the end passes while the store is down
         finally:
             pg_ctl("start")
+        back = time.monotonic()
         site.wait(
             lambda: api.get(f"/v1/events/{event['id']}").json()["status"] == "completed",
             what="the event ended once the store answers",
         )
         site.wait(lambda: restored(site), what="the restore")
+        recovery("PostgreSQL back after an event's end: GPUs restored", time.monotonic() - back)

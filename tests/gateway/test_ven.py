@@ -239,7 +239,9 @@ def test_cancelling_an_openadr_event_on_the_site_restores_and_tells_the_vtn(vtn_
     )
 
 
-def test_a_vtn_that_is_down_is_retried_and_stored_events_run_without_it(tmp_path, database_url):
+def test_a_vtn_that_is_down_is_retried_and_stored_events_run_without_it(
+    tmp_path, database_url, recovery
+):
     """The VTN is unreachable when the gateway starts; the VEN keeps trying and registers when
     it comes up. Once an event is stored, the VTN going away again changes nothing: the event
     starts, caps are set, and it ends and restores on time."""
@@ -253,12 +255,14 @@ def test_a_vtn_that_is_down_is_retried_and_stored_events_run_without_it(tmp_path
         assert api.get("/health").json()["ven"] == "registering"
         vtn = Vtn(port)
         vtn.thread.start()
+        up = time.monotonic()
         try:
             site.wait(
                 lambda: api.get("/health").json()["ven"] == "registered",
                 seconds=30,
                 what="registration once the VTN is up",
             )
+            recovery("VTN down at start: VEN registered after it came up", time.monotonic() - up)
             event_id = vtn.add_event(
                 "simple", "level", 2.0, datetime.now(UTC) + timedelta(seconds=3), 4
             )
@@ -276,7 +280,7 @@ def test_a_vtn_that_is_down_is_retried_and_stored_events_run_without_it(tmp_path
         )
 
 
-def test_a_restarted_vtn_asks_for_reregistration_and_gets_it(tmp_path, database_url):
+def test_a_restarted_vtn_asks_for_reregistration_and_gets_it(tmp_path, database_url, recovery):
     """The VTN goes away and comes back without its state: at the first poll it answers
     oadrRequestReregistration, the VEN registers again, and the next event is acted on."""
     vtn = Vtn()
@@ -292,7 +296,7 @@ def test_a_restarted_vtn_asks_for_reregistration_and_gets_it(tmp_path, database_
             vtn.thread.start()
             back = time.monotonic()
             site.wait(lambda: vtn.registrations == 1, what="the re-registration")
-            print(f"registered again {time.monotonic() - back:.2f} s after the VTN came back")
+            recovery("VTN restarted without state: VEN registered again", time.monotonic() - back)
             event_id = vtn.add_event("simple", "level", 2.0, datetime.now(UTC), 30)
             site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="optIn")
             site.wait(
