@@ -35,7 +35,7 @@ test: lint
 	$(BIN)/pytest
 
 reliability: $(STAMP)  # the fault, bad-input and security tests of docs/reliability.md
-	$(BIN)/pytest tests/agents/test_crash.py tests/agents/test_caps.py tests/agents/test_nvml.py \
+	FLEXGATE_RECOVERY_REPORT=bench/results/reliability.json $(BIN)/pytest tests/agents/test_crash.py tests/agents/test_caps.py tests/agents/test_nvml.py \
 	    tests/agents/test_service.py tests/gateway/test_restart.py tests/gateway/test_events.py \
 	    tests/gateway/test_ven.py tests/gateway/test_ven_security.py tests/gateway/test_security.py \
 	    tests/gateway/test_api.py tests/gateway/test_store.py tests/gateway/test_signals.py \

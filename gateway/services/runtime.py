@@ -69,7 +69,9 @@ class Gateway:
         self._lock = asyncio.Lock()
         self._ramp: asyncio.Task[None] | None = None
         self._reconciler: asyncio.Task[None] | None = None
-        self._telemetry: tuple[float, asyncio.Future[dict[str, dict[str, Any]]]] | None = None
+        self._telemetry: dict[str, dict[str, Any]] | None = None  #: the last round's
+        self._round: asyncio.Future[dict[str, dict[str, Any]]] | None = None
+        self._round_at = 0.0
         self.alarm = RayleighAlarm()
         self.phases: dict[str, float] = {}  #: job id -> phase [rad] at the last watch
         #: Set by the VEN: tells the VTN we opted out of an event cancelled on our side.
@@ -581,15 +583,24 @@ class Gateway:
     # --- what the site does ----------------------------------------------------------------
 
     async def telemetry(self) -> dict[str, dict[str, Any]]:
-        """Each reachable agent's telemetry, by node: one round for every caller within
-        `telemetry_max_age_s` of its start (a dashboard, plan reads, the phase watch)."""
-        now = time.monotonic()
-        if self._telemetry is None or (
-            self._telemetry[1].done()
-            and now - self._telemetry[0] >= self.settings.telemetry_max_age_s
+        """Each reachable agent's telemetry, by node, from the last completed round. A new
+        round starts when that one is older than `telemetry_max_age_s`, one at a time; only
+        the first caller waits for one. Readers (a dashboard, plan reads, the phase watch)
+        never queue behind a round of 1000 agents."""
+        round_ = self._round
+        if round_ is None or (
+            round_.done() and time.monotonic() - self._round_at >= self.settings.telemetry_max_age_s
         ):
-            self._telemetry = (now, asyncio.ensure_future(self._ask_telemetry()))
-        return await asyncio.shield(self._telemetry[1])
+            self._round_at, round_ = time.monotonic(), asyncio.ensure_future(self._ask_telemetry())
+            round_.add_done_callback(self._keep_telemetry)
+            self._round = round_
+        if self._telemetry is not None:
+            return self._telemetry
+        return await asyncio.shield(round_)
+
+    def _keep_telemetry(self, round_: asyncio.Future[dict[str, dict[str, Any]]]) -> None:
+        if not round_.cancelled() and round_.exception() is None:
+            self._telemetry = round_.result()
 
     async def _ask_telemetry(self) -> dict[str, dict[str, Any]]:
         assert self.http is not None
