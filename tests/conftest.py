@@ -28,7 +28,7 @@ RECOVERY: dict[str, float] = {}
 @pytest.fixture
 def recovery():
     """`recovery(name, seconds)`: record a measured recovery time. With
-    FLEXGATE_RECOVERY_REPORT set (`make reliability`), they are written there as JSON."""
+    FLEXGATE_RECOVERY_REPORT set (`make reliability`), they are merged into that JSON file."""
 
     def record(name: str, seconds: float) -> None:
         RECOVERY[name] = round(seconds, 3)
@@ -38,5 +38,7 @@ def recovery():
 
 def pytest_sessionfinish(session):
     target = os.environ.get("FLEXGATE_RECOVERY_REPORT")
-    if target and RECOVERY:
-        Path(target).write_text(json.dumps(RECOVERY, indent=2, sort_keys=True) + "\n")
+    if target and RECOVERY:  # merged into what is there, so a partial run updates its own
+        path = Path(target)
+        known = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps(known | RECOVERY, indent=2, sort_keys=True) + "\n")

@@ -28,7 +28,8 @@ EXAMPLES_PER_OPERATION = 50
 SEED = 20261129
 
 
-def schemathesis(url: str, token: str) -> None:
+def schemathesis(url: str, token: str, workdir: Path) -> None:
+    """The schemathesis command, run in `workdir` (it keeps a cache where it runs)."""
     command = [
         str(Path(sys.executable).with_name("schemathesis")),
         "run",
@@ -40,7 +41,7 @@ def schemathesis(url: str, token: str) -> None:
         "--no-color",
         f"--header=Authorization: Bearer {token}",
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=workdir)
     print(done.stdout[-3000:])
     assert done.returncode == 0, done.stdout[-20000:] + done.stderr[-5000:]
 
@@ -52,7 +53,7 @@ def no_errors_logged(caplog) -> None:
 
 def test_the_gateway_answers_every_request_as_documented(tmp_path, caplog):
     with running_site(tmp_path, f"sqlite:///{tmp_path / 'gateway.db'}") as site:
-        schemathesis(str(site.api.base_url).rstrip("/"), API_TOKEN)
+        schemathesis(str(site.api.base_url).rstrip("/"), API_TOKEN, tmp_path)
         assert site.api.get("/health").json()["status"] == "ok"
     no_errors_logged(caplog)
 
@@ -60,5 +61,5 @@ def test_the_gateway_answers_every_request_as_documented(tmp_path, caplog):
 def test_the_agent_answers_every_request_as_documented(tmp_path, caplog):
     node = AgentNode("node-01", SimulatedBackend(4, node_id="node-01"), tmp_path / "node-01")
     with ServerThread(agent_app([node], AGENT_TOKEN)) as url:
-        schemathesis(url, AGENT_TOKEN)
+        schemathesis(url, AGENT_TOKEN, tmp_path)
     no_errors_logged(caplog)

@@ -204,10 +204,10 @@ def test_postgresql_restarted_mid_event(tmp_path, recovery):
             time.sleep(6.0)  # past the 4 s lease: renewed from memory
             assert site.limits() == caps
         finally:
+            back = time.monotonic()
             pg_ctl("start")
-        back = time.monotonic()
         site.wait(lambda: api.get("/health").status_code == 200, what="the store back")
-        recovery("PostgreSQL restarted: gateway healthy after it answers", time.monotonic() - back)
+        recovery("PostgreSQL restarted: gateway healthy after the start", time.monotonic() - back)
         assert api.get(f"/v1/events/{event['id']}").json()["status"] == "active"
         assert len(api.get("/v1/events").json()["events"]) == 1  # the refused one is not there
         assert api.delete(f"/v1/events/{event['id']}", headers=API).status_code == 200
@@ -227,11 +227,11 @@ def test_an_event_that_ends_while_postgresql_is_down_ends_when_it_returns(tmp_pa
         try:
             time.sleep(6.0)  # the end passes while the store is down
         finally:
+            back = time.monotonic()
             pg_ctl("start")
-        back = time.monotonic()
         site.wait(
             lambda: api.get(f"/v1/events/{event['id']}").json()["status"] == "completed",
             what="the event ended once the store answers",
         )
         site.wait(lambda: restored(site), what="the restore")
-        recovery("PostgreSQL back after an event's end: GPUs restored", time.monotonic() - back)
+        recovery("PostgreSQL started after an event's end: GPUs restored", time.monotonic() - back)
