@@ -69,9 +69,9 @@ class Gateway:
         self._lock = asyncio.Lock()
         self._ramp: asyncio.Task[None] | None = None
         self._reconciler: asyncio.Task[None] | None = None
-        self._telemetry: dict[str, dict[str, Any]] | None = None  #: the last round's
+        self._telemetry: dict[str, dict[str, Any]] | None = None  #: the last round's answers
+        self._telemetry_at = -math.inf  #: when that round ended (monotonic)
         self._round: asyncio.Future[dict[str, dict[str, Any]]] | None = None
-        self._round_at = 0.0
         self.alarm = RayleighAlarm()
         self.phases: dict[str, float] = {}  #: job id -> phase [rad] at the last watch
         #: Set by the VEN: tells the VTN we opted out of an event cancelled on our side.
@@ -89,7 +89,7 @@ class Gateway:
         self._reconciler = asyncio.create_task(self._reconcile_forever())
 
     async def stop(self) -> None:
-        for task in (self._ramp, self._reconciler):
+        for task in (self._ramp, self._reconciler, self._round):
             if task is not None:
                 task.cancel()
         self.scheduler.shutdown(wait=False)
@@ -583,24 +583,23 @@ class Gateway:
     # --- what the site does ----------------------------------------------------------------
 
     async def telemetry(self) -> dict[str, dict[str, Any]]:
-        """Each reachable agent's telemetry, by node, from the last completed round. A new
-        round starts when that one is older than `telemetry_max_age_s`, one at a time; only
-        the first caller waits for one. Readers (a dashboard, plan reads, the phase watch)
-        never queue behind a round of 1000 agents."""
-        round_ = self._round
-        if round_ is None or (
-            round_.done() and time.monotonic() - self._round_at >= self.settings.telemetry_max_age_s
-        ):
-            self._round_at, round_ = time.monotonic(), asyncio.ensure_future(self._ask_telemetry())
-            round_.add_done_callback(self._keep_telemetry)
-            self._round = round_
-        if self._telemetry is not None:
+        """Each reachable agent's telemetry, by node. The last round's answers while they are
+        younger than `telemetry_max_age_s`; up to twice that while a new round (one at a time)
+        is under way, so readers (a dashboard, plan reads) do not queue behind a round of 1000
+        agents; older than that, the caller waits for the new round."""
+        max_age = self.settings.telemetry_max_age_s
+        age = time.monotonic() - self._telemetry_at
+        if age >= max_age and (self._round is None or self._round.done()):
+            self._round = asyncio.ensure_future(self._ask_telemetry())
+            self._round.add_done_callback(self._keep_telemetry)
+        if self._telemetry is not None and age < 2 * max_age:
             return self._telemetry
-        return await asyncio.shield(round_)
+        assert self._round is not None
+        return await asyncio.shield(self._round)
 
     def _keep_telemetry(self, round_: asyncio.Future[dict[str, dict[str, Any]]]) -> None:
         if not round_.cancelled() and round_.exception() is None:
-            self._telemetry = round_.result()
+            self._telemetry, self._telemetry_at = round_.result(), time.monotonic()
 
     async def _ask_telemetry(self) -> dict[str, dict[str, Any]]:
         assert self.http is not None
