@@ -67,7 +67,7 @@ def test_an_agent_lease_runs_out_on_time_whatever_the_wall_clock_does(
         time.sleep(0.5)
         assert node.backend.enforced_limit_w(0) == 300.0  # a step forward ends nothing
         wait_for(lambda: node.backend.enforced_limit_w(0) == original, "the lease to run out")
-        assert time.monotonic() - applied < 1.5 + 1.0  # a step back holds nothing for hours
+        assert time.monotonic() - applied < 1.5 + 3.0  # a step back holds nothing for hours
 
 
 def test_the_gateway_renews_leases_across_a_step_back(tmp_path, monkeypatch):
