@@ -131,10 +131,8 @@ async def clients(url: str, event: dict, count: int, seconds: float, rec: Record
                     session, "create", "POST", f"{url}/v1/events", 201, json=body, headers=AUTH
                 )
                 if made is not None:
-                    await rec.call(
-                        session, "cancel", "DELETE", f"{url}/v1/events/{made['id']}", 200,
-                        headers=AUTH,
-                    )  # fmt: skip
+                    made_url = f"{url}/v1/events/{made['id']}"
+                    await rec.call(session, "cancel", "DELETE", made_url, 200, headers=AUTH)
             else:
                 body = {"reduction_kw": -1, "start": "yesterday", "duration_s": 0}
                 await rec.call(
