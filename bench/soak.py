@@ -105,6 +105,14 @@ async def clients(url: str, event: dict, count: int, seconds: float, rec: Record
     kinds = [k for k, _ in MIX]
     weights = [w for _, w in MIX]
     later = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+    reads = {
+        "health": "/health",
+        "events": "/v1/events",
+        "event": f"/v1/events/{event['id']}",
+        "plan": f"/v1/plans/{event['plan_id']}",
+        "metrics": "/metrics",
+        "jobs": "/v1/jobs",
+    }
 
     async def client(seed: int, session: aiohttp.ClientSession) -> None:
         rng = random.Random(seed)
@@ -113,18 +121,8 @@ async def clients(url: str, event: dict, count: int, seconds: float, rec: Record
             if kind == "quote":
                 body = {"reduction_kw": rng.choice([10.0, 50.0, 100.0, 250.0]), "window_s": 3600}
                 await rec.call(session, kind, "POST", f"{url}/v1/quotes", 200, json=body)
-            elif kind == "health":
-                await rec.call(session, kind, "GET", f"{url}/health", 200)
-            elif kind == "events":
-                await rec.call(session, kind, "GET", f"{url}/v1/events", 200)
-            elif kind == "event":
-                await rec.call(session, kind, "GET", f"{url}/v1/events/{event['id']}", 200)
-            elif kind == "plan":
-                await rec.call(session, kind, "GET", f"{url}/v1/plans/{event['plan_id']}", 200)
-            elif kind == "metrics":
-                await rec.call(session, kind, "GET", f"{url}/metrics", 200)
-            elif kind == "jobs":
-                await rec.call(session, kind, "GET", f"{url}/v1/jobs", 200)
+            elif kind in reads:
+                await rec.call(session, kind, "GET", f"{url}{reads[kind]}", 200)
             elif kind == "create_cancel":
                 body = {"reduction_kw": 20.0, "start": later, "duration_s": 600}
                 made = await rec.call(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 EXAMPLES = ROOT / "examples"
+
+
+def wait_for(check, what: str, seconds: float = 15.0):
+    """`check()`'s first truthy value, polled every 20 ms; fails naming `what` after
+    `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"{what} did not happen within {seconds} s"
+        time.sleep(0.02)
+    return value
 
 
 @pytest.fixture

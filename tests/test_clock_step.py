@@ -17,7 +17,7 @@ import gateway.store.models
 from agents.service import AgentNode, create_app
 from agents.simulated import SimulatedBackend
 from flexgate.serve import ServerThread
-from tests.agents.fake_agent import wait_for
+from tests.conftest import wait_for
 from tests.gateway.conftest import API, now_iso, running_site
 
 TOKEN = "clock-step-token-0123456789"
@@ -76,9 +76,10 @@ def test_the_gateway_renews_leases_across_a_step_back(tmp_path, monkeypatch):
     with running_site(tmp_path, database, lease_s=2.0) as site:
         originals = site.limits()
         body = {"reduction_kw": 5.0, "start": now_iso(), "duration_s": 600}
-        assert site.api.post("/v1/events", json=body, headers=API).status_code == 201
-        site.wait(lambda: site.limits() != originals, what="the event's caps")
-        held = site.limits()
+        created = site.api.post("/v1/events", json=body, headers=API)
+        assert created.status_code == 201, created.text
+        held = site.event_caps(created.json()["id"])
+        assert held != originals
         clock.step(-HOUR_S)
         time.sleep(3 * 2.0)  # three leases: only renewals keep the caps
         assert site.limits() == held

@@ -55,14 +55,6 @@ def driver_limits(driver: Path) -> list[int]:
     return json.loads(driver.read_text())["limits_mw"]
 
 
-def wait_for(check, what: str, seconds: float = 15.0):
-    deadline = time.monotonic() + seconds
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-    return value
-
-
 if __name__ == "__main__":
     from agents.nvml import NvmlBackend
     from agents.service import AgentNode, create_app

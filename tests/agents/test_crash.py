@@ -12,8 +12,9 @@ import httpx
 from flexgate.serve import ServerThread, free_port
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from tests.agents.fake_agent import TOKEN, driver_limits, wait_for
+from tests.agents.fake_agent import TOKEN, driver_limits
 from tests.agents.fake_agent import start_agent as start
+from tests.conftest import wait_for
 
 
 def cap(port, watts):

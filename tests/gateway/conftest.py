@@ -6,9 +6,9 @@ import contextlib
 import copy
 import json
 import os
-import time
 from datetime import UTC, datetime
 
+import aiohttp
 import httpx
 import pytest
 from sqlalchemy import create_engine, text
@@ -20,7 +20,7 @@ from flexgate.serve import ServerThread
 from flexmodel.jobs import parse_job_mix
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, wait_for
 
 API_TOKEN = "api-token-0123456789abcdef"
 AGENT_TOKEN = "agent-token-0123456789abcdef"
@@ -86,14 +86,17 @@ class Site:
 
         return self.wait(answered, what=f"the answers to {plan_id}")
 
+    def event_caps(self, event_id: str) -> dict[str, list[float]]:
+        """The limits once every node has acked the event's plan (they are set by then)."""
+        plan_id = self.wait(
+            lambda: self.api.get(f"/v1/events/{event_id}").json()["plan_id"],
+            what=f"the plan of {event_id}",
+        )
+        self.acked_plan(plan_id)
+        return self.limits()
+
     def wait(self, check, seconds: float = 15.0, what: str = "the site"):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            value = check()
-            if value:
-                return value
-            time.sleep(0.05)
-        raise AssertionError(f"{what} did not happen within {seconds} s")
+        return wait_for(check, what, seconds)
 
 
 def start_site(tmp_path, database_url, **overrides):
@@ -137,6 +140,21 @@ def running_site(tmp_path, database_url, **changes):
             answer = api.put("/v1/jobs", json={"jobs": jobs}, headers=API)
             assert answer.status_code == 200, answer.text
             yield Site(api, nodes, settings)
+
+
+@pytest.fixture
+def outbound_urls(monkeypatch) -> list[str]:
+    """Every URL this process asks for through aiohttp (the gateway's and the VEN's client)
+    from now on, in order."""
+    called: list[str] = []
+    original = aiohttp.ClientSession._request
+
+    def recording(self, method, url, *args, **kwargs):
+        called.append(str(url))
+        return original(self, method, url, *args, **kwargs)
+
+    monkeypatch.setattr(aiohttp.ClientSession, "_request", recording)
+    return called
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ import httpx
 from flexgate.serve import ServerThread, free_port
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from tests.agents.fake_agent import ORIGINAL_MW, TOKEN, driver_limits, start_agent, wait_for
+from tests.agents.fake_agent import ORIGINAL_MW, TOKEN, driver_limits, start_agent
+from tests.conftest import wait_for
 
 API_TOKEN = "agent-down-api-token-0123"
 AUTH = {"Authorization": f"Bearer {API_TOKEN}"}

@@ -89,14 +89,7 @@ def test_reconciliation_puts_back_a_limit_changed_under_it(site):
     event = site.api.post(
         "/v1/events", headers=API, json={"reduction_kw": 15, "start": now_iso(), "duration_s": 60}
     ).json()
-    plan_id = site.wait(lambda: site.api.get(f"/v1/events/{event['id']}").json()["plan_id"])
-    site.wait(
-        lambda: all(
-            c["status"] == "acked" for c in site.api.get(f"/v1/plans/{plan_id}").json()["commands"]
-        ),
-        what="the acks",
-    )
-    limits = site.limits()
+    limits = site.event_caps(event["id"])
     node, gpu = next((n, g) for n, ws in limits.items() for g, w in enumerate(ws) if w < 700)
     site.nodes[node].backend.set_limit_w(gpu, 650.0)  # someone ran nvidia-smi -pl
     site.wait(

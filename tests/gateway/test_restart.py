@@ -191,8 +191,8 @@ def test_postgresql_restarted_mid_event(tmp_path, recovery):
         api = site.api
         body = {"reduction_kw": 15, "start": datetime.now(UTC).isoformat(), "duration_s": 120}
         event = api.post("/v1/events", headers=API, json=body).json()
-        site.wait(lambda: capped(site), what="caps")
-        caps = site.limits()
+        caps = site.event_caps(event["id"])
+        assert capped(site)
         pg_ctl("stop")
         try:
             health = api.get("/health")

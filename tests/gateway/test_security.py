@@ -6,7 +6,6 @@ import ssl
 import subprocess
 from datetime import UTC, datetime
 
-import aiohttp
 import httpx
 import pytest
 
@@ -93,6 +92,17 @@ def test_https_when_a_certificate_and_key_are_set(tmp_path):
         settings(tmp_path, tls_cert=cert)
 
 
+def run_a_short_event(site) -> None:
+    """A 2 s event from now, until it has completed."""
+    start = datetime.now(UTC).isoformat()
+    created = site.api.post(
+        "/v1/events", json={"reduction_kw": 5.0, "start": start, "duration_s": 2}, headers=API
+    )
+    assert created.status_code == 201, created.text
+    event_id = created.json()["id"]
+    site.wait(lambda: site.api.get(f"/v1/events/{event_id}").json()["status"] == "completed")
+
+
 def test_tokens_never_reach_the_logs(site, caplog):
     """A whole event, wrong tokens included, logged at DEBUG by every logger in the process:
     neither the API token nor the agent token appears."""
@@ -108,38 +118,18 @@ def test_tokens_never_reach_the_logs(site, caplog):
         ).status_code
         == 401
     )
-    start = datetime.now(UTC).isoformat()
-    created = api.post(
-        "/v1/events", json={"reduction_kw": 5.0, "start": start, "duration_s": 2}, headers=API
-    )
-    assert created.status_code == 201, created.text
-    event = created.json()
-    site.wait(lambda: api.get(f"/v1/events/{event['id']}").json()["status"] == "completed")
+    run_a_short_event(site)
     assert caplog.records, "nothing was logged: the check would prove nothing"
     for secret in (API_TOKEN, AGENT_TOKEN):
         assert secret not in caplog.text
 
 
-def test_the_gateway_calls_only_its_configured_agents(site, monkeypatch):
+def test_the_gateway_calls_only_its_configured_agents(outbound_urls, site):
     """Every outbound request of a whole event (discovery, dispatch, reconciliation,
     telemetry, recovery) goes to a configured agent URL, and to nothing else."""
-    called: list[str] = []
-    original = aiohttp.ClientSession._request
-
-    def recording(self, method, url, *args, **kwargs):
-        called.append(str(url))
-        return original(self, method, url, *args, **kwargs)
-
-    monkeypatch.setattr(aiohttp.ClientSession, "_request", recording)
-    api = site.api
-    start = datetime.now(UTC).isoformat()
-    created = api.post(
-        "/v1/events", json={"reduction_kw": 5.0, "start": start, "duration_s": 2}, headers=API
-    )
-    assert created.status_code == 201, created.text
-    event = created.json()
-    site.wait(lambda: api.get(f"/v1/events/{event['id']}").json()["status"] == "completed")
-    api.get("/v1/site")  # telemetry from every agent
+    called = outbound_urls
+    run_a_short_event(site)
+    site.api.get("/v1/site")  # telemetry from every agent
     site.wait(lambda: all(w == 700.0 for ws in site.limits().values() for w in ws))
     allowed = site.settings.agent_urls
     assert called, "no outbound request was seen: the check would prove nothing"

@@ -6,7 +6,6 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 
-import aiohttp
 import pytest
 from openleadr import OpenADRServer, hooks
 
@@ -110,6 +109,13 @@ class Vtn:
     def cancel(self, event_id):
         self.loop.call_soon_threadsafe(self.server.cancel_event, VEN_ID, event_id)
 
+    def __enter__(self) -> "Vtn":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.stop()
+
     def stop(self) -> None:
         if self.loop.is_closed():
             return
@@ -125,25 +131,27 @@ def database_url(tmp_path):
     return f"sqlite:///{tmp_path / 'gateway.db'}"
 
 
-SHORT = {"recovery_ramp_s": 0.2, "recovery_steps": 1, "ven_name": "flexgate-test"}
+def ven_site(tmp_path, database_url, vtn_url: str):
+    """A site whose VEN talks to `vtn_url` (openleadr's test VTN has no certificate)."""
+    return running_site(
+        tmp_path,
+        database_url,
+        vtn_url=vtn_url,
+        vtn_allow_unsigned=True,
+        recovery_ramp_s=0.2,
+        recovery_steps=1,
+        ven_name="flexgate-test",
+    )
 
 
 @pytest.fixture
 def vtn_site(tmp_path, database_url):
-    vtn = Vtn()
-    vtn.thread.start()
-    try:
-        # openleadr's test VTN has no certificate
-        with running_site(
-            tmp_path, database_url, vtn_url=vtn.url, vtn_allow_unsigned=True, **SHORT
-        ) as site:
-            site.wait(
-                lambda: site.api.get("/health").json()["ven"] == "registered",
-                what="the VEN's registration",
-            )
-            yield site, vtn
-    finally:
-        vtn.stop()
+    with Vtn() as vtn, ven_site(tmp_path, database_url, vtn.url) as site:
+        site.wait(
+            lambda: site.api.get("/health").json()["ven"] == "registered",
+            what="the VEN's registration",
+        )
+        yield site, vtn
 
 
 def test_an_openadr_event_becomes_caps_and_a_cancellation_restores(vtn_site):
@@ -247,16 +255,12 @@ def test_a_vtn_that_is_down_is_retried_and_stored_events_run_without_it(
     starts, caps are set, and it ends and restores on time."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/OpenADR2/Simple/2.0b"
-    with running_site(
-        tmp_path, database_url, vtn_url=url, vtn_allow_unsigned=True, **SHORT
-    ) as site:
+    with ven_site(tmp_path, database_url, url) as site:
         api = site.api
         time.sleep(2.0)  # a few failed attempts
         assert api.get("/health").json()["ven"] == "registering"
-        vtn = Vtn(port)
-        vtn.thread.start()
-        up = time.monotonic()
-        try:
+        with Vtn(port) as vtn:  # the VTN goes away with the event stored
+            up = time.monotonic()
             site.wait(
                 lambda: api.get("/health").json()["ven"] == "registered",
                 seconds=30,
@@ -267,8 +271,6 @@ def test_a_vtn_that_is_down_is_retried_and_stored_events_run_without_it(
                 "simple", "level", 2.0, datetime.now(UTC) + timedelta(seconds=3), 4
             )
             site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="optIn")
-        finally:
-            vtn.stop()  # the VTN goes away with the event stored
         site.wait(lambda: any(w < 700 for ws in site.limits().values() for w in ws), what="caps")
         site.wait(
             lambda: api.get(f"/v1/events/oadr-{event_id}").json()["status"] == "completed",
@@ -283,17 +285,11 @@ def test_a_vtn_that_is_down_is_retried_and_stored_events_run_without_it(
 def test_a_restarted_vtn_asks_for_reregistration_and_gets_it(tmp_path, database_url, recovery):
     """The VTN goes away and comes back without its state: at the first poll it answers
     oadrRequestReregistration, the VEN registers again, and the next event is acted on."""
-    vtn = Vtn()
-    vtn.thread.start()
-    try:
-        with running_site(
-            tmp_path, database_url, vtn_url=vtn.url, vtn_allow_unsigned=True, **SHORT
-        ) as site:
-            site.wait(lambda: vtn.registrations == 1, what="the first registration")
-            vtn.stop()
-            time.sleep(2.0)  # polls fail meanwhile
-            vtn = Vtn(vtn.port)  # knows no VEN
-            vtn.thread.start()
+    with Vtn() as first, ven_site(tmp_path, database_url, first.url) as site:
+        site.wait(lambda: first.registrations == 1, what="the first registration")
+        first.stop()
+        time.sleep(2.0)  # polls fail meanwhile
+        with Vtn(first.port) as vtn:  # knows no VEN
             back = time.monotonic()
             site.wait(lambda: vtn.registrations == 1, what="the re-registration")
             recovery("VTN restarted without state: VEN registered again", time.monotonic() - back)
@@ -302,37 +298,22 @@ def test_a_restarted_vtn_asks_for_reregistration_and_gets_it(tmp_path, database_
             site.wait(
                 lambda: any(w < 700 for ws in site.limits().values() for w in ws), what="caps"
             )
-    finally:
-        vtn.stop()
 
 
-def test_the_ven_calls_only_the_vtn(tmp_path, database_url, monkeypatch):
+def test_the_ven_calls_only_the_vtn(tmp_path, database_url, outbound_urls):
     """Every outbound request of a whole OpenADR session (registration, polls, the event's
     answer, reports) goes to the VTN, or to a configured agent, and nowhere else."""
-    called: list[str] = []
-    original = aiohttp.ClientSession._request
-
-    def recording(self, method, url, *args, **kwargs):
-        called.append(str(url))
-        return original(self, method, url, *args, **kwargs)
-
-    monkeypatch.setattr(aiohttp.ClientSession, "_request", recording)
-    vtn = Vtn()
-    vtn.thread.start()
-    try:
-        with running_site(
-            tmp_path, database_url, vtn_url=vtn.url, vtn_allow_unsigned=True, **SHORT
-        ) as site:
-            event_id = vtn.add_event("simple", "level", 2.0, datetime.now(UTC), 2)
-            site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="optIn")
-            site.wait(lambda: any(vtn.reports.values()), what="a report")
-            site.wait(
-                lambda: site.api.get(f"/v1/events/oadr-{event_id}").json()["status"] == "completed",
-                what="the event's end",
-            )
-            allowed = [vtn.url, *site.settings.agent_urls]
-    finally:
-        vtn.stop()
-    to_vtn = [url for url in called if url.startswith(f"{vtn.url}/")]
+    with Vtn() as vtn, ven_site(tmp_path, database_url, vtn.url) as site:
+        event_id = vtn.add_event("simple", "level", 2.0, datetime.now(UTC), 2)
+        site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="optIn")
+        site.wait(lambda: any(vtn.reports.values()), what="a report")
+        site.wait(
+            lambda: site.api.get(f"/v1/events/oadr-{event_id}").json()["status"] == "completed",
+            what="the event's end",
+        )
+        allowed = [vtn.url, *site.settings.agent_urls]
+    to_vtn = [url for url in outbound_urls if url.startswith(f"{vtn.url}/")]
     assert to_vtn, "no request to the VTN was seen: the check would prove nothing"
-    assert all(any(url.startswith(f"{a}/") for a in allowed) for url in called), called
+    assert all(any(url.startswith(f"{a}/") for a in allowed) for url in outbound_urls), (
+        outbound_urls
+    )
