@@ -99,6 +99,28 @@ class AgentNode:
             )
         return GpusResponse(gpus=out)
 
+    def health(self) -> Health:
+        return Health(
+            status="ok",
+            backend=self.backend.kind,
+            node_id=self.node_id,
+            gpus=self.backend.count(),
+            generation=self.controller.generation,
+            lease_remaining_s=self.controller.lease_remaining_s(),
+        )
+
+    def apply(self, command: CapCommand) -> CapResponse:
+        """The node's whole desired state, applied now (blocks on NVML)."""
+        return self.controller.apply(command, self.controller.clock())
+
+    def telemetry(self) -> TelemetryResponse:
+        return TelemetryResponse(
+            node_id=self.node_id,
+            gpus=self.sampler.gpu_power(),
+            jobs=self.sampler.job_telemetry(),
+            actuation_delay=self.controller.delay_stats(),
+        )
+
     def metrics(self) -> str:
         return prometheus_text(self)
 
@@ -117,14 +139,7 @@ def node_router(resolve: Callable[..., Any], token: str, prefix: str = "") -> AP
 
     @router.get("/health", response_model=Health)
     def health(node: AgentNode = here) -> Health:
-        return Health(
-            status="ok",
-            backend=node.backend.kind,
-            node_id=node.node_id,
-            gpus=node.backend.count(),
-            generation=node.controller.generation,
-            lease_remaining_s=node.controller.lease_remaining_s(),
-        )
+        return node.health()
 
     @router.get("/v1/gpus", response_model=GpusResponse)
     def gpus(node: AgentNode = here) -> GpusResponse:
@@ -150,12 +165,7 @@ def node_router(resolve: Callable[..., Any], token: str, prefix: str = "") -> AP
 
     @router.get("/v1/telemetry", response_model=TelemetryResponse)
     def telemetry(node: AgentNode = here) -> TelemetryResponse:
-        return TelemetryResponse(
-            node_id=node.node_id,
-            gpus=node.sampler.gpu_power(),
-            jobs=node.sampler.job_telemetry(),
-            actuation_delay=node.controller.delay_stats(),
-        )
+        return node.telemetry()
 
     @router.get("/metrics", response_class=PlainTextResponse)
     def metrics(node: AgentNode = here) -> str:

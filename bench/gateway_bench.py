@@ -26,7 +26,8 @@ import numpy as np
 
 from agents.protocol import CapCommand
 from flexgate.serve import free_port
-from gateway.services.dispatch import fan_out
+from gateway.agentclient import fan_out
+from gateway.agentclient.http import HttpAgentClient
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -76,8 +77,8 @@ def serve_gateway(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
 
 async def fan_out_rounds(base: str, nodes: int, rounds: int) -> dict[str, object]:
     totals, delays = [], []
-    connector = aiohttp.TCPConnector(limit=nodes, keepalive_timeout=75)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    client = HttpAgentClient(TOKEN, timeout_s=30, retries=0)
+    try:
         for generation in range(1, rounds + 1):
             targets = [
                 (
@@ -93,11 +94,13 @@ async def fan_out_rounds(base: str, nodes: int, rounds: int) -> dict[str, object
                 for i in range(nodes)
             ]
             start = time.perf_counter()
-            acks = await fan_out(session, targets, TOKEN, timeout_s=30, retries=0)
+            acks = await fan_out(client, targets)
             totals.append(time.perf_counter() - start)
             if generation > 1:  # the first round also opens the connections
                 delays += [a.delay_s for a in acks if a.delay_s is not None]
             assert all(a.status == "acked" for a in acks), [a.error for a in acks if a.error][:3]
+    finally:
+        await client.close()
     q = np.percentile
     return {
         "nodes": nodes,

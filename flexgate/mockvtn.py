@@ -32,7 +32,7 @@ from typing import Any
 
 from openleadr import OpenADRServer, utils
 
-import gateway.ven  # noqa: F401  (hardens openleadr's XML parser for the VTN side too)
+from gateway.openadr.xml import harden_parser
 
 EVENT_FIELDS = {
     "signal_name",
@@ -101,6 +101,7 @@ class MockVtn:
         say: Callable[[str], None] = print,
     ) -> None:
         check_scenario(scenario)
+        harden_parser()  # the VTN side parses VEN messages with openleadr's parser too
         self.scenario = scenario
         self.say = say
         self.loop = asyncio.new_event_loop()

@@ -1,11 +1,16 @@
-"""The gateway's composition root: `create_app(settings)`."""
+"""The gateway's composition root: `create_app(settings)` builds every service and wires them.
+
+The outside world comes in as parts: the clock, the agent transport (HTTP unless given) and
+the grid protocol (OpenADR 2.0b when a VTN is configured); tests pass their own.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
+import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -13,38 +18,77 @@ from sqlalchemy.exc import OperationalError
 
 from agents.protocol import validation_detail
 from flexmodel.errors import FlexModelError
-from gateway.api.routes import router, v1
+from gateway.agentclient import AgentClient
+from gateway.agentclient.http import HttpAgentClient
+from gateway.api.deps import Services
+from gateway.api.routes import routers
+from gateway.clock import Clock, SystemClock
 from gateway.errors import GatewayError
-from gateway.services.runtime import Gateway
+from gateway.services.events import Events
+from gateway.services.fleet import Fleet
+from gateway.services.jobbook import JobBook
+from gateway.services.reconciler import Reconciler
+from gateway.services.site import SitePower
+from gateway.services.status import Status
+from gateway.services.targets import Targets
 from gateway.settings import GatewaySettings, get_settings
-from gateway.store.db import open_engine
+from gateway.store.db import Store
 
 log = logging.getLogger("flexgate.gateway")
 
 
-def create_app(settings: GatewaySettings | None = None) -> FastAPI:
+def create_app(
+    settings: GatewaySettings | None = None,
+    *,
+    clock: Clock | None = None,
+    agents: AgentClient | None = None,
+    http_trace: Sequence[aiohttp.TraceConfig] = (),
+) -> FastAPI:
+    """The gateway. `http_trace` sees every request of its own HTTP clients (agents, VTN)."""
     settings = settings or get_settings()
+    clock = clock or SystemClock()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = open_engine(settings.database_url)
-        gateway = Gateway(settings, engine)
-        app.state.gateway = gateway
-        await gateway.start()
+        store = Store(settings.database_url)
+        client = agents or HttpAgentClient(
+            settings.agent_token.get_secret_value(),
+            timeout_s=settings.dispatch_timeout_s,
+            retries=settings.dispatch_retries,
+            clock=clock,
+            trace_configs=http_trace,
+        )
         ven = None
         if settings.vtn_url:
-            from gateway.ven import Ven  # openleadr loads only when a VTN is configured
+            from gateway.openadr.ven import Ven  # openleadr loads only when a VTN is configured
 
-            ven = Ven(gateway)
-            await ven.start()
-        app.state.ven = ven
+            ven = Ven(settings, tuple(http_trace))
+        fleet = Fleet(settings, store, clock, client)
+        book = JobBook(settings, store, clock)
+        power = SitePower(settings, fleet, book)
+        targets = Targets(settings, store, clock, client, fleet, book, power)
+        events = Events(settings, store, clock, book, targets, ven)
+        book.subscribe(events.apply_targets)
+        reconciler = Reconciler(settings.reconcile_period_s, clock, fleet, targets, events)
+        app.state.services = Services(
+            book, fleet, power, targets, events, Status(settings, fleet, book, targets, events)
+        )
+        await fleet.discover()
+        await events.start()
+        reconciler.start()
+        if ven is not None:
+            await ven.start(events, power)
         try:
             yield
         finally:
             if ven is not None:
                 await ven.stop()
-            await gateway.stop()
-            engine.dispose()
+            reconciler.stop()
+            targets.stop()
+            fleet.stop()
+            events.stop()
+            await client.close()
+            store.close()
 
     app = FastAPI(
         title="flexgate gateway",
@@ -52,8 +96,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         lifespan=lifespan,
         description="Demand response for AI data centres: quotes, events, plans, caps.",
     )
-    app.include_router(router)
-    app.include_router(v1)
+    app.state.settings = settings
+    for router in routers:
+        app.include_router(router)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:

@@ -1,9 +1,10 @@
 """Leases survive a step of the wall clock: they count on the monotonic clock, at the agent
 that lets them run out and at the gateway that renews them (docs/reliability.md).
 
-The wall clock is stepped in-process: `time.time` and the `datetime.now` that APScheduler and
-the gateway read jump by an hour, while the monotonic clock runs on. A lease counted on the
-wall clock would run out at once on a step forward, or hold for hours on a step back.
+The wall clock is stepped in-process: the gateway's clock (passed in), and `time.time` and the
+`datetime.now` that APScheduler reads itself, jump by an hour, while the monotonic clock runs
+on. A lease counted on the wall clock would run out at once on a step forward, or hold for
+hours on a step back.
 """
 
 import time
@@ -13,10 +14,10 @@ import apscheduler.schedulers.base
 import httpx
 import pytest
 
-import gateway.store.models
 from agents.service import AgentNode, create_app
 from agents.simulated import SimulatedBackend
 from flexgate.serve import ServerThread
+from gateway.clock import SystemClock
 from tests.conftest import wait_for
 from tests.gateway.conftest import API, now_iso, running_site
 
@@ -24,8 +25,9 @@ TOKEN = "clock-step-token-0123456789"
 HOUR_S = 3600.0
 
 
-class WallClock:
-    """The process's wall clock, stepped by `step(seconds)`."""
+class WallClock(SystemClock):
+    """The system's clocks with the wall clock stepped by `step(seconds)`: the gateway's
+    clock, and the process's `time.time` and APScheduler's `datetime.now`."""
 
     def __init__(self, monkeypatch):
         self.offset_s = 0.0
@@ -38,7 +40,9 @@ class WallClock:
 
         monkeypatch.setattr(time, "time", lambda: real_time() + self.offset_s)
         monkeypatch.setattr(apscheduler.schedulers.base, "datetime", Stepped)
-        monkeypatch.setattr(gateway.store.models, "datetime", Stepped)
+
+    def now(self) -> datetime:
+        return super().now() + timedelta(seconds=self.offset_s)
 
     def step(self, seconds: float) -> None:
         self.offset_s += seconds
@@ -73,7 +77,7 @@ def test_an_agent_lease_runs_out_on_time_whatever_the_wall_clock_does(
 def test_the_gateway_renews_leases_across_a_step_back(tmp_path, monkeypatch):
     clock = WallClock(monkeypatch)
     database = f"sqlite:///{tmp_path / 'gateway.db'}"
-    with running_site(tmp_path, database, lease_s=2.0) as site:
+    with running_site(tmp_path, database, clock=clock, lease_s=2.0) as site:
         originals = site.limits()
         body = {"reduction_kw": 5.0, "start": now_iso(), "duration_s": 600}
         created = site.api.post("/v1/events", json=body, headers=API)

@@ -1,22 +1,48 @@
-"""Dependencies of the routes: the gateway, and the bearer tokens."""
+"""Dependencies of the routes: the services, and the bearer tokens."""
 
 from __future__ import annotations
 
 import hmac
+from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import APIRouter, Depends, Header, Request
 
+from agents.protocol import problems
 from gateway.errors import UnauthorizedError
-from gateway.services.runtime import Gateway
+from gateway.services.events import Events
+from gateway.services.fleet import Fleet
+from gateway.services.jobbook import JobBook
+from gateway.services.site import SitePower
+from gateway.services.status import Status
+from gateway.services.targets import Targets
+from gateway.settings import GatewaySettings
 
 
-async def get_gateway(request: Request) -> Gateway:
-    gateway: Gateway = request.app.state.gateway
-    return gateway
+@dataclass(frozen=True)
+class Services:
+    """What the routes call, built by `gateway.app.create_app`."""
+
+    book: JobBook
+    fleet: Fleet
+    power: SitePower
+    targets: Targets
+    events: Events
+    status: Status
 
 
-GatewayDep = Annotated[Gateway, Depends(get_gateway)]
+def _services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+def _settings(request: Request) -> GatewaySettings:
+    settings: GatewaySettings = request.app.state.settings
+    return settings
+
+
+ServicesDep = Annotated[Services, Depends(_services)]
+SettingsDep = Annotated[GatewaySettings, Depends(_settings)]
 
 
 def _matches(authorization: str | None, token: str) -> bool:
@@ -25,27 +51,32 @@ def _matches(authorization: str | None, token: str) -> bool:
 
 
 async def write_access(
-    gateway: GatewayDep, authorization: Annotated[str | None, Header()] = None
+    settings: SettingsDep, authorization: Annotated[str | None, Header()] = None
 ) -> str:
     """Every mutating call: the API token."""
-    if not _matches(authorization, gateway.settings.api_token.get_secret_value()):
+    if not _matches(authorization, settings.api_token.get_secret_value()):
         raise UnauthorizedError("a valid bearer token (FLEXGATE_API_TOKEN) is required")
     return "api"
 
 
 async def read_access(
-    gateway: GatewayDep, authorization: Annotated[str | None, Header()] = None
+    settings: SettingsDep, authorization: Annotated[str | None, Header()] = None
 ) -> None:
     """Reads (and quotes): open unless FLEXGATE_READ_TOKEN is set; the API token works too."""
-    read = gateway.settings.read_token
+    read = settings.read_token
     if read is None or not read.get_secret_value():
         return
     if not (
         _matches(authorization, read.get_secret_value())
-        or _matches(authorization, gateway.settings.api_token.get_secret_value())
+        or _matches(authorization, settings.api_token.get_secret_value())
     ):
         raise UnauthorizedError("a valid bearer token (FLEXGATE_READ_TOKEN) is required")
 
 
 Writer = Annotated[str, Depends(write_access)]
 READ = [Depends(read_access)]
+
+
+def v1_router() -> APIRouter:
+    """A router for one resource under /v1: readers need the read token when one is set."""
+    return APIRouter(prefix="/v1", dependencies=READ, responses=problems(401, 503))

@@ -153,7 +153,7 @@ class Plan(_Open):
     sync: dict[str, Any]
 
 
-class Site(_Open):
+class SiteState(_Open):
     gpu_power_kw: float
     facility_power_kw: float
     baseline_gpu_kw: float

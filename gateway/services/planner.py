@@ -1,10 +1,9 @@
 """From a facility target to per-node cap commands (ARCHITECTURE.md, step 3).
 
-The site's job mix (stored jobs plus the site's overhead settings) goes to flexmodel's
-`optimal` allocation. Jobs without a placement on a known agent cannot be capped, so they give
-nothing. Each node gets its whole desired state: a cap for every GPU of every capped job placed
-on it; GPUs not listed return to their original limit. The sync verdict of the site's control
-loops is attached.
+The site's job mix goes to flexmodel's `optimal` allocation. Jobs without a placement on a
+known agent cannot be capped, so they give nothing. Each node gets its whole desired state: a
+cap for every GPU of every capped job placed on it; GPUs not listed return to their original
+limit. The sync verdict of the site's control loops is attached.
 """
 
 from __future__ import annotations
@@ -15,30 +14,13 @@ from typing import Any
 import numpy as np
 
 from flexmodel.allocate import allocate, allocation_dict
-from flexmodel.errors import FlexModelError
-from flexmodel.jobs import JobMix, parse_job_mix
+from flexmodel.jobs import JobMix
 from flexmodel.loops import site_loops
 from flexmodel.sync import worst_verdict
-from gateway.errors import InvalidRequestError
 from gateway.settings import GatewaySettings
 
 #: A job whose cap is within this of its maximum is left uncapped.
 UNCAPPED_MARGIN_W = 0.5
-
-
-def site_mix(jobs: list[dict[str, Any]], settings: GatewaySettings) -> JobMix:
-    """The stored jobs with the site's overhead settings, validated by flexmodel."""
-    try:
-        return parse_job_mix(
-            {
-                "overhead_factor": settings.overhead_factor,
-                "overhead_factor_stderr": settings.overhead_factor_stderr,
-                "static_load_kw": settings.static_load_kw,
-                "jobs": jobs,
-            }
-        )
-    except FlexModelError as exc:
-        raise InvalidRequestError(str(exc)) from exc
 
 
 def plan(

@@ -47,3 +47,16 @@ def check_version(engine: Engine) -> None:
                 f"the database holds schema version {row.version}, this gateway uses "
                 f"{SCHEMA_VERSION}; migrate it or point FLEXGATE_DATABASE_URL elsewhere"
             )
+
+
+class Store:
+    """The open store: sessions for the services (objects stay readable after commit)."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = open_engine(url)
+
+    def session(self) -> Session:
+        return Session(self.engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        self.engine.dispose()

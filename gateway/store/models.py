@@ -17,13 +17,14 @@ from sqlmodel import Field, SQLModel
 SCHEMA_VERSION = 2
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 def as_utc(when: datetime) -> datetime:
     """SQLite hands back naive datetimes; everything stored is UTC."""
     return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def iso(when: datetime | None) -> str | None:
+    """A stored time as the API shows it: ISO 8601, UTC."""
+    return None if when is None else as_utc(when).isoformat()
 
 
 def _when(**kwargs: Any) -> Any:

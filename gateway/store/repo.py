@@ -15,7 +15,6 @@ from gateway.store.models import (
     JobRow,
     NodeRow,
     PlanRow,
-    utcnow,
 )
 
 
@@ -51,10 +50,10 @@ def delete_job(session: Session, *, job_id: str) -> bool:
     return True
 
 
-def saw_node(session: Session, *, node_id: str, url: str) -> None:
+def saw_node(session: Session, *, node_id: str, url: str, at: datetime) -> None:
     """Remember an agent and when it last answered."""
-    row = session.get(NodeRow, node_id) or NodeRow(node_id=node_id, url=url, last_seen=utcnow())
-    row.url, row.last_seen = url, utcnow()
+    row = session.get(NodeRow, node_id) or NodeRow(node_id=node_id, url=url, last_seen=at)
+    row.url, row.last_seen = url, at
     session.add(row)
 
 
@@ -64,6 +63,23 @@ def list_nodes(session: Session) -> list[NodeRow]:
 
 def add_event(session: Session, *, event: EventRow) -> None:
     session.add(event)
+
+
+def replace_event(session: Session, *, event: EventRow) -> None:
+    """Store the event in place of the one with its id, if any (a newer modification)."""
+    known = session.get(EventRow, event.id)
+    if known is not None:
+        session.delete(known)
+        session.flush()
+    session.add(event)
+
+
+def link_plan(session: Session, *, event_id: str, plan_id: str) -> None:
+    """The event's current plan is this one."""
+    event = session.get(EventRow, event_id)
+    if event is not None:
+        event.plan_id = plan_id
+        session.add(event)
 
 
 def get_event(session: Session, *, event_id: str) -> EventRow | None:
@@ -110,6 +126,6 @@ def next_generation(session: Session) -> int:
 
 
 def audit(
-    session: Session, *, actor: str, action: str, detail: dict[str, Any], at: datetime | None = None
+    session: Session, *, actor: str, action: str, detail: dict[str, Any], at: datetime
 ) -> None:
-    session.add(AuditRow(at=at or utcnow(), actor=actor, action=action, detail=detail))
+    session.add(AuditRow(at=at, actor=actor, action=action, detail=detail))

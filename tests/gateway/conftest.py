@@ -116,8 +116,9 @@ def start_site(tmp_path, database_url, **overrides):
 
 
 @contextlib.contextmanager
-def running_site(tmp_path, database_url, **changes):
-    """Agents and a gateway (short timers; `changes` override settings), the job mix put."""
+def running_site(tmp_path, database_url, http_trace=(), clock=None, **changes):
+    """Agents and a gateway (short timers; `changes` override settings), the job mix put;
+    `http_trace` sees every request of the gateway's own HTTP clients; `clock` is its clock."""
     jobs, nodes, agents = start_site(tmp_path, database_url)
     with ServerThread(agents) as agents_url:
         settings = GatewaySettings(
@@ -134,7 +135,7 @@ def running_site(tmp_path, database_url, **changes):
             }
         )
         with (
-            ServerThread(create_app(settings)) as url,
+            ServerThread(create_app(settings, http_trace=http_trace, clock=clock)) as url,
             httpx.Client(base_url=url, timeout=20) as api,
         ):
             answer = api.put("/v1/jobs", json={"jobs": jobs}, headers=API)
@@ -142,19 +143,17 @@ def running_site(tmp_path, database_url, **changes):
             yield Site(api, nodes, settings)
 
 
-@pytest.fixture
-def outbound_urls(monkeypatch) -> list[str]:
-    """Every URL this process asks for through aiohttp (the gateway's and the VEN's client)
-    from now on, in order."""
-    called: list[str] = []
-    original = aiohttp.ClientSession._request
+class Outbound:
+    """Every URL the gateway's HTTP clients (to the agents, to the VTN) ask for, in order:
+    pass `trace` to `running_site(http_trace=...)`."""
 
-    def recording(self, method, url, *args, **kwargs):
-        called.append(str(url))
-        return original(self, method, url, *args, **kwargs)
+    def __init__(self) -> None:
+        self.urls: list[str] = []
+        self.trace = aiohttp.TraceConfig()
+        self.trace.on_request_start.append(self._started)
 
-    monkeypatch.setattr(aiohttp.ClientSession, "_request", recording)
-    return called
+    async def _started(self, _session, _context, params) -> None:
+        self.urls.append(str(params.url))
 
 
 @pytest.fixture

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from gateway.services.planner import plan, site_mix
+from gateway.services.jobbook import site_mix
+from gateway.services.planner import plan
 from gateway.settings import GatewaySettings
 from tests.conftest import EXAMPLES
 

@@ -12,7 +12,7 @@ import pytest
 from flexgate.serve import ServerThread
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from tests.gateway.conftest import AGENT_TOKEN, API, API_TOKEN
+from tests.gateway.conftest import AGENT_TOKEN, API, API_TOKEN, Outbound, running_site
 
 READ_TOKEN = "read-token-0123456789abcdef"
 
@@ -124,13 +124,15 @@ def test_tokens_never_reach_the_logs(site, caplog):
         assert secret not in caplog.text
 
 
-def test_the_gateway_calls_only_its_configured_agents(outbound_urls, site):
+def test_the_gateway_calls_only_its_configured_agents(tmp_path, database_url):
     """Every outbound request of a whole event (discovery, dispatch, reconciliation,
     telemetry, recovery) goes to a configured agent URL, and to nothing else."""
-    called = outbound_urls
-    run_a_short_event(site)
-    site.api.get("/v1/site")  # telemetry from every agent
-    site.wait(lambda: all(w == 700.0 for ws in site.limits().values() for w in ws))
-    allowed = site.settings.agent_urls
+    outbound = Outbound()
+    called = outbound.urls
+    with running_site(tmp_path, database_url, http_trace=[outbound.trace]) as site:
+        run_a_short_event(site)
+        site.api.get("/v1/site")  # telemetry from every agent
+        site.wait(lambda: all(w == 700.0 for ws in site.limits().values() for w in ws))
+        allowed = site.settings.agent_urls
     assert called, "no outbound request was seen: the check would prove nothing"
     assert all(any(url.startswith(f"{a}/") for a in allowed) for url in called), called

@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from openleadr.messaging import parse_message
 
-from gateway.signals import Party, Site, schedule
+from gateway.openadr.signals import Party, SiteLoad, read_event
 
-SITE = Site(baseline_facility_kw=1000.0, max_capacity_kw=1200.0)
+SITE = SiteLoad(baseline_facility_kw=1000.0, max_capacity_kw=1200.0)
 T0 = datetime(2026, 11, 29, 18, 0, tzinfo=UTC)
 
 
@@ -20,7 +20,7 @@ def vector(shared, name):
 
 def test_epri_two_signals_act_on_simple_and_say_why_not_on_price(shared):
     (event,) = vector(shared, "distribute_event_1event2signals.xml")
-    plan = schedule(event, SITE)
+    plan = read_event(event, SITE)
     assert plan.event_id == "71dd232a8dab3b1a7279"
     assert plan.opt_out_reason is None
     assert plan.ignored == ["ENERGY_PRICE/price: not a signal flexgate acts on"]
@@ -35,14 +35,14 @@ def test_epri_two_signals_act_on_simple_and_say_why_not_on_price(shared):
 
 def test_epri_price_only_event_is_an_opt_out_with_its_reason(shared):
     (event,) = vector(shared, "distribute_event_active.xml")
-    plan = schedule(event, SITE)
+    plan = read_event(event, SITE)
     assert plan.intervals == []
     assert "ENERGY_PRICE/price: not a signal flexgate acts on" in plan.opt_out_reason
 
 
 def test_epri_vtn_capture_statuses_and_levels(shared):
     events = vector(shared, "epri_vtn_distribute_event.xml")
-    plans = [schedule(e, SITE) for e in events]
+    plans = [read_event(e, SITE) for e in events]
     assert [(p.event_id, p.status, p.modification) for p in plans] == [
         ("8645429d9bab36b8be96", "active", 0),
         ("55b2238d1cfcd3269872", "completed", 0),
@@ -54,7 +54,7 @@ def test_epri_vtn_capture_statuses_and_levels(shared):
 
 def test_kisensum_events_without_payload_are_not_acted_on(shared):
     events = vector(shared, "kisensum_vtn_distribute_event.xml")
-    plans = [schedule(e, SITE) for e in events]
+    plans = [read_event(e, SITE) for e in events]
     assert all(p.intervals == [] and "no payload" in p.opt_out_reason for p in plans)
 
 
@@ -105,7 +105,7 @@ def signal(name, kind, *values, minutes=30, units=None, scale=None):
     ],
 )
 def test_signal_mapping(sig, reductions):
-    plan = schedule(event(sig, duration=len(sig["intervals"]) * 1800), SITE)
+    plan = read_event(event(sig, duration=len(sig["intervals"]) * 1800), SITE)
     assert plan.opt_out_reason is None
     expected = []
     for r in reductions:  # equal neighbours merge
@@ -124,13 +124,13 @@ def test_signal_mapping(sig, reductions):
     ],
 )
 def test_signals_flexgate_will_not_follow_opt_out_with_the_reason(sig, words):
-    plan = schedule(event(sig), SITE)
+    plan = read_event(event(sig), SITE)
     assert plan.intervals == []
     assert words in plan.opt_out_reason
 
 
 def test_overlapping_signals_the_strictest_wins():
-    plan = schedule(
+    plan = read_event(
         event(
             signal("simple", "level", 1.0, 2.0),  # 100 then 250, 30 min each
             signal("LOAD_DISPATCH", "delta", -180.0, minutes=60),
@@ -144,19 +144,19 @@ def test_overlapping_signals_the_strictest_wins():
 
 
 def test_startafter_shifts_the_schedule_by_a_random_offset_within_it():
-    plan = schedule(
+    plan = read_event(
         event(signal("simple", "level", 2.0), startafter=120), SITE, rng=random.Random(3)
     )
     assert 0 < plan.start_offset_s <= 120
     assert plan.start == T0 + timedelta(seconds=plan.start_offset_s)
-    again = schedule(
+    again = read_event(
         event(signal("simple", "level", 2.0), startafter=120), SITE, rng=random.Random(3)
     )
     assert again.start_offset_s == plan.start_offset_s
 
 
 def test_ramp_up_test_events_and_open_ended_intervals():
-    plan = schedule(
+    plan = read_event(
         event(signal("simple", "level", 2.0, minutes=0), duration=0, ramp=300, test=True), SITE
     )
     assert plan.test is True  # the VEN answers a test event but never acts on it
@@ -167,7 +167,7 @@ def test_ramp_up_test_events_and_open_ended_intervals():
 
 
 def test_ramp_up_steps_caps_down_before_the_first_interval_starts():
-    plan = schedule(event(signal("LOAD_DISPATCH", "delta", -90.0, -30.0), ramp=60), SITE)
+    plan = read_event(event(signal("LOAD_DISPATCH", "delta", -90.0, -30.0), ramp=60), SITE)
     assert [(i.start - T0, i.end - T0, i.reduction_kw) for i in plan.intervals] == [
         (timedelta(seconds=-60), timedelta(seconds=-40), pytest.approx(30.0)),
         (timedelta(seconds=-40), timedelta(seconds=-20), pytest.approx(60.0)),
@@ -176,20 +176,20 @@ def test_ramp_up_steps_caps_down_before_the_first_interval_starts():
         (timedelta(minutes=30), timedelta(minutes=60), 30.0),
     ]
     assert plan.start == T0 - timedelta(seconds=60)
-    assert schedule(event(signal("LOAD_DISPATCH", "delta", -90.0)), SITE).start == T0
+    assert read_event(event(signal("LOAD_DISPATCH", "delta", -90.0)), SITE).start == T0
 
 
 def test_targets_decide_whether_the_event_is_for_this_ven(shared):
     (event,) = vector(shared, "distribute_event_1event2signals.xml")  # targets venID deef06...
     me = Party("deef06ba5329fcc0e5fa")
-    assert schedule(event, SITE, party=me).opt_out_reason is None
-    assert len(schedule(event, SITE, party=me).intervals) == 3
-    other = schedule(event, SITE, party=Party("someone-else", frozenset({"g1"})))
+    assert read_event(event, SITE, party=me).opt_out_reason is None
+    assert len(read_event(event, SITE, party=me).intervals) == 3
+    other = read_event(event, SITE, party=Party("someone-else", frozenset({"g1"})))
     assert other.intervals == []
     assert other.opt_out_reason == "not targeted at this VEN (targets: ven_id=deef06ba5329fcc0e5fa)"
     by_group = {**event, "targets": [{"group_id": "west"}, {"resource_id": "hall-2"}]}
-    assert schedule(by_group, SITE, party=Party("x", groups=frozenset({"west"}))).intervals
-    assert schedule(by_group, SITE, party=Party("x", resources=frozenset({"hall-2"}))).intervals
-    assert not schedule(by_group, SITE, party=Party("x", frozenset({"east"}))).intervals
+    assert read_event(by_group, SITE, party=Party("x", groups=frozenset({"west"}))).intervals
+    assert read_event(by_group, SITE, party=Party("x", resources=frozenset({"hall-2"}))).intervals
+    assert not read_event(by_group, SITE, party=Party("x", frozenset({"east"}))).intervals
     # No targets: the event is for every VEN that receives it.
-    assert schedule({**event, "targets": []}, SITE, party=Party(None)).intervals
+    assert read_event({**event, "targets": []}, SITE, party=Party(None)).intervals

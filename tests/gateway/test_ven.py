@@ -10,7 +10,7 @@ import pytest
 from openleadr import OpenADRServer, hooks
 
 from flexgate.serve import free_port
-from tests.gateway.conftest import API, running_site
+from tests.gateway.conftest import API, Outbound, running_site
 
 VEN_ID = "ven-flexgate"
 
@@ -131,11 +131,12 @@ def database_url(tmp_path):
     return f"sqlite:///{tmp_path / 'gateway.db'}"
 
 
-def ven_site(tmp_path, database_url, vtn_url: str):
+def ven_site(tmp_path, database_url, vtn_url: str, http_trace=()):
     """A site whose VEN talks to `vtn_url` (openleadr's test VTN has no certificate)."""
     return running_site(
         tmp_path,
         database_url,
+        http_trace,
         vtn_url=vtn_url,
         vtn_allow_unsigned=True,
         recovery_ramp_s=0.2,
@@ -300,10 +301,12 @@ def test_a_restarted_vtn_asks_for_reregistration_and_gets_it(tmp_path, database_
             )
 
 
-def test_the_ven_calls_only_the_vtn(tmp_path, database_url, outbound_urls):
+def test_the_ven_calls_only_the_vtn(tmp_path, database_url):
     """Every outbound request of a whole OpenADR session (registration, polls, the event's
     answer, reports) goes to the VTN, or to a configured agent, and nowhere else."""
-    with Vtn() as vtn, ven_site(tmp_path, database_url, vtn.url) as site:
+    outbound = Outbound()
+    outbound_urls = outbound.urls
+    with Vtn() as vtn, ven_site(tmp_path, database_url, vtn.url, [outbound.trace]) as site:
         event_id = vtn.add_event("simple", "level", 2.0, datetime.now(UTC), 2)
         site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="optIn")
         site.wait(lambda: any(vtn.reports.values()), what="a report")

@@ -12,15 +12,14 @@ import asyncio
 import subprocess
 import sys
 from datetime import UTC, datetime
-from types import SimpleNamespace
 
 import pytest
 from aiohttp import web
 from openleadr import messaging, utils
 
 from flexgate.serve import free_port
+from gateway.openadr.ven import MAX_MESSAGE_BYTES, Ven
 from gateway.settings import GatewaySettings
-from gateway.ven import MAX_MESSAGE_BYTES, Ven
 from tests.conftest import ROOT
 from tests.gateway.conftest import AGENT_TOKEN, API_TOKEN
 
@@ -62,11 +61,7 @@ def serve_to_ven(body: bytes, fingerprint: str | None, reply=None) -> tuple[str 
     server; what the client hands back."""
     port = free_port()
     pinned = {"vtn_fingerprint": fingerprint} if fingerprint else {"vtn_allow_unsigned": True}
-    ven = Ven(
-        SimpleNamespace(
-            settings=settings(vtn_url=f"http://127.0.0.1:{port}/OpenADR2/Simple/2.0b", **pinned)
-        )
-    )
+    ven = Ven(settings(vtn_url=f"http://127.0.0.1:{port}/OpenADR2/Simple/2.0b", **pinned))
 
     async def whole(_request: web.Request) -> web.Response:
         return web.Response(body=body, content_type="application/xml")
@@ -178,7 +173,9 @@ def test_hostile_xml_is_rejected_without_expanding_anything(payload):
     # In a child process: openleadr's own parser segfaults on the bomb, and a regression must
     # fail this test, not kill the test session.
     script = (
-        "import sys, gateway.ven\n"
+        "import sys\n"
+        "from gateway.openadr.xml import harden_parser\n"
+        "harden_parser()\n"
         "from openleadr import messaging\n"
         "try:\n"
         "    messaging.validate_xml_schema(sys.stdin.buffer.read())\n"

@@ -1,7 +1,8 @@
-"""OpenADR 2.0b event signals -> a schedule of facility-level reductions (ARCHITECTURE.md, step 2).
+"""OpenADR 2.0b event signals -> facility-level reductions, interval by interval.
 
 Works on an event as openleadr parses it (`openleadr.messaging.parse_message`): a pure function,
-so the VEN and the tests share it. The signal's **name** decides what it means:
+so the VEN and the tests share it; the result is the core's `ExternalEvent`. The signal's
+**name** decides what it means:
 
 - SIMPLE (any case), any type: level 0-3 (rounded, clipped) -> `level_shares` of the
   baseline facility power (0, 10, 25, 40%);
@@ -27,9 +28,11 @@ import itertools
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+
+from gateway.services.grid import ExternalEvent, Interval
 
 #: Share of the baseline facility power each SIMPLE level sheds (0 to 3).
 LEVEL_SHARES = (0.0, 0.10, 0.25, 0.40)
@@ -41,7 +44,9 @@ _SCALE_TO_KW = {None: 1.0, "none": 1e-3, "k": 1.0, "M": 1e3, "G": 1e6}
 
 
 @dataclass(frozen=True)
-class Site:
+class SiteLoad:
+    """What a signal's levels and fractions are taken against."""
+
     baseline_facility_kw: float  #: what the site draws uncapped
     max_capacity_kw: float  #: the baseline with every GPU at its maximum limit
     level_shares: tuple[float, ...] = LEVEL_SHARES
@@ -69,40 +74,12 @@ class Party:
         return f"not targeted at this VEN (targets: {named})"
 
 
-@dataclass(frozen=True)
-class Interval:
-    start: datetime
-    end: datetime
-    reduction_kw: float
-
-
-@dataclass
-class Schedule:
-    event_id: str
-    modification: int
-    status: str
-    test: bool
-    ramp_up_s: float
-    start_offset_s: float
-    intervals: list[Interval] = field(default_factory=list)
-    ignored: list[str] = field(default_factory=list)  #: signals not acted on, and why
-    opt_out_reason: str | None = None
-
-    @property
-    def start(self) -> datetime | None:
-        return self.intervals[0].start if self.intervals else None
-
-    @property
-    def end(self) -> datetime | None:
-        return self.intervals[-1].end if self.intervals else None
-
-
-def schedule(
+def read_event(
     event: Mapping[str, Any],
-    site: Site,
+    site: SiteLoad,
     rng: random.Random | None = None,
     party: Party | None = None,
-) -> Schedule:
+) -> ExternalEvent:
     """The facility reductions an OpenADR event asks for, interval by interval.
 
     With `party`, an event whose targets name neither this VEN nor one of its groups or
@@ -112,7 +89,7 @@ def schedule(
     period = event.get("active_period", {})
     startafter = _seconds(period.get("tolerance", {}).get("tolerate", {}).get("startafter"))
     offset = (rng or random.Random()).uniform(0.0, startafter) if startafter > 0 else 0.0
-    out = Schedule(
+    out = ExternalEvent(
         event_id=str(descriptor.get("event_id")),
         modification=int(descriptor.get("modification_number") or 0),
         status=str(descriptor.get("event_status", "far")),
@@ -154,7 +131,7 @@ def _ramp(first: Interval, ramp_up_s: float) -> list[Interval]:
     ]
 
 
-def _signal(signal: Mapping[str, Any], site: Site) -> tuple[list[float], str | None]:
+def _signal(signal: Mapping[str, Any], site: SiteLoad) -> tuple[list[float], str | None]:
     """Each interval's reduction [kW], or why the signal is not acted on."""
     name = str(signal.get("signal_name", "")).upper()
     kind = str(signal.get("signal_type", ""))

@@ -2,13 +2,13 @@
 
 Registers with the VTN (retrying with backoff while it is unreachable) and polls at the
 frequency the VTN asks for (openleadr's `show_fingerprint=False`: nothing printed). Every event
-is turned into a schedule (`gateway.signals`), **stored, then answered** (`Gateway.accept_openadr`):
-opt in or out with the reason. This handler is the one place that catches everything: a failure
+is read into an `ExternalEvent` (`signals`), **stored, then answered** (`Events.accept`): opt
+in or out with the reason. This handler is the one place that catches everything: a failure
 is logged, stored as a failed event and answered with an opt-out.
 
 Also here: implied cancellation (an event the VTN stops listing), target filtering, the
-TELEMETRY_USAGE report, the opt-out sent when the site cancels an OpenADR event, and the
-hardened XML parser (docs/openadr.md).
+TELEMETRY_USAGE report and the opt-out sent when the site cancels an OpenADR event
+(docs/openadr.md). `start` installs the hardened XML parser (`xml`) before anything is parsed.
 """
 
 from __future__ import annotations
@@ -24,24 +24,16 @@ from datetime import timedelta
 from typing import Any
 
 import aiohttp
-from lxml import etree
-from openleadr import OpenADRClient, enums, messaging, objects
+from openleadr import OpenADRClient, enums, objects
 
-from gateway.services.runtime import Gateway
-from gateway.signals import Party, Site, schedule
-from gateway.store import repo
-from gateway.store.models import EventRow, utcnow
+from gateway.openadr.signals import Party, SiteLoad, read_event
+from gateway.openadr.xml import harden_parser
+from gateway.services.events import Events
+from gateway.services.site import SitePower
+from gateway.settings import GatewaySettings
+from gateway.store.models import EventRow
 
 log = logging.getLogger("flexgate.ven")
-
-# openleadr 0.5.36 parses every message with one module-level lxml parser that resolves
-# entities and loads DTDs: an entity-expansion ("billion laughs") message crashes the process
-# (a segfault with lxml 6 / libxml2 2.14), and external entities would be read. flexgate
-# replaces that parser, for its VEN and the mock VTN alike, with one that does neither: such a
-# message fails schema validation and is dropped.
-messaging.XML_PARSER = etree.XMLParser(
-    schema=messaging.XML_SCHEMA, resolve_entities=False, load_dtd=False, no_network=True
-)
 
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 #: The largest VTN reply read. OpenADR messages are kilobytes; openleadr would read any size.
@@ -81,17 +73,31 @@ class BoundedResponse(aiohttp.ClientResponse):
 
 class Client(OpenADRClient):
     """openleadr's client whose VTN replies are bounded (openleadr reads each one whole and
-    logs a refused one as a request error, dropping it)."""
+    logs a refused one as a request error, dropping it), and whose requests go through the
+    given aiohttp trace configs (openleadr makes its session itself)."""
+
+    trace_configs: tuple[aiohttp.TraceConfig, ...] = ()
 
     async def _ensure_client_session(self) -> None:
+        fresh = not self.client_session
         await super()._ensure_client_session()
         self.client_session._response_class = BoundedResponse
+        if fresh:
+            for trace in self.trace_configs:
+                trace.freeze()
+                self.client_session._trace_configs.append(trace)
 
 
 class Ven:
-    def __init__(self, gateway: Gateway) -> None:
-        settings = gateway.settings
-        self.gateway = gateway
+    """The grid protocol `openadr`: events `oadr-<eventID>` (`GridProtocol`)."""
+
+    source = "openadr"
+    id_prefix = "oadr"
+
+    def __init__(
+        self, settings: GatewaySettings, trace_configs: tuple[aiohttp.TraceConfig, ...] = ()
+    ) -> None:
+        self.settings = settings
         self.registered = False
         self.client = Client(
             ven_name=settings.ven_name,
@@ -101,6 +107,7 @@ class Ven:
             cert=str(settings.ven_cert) if settings.ven_cert else None,
             key=str(settings.ven_key) if settings.ven_key else None,
         )
+        self.client.trace_configs = trace_configs
         self.client.add_handler("on_event", self.on_event)
         self.client.add_handler("on_update_event", self.on_event)
         self.client.add_hook("after_parse_xml", self.after_parse)
@@ -118,12 +125,25 @@ class Ven:
                 report_duration=timedelta(hours=1),  # the buffer the VTN may ask back over
             )
         self._site: tuple[float, dict[str, Any]] | None = None
-        gateway.tell_vtn_opt_out = self.opt_out
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
+        self._events: Events | None = None
+        self._power: SitePower | None = None
 
-    async def start(self) -> None:
+    @property
+    def state(self) -> str:
+        return "registered" if self.registered else "registering"
+
+    async def start(self, events: Events, power: SitePower) -> None:
+        """Register and poll from now on, feeding `events`; `power` answers the reports."""
+        harden_parser()
+        self._events, self._power = events, power
         self._task = asyncio.create_task(self._register())
+
+    @property
+    def events(self) -> Events:
+        assert self._events is not None, "the VEN has not been started"
+        return self._events
 
     async def _register(self) -> None:
         attempt = 0
@@ -153,7 +173,8 @@ class Ven:
         """One TELEMETRY_USAGE value: the site as `GET /v1/site` shows it, read once per sample."""
         now = time.monotonic()
         if self._site is None or now - self._site[0] > 0.5:
-            self._site = (now, await self.gateway.site())
+            assert self._power is not None
+            self._site = (now, await self._power.doc())
         return round(float(self._site[1][REPORT_VALUES[r_id]]), 3)
 
     async def opt_out(self, event: EventRow) -> None:
@@ -173,51 +194,31 @@ class Ven:
             return
         events = payload.get("events") or []  # an empty distribute cancels every event
         listed = {str(e.get("event_descriptor", {}).get("event_id")) for e in events}
-        for event_id in await self.gateway.cancel_unlisted_openadr(listed):
+        for event_id in await self.events.cancel_unlisted(listed):
             log.info("event %s: no longer listed by the VTN, cancelled", event_id)
 
     async def on_event(self, event: dict[str, Any]) -> str:
         """openleadr's handler: store, act, answer optIn or optOut."""
         event_id = str(event.get("event_descriptor", {}).get("event_id"))
         try:
-            baseline, maximum = self.gateway.site_base()
-            site = Site(baseline_facility_kw=baseline, max_capacity_kw=maximum)
-            plan = schedule(event, site, self._rng, self._party())
-            opt, reason = await self.gateway.accept_openadr(plan)
+            assert self._power is not None
+            baseline, maximum = self._power.envelope()
+            site = SiteLoad(baseline_facility_kw=baseline, max_capacity_kw=maximum)
+            opt, reason = await self.events.accept(
+                read_event(event, site, self._rng, self._party())
+            )
             if reason:
                 log.info("event %s: opt %s (%s)", event_id, opt, reason)
             return "optIn" if opt == "in" else "optOut"
         except Exception as exc:  # the one place that catches everything
             log.exception("event %s could not be handled", event_id)
-            self._store_failure(event_id, f"{type(exc).__name__}: {exc}")
+            self.events.refuse(event_id, f"{type(exc).__name__}: {exc}")
             return "optOut"
 
     def _party(self) -> Party:
-        settings = self.gateway.settings
+        settings = self.settings
 
         def names(text: str) -> frozenset[str]:
             return frozenset(n.strip() for n in text.split(",") if n.strip())
 
         return Party(self.client.ven_id, names(settings.ven_groups), names(settings.ven_resources))
-
-    def _store_failure(self, event_id: str, reason: str) -> None:
-        now = utcnow()
-        with self.gateway.session() as s:
-            if repo.get_event(s, event_id=f"oadr-{event_id}") is None:
-                repo.add_event(
-                    s,
-                    event=EventRow(
-                        id=f"oadr-{event_id}",
-                        source="openadr",
-                        status="failed",
-                        start=now,
-                        end=now,
-                        reduction_kw=0.0,
-                        intervals=[],
-                        opt="out",
-                        reason=reason,
-                        external_id=event_id,
-                        created_at=now,
-                    ),
-                )
-                s.commit()

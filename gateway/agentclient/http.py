@@ -1,0 +1,114 @@
+"""The agents over HTTP/1.1 (aiohttp): keep-alive connections, concurrent requests.
+
+A command is retried on timeouts, connection errors and 5xx answers, with exponential backoff;
+a 4xx answer (a refused token, a stale generation) is final.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import aiohttp
+from pydantic import BaseModel, ValidationError
+
+from agents.protocol import CapCommand, CapResponse, Health, TelemetryResponse
+from gateway.agentclient import Ack, AgentUnreachableError, gpu_errors
+from gateway.clock import Clock, SystemClock
+
+BACKOFF_S = 0.1
+HEALTH_TIMEOUT_S = 2.0
+TELEMETRY_TIMEOUT_S = 3.0
+Model = TypeVar("Model", bound=BaseModel)
+
+
+class HttpAgentClient:
+    def __init__(
+        self,
+        token: str,
+        *,
+        timeout_s: float,
+        retries: int,
+        clock: Clock | None = None,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+    ) -> None:
+        self._token = token
+        self._timeout_s, self._retries = timeout_s, retries
+        self._clock = clock or SystemClock()
+        self._trace_configs = list(trace_configs)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:  # made inside the running loop that will use it
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=2000, keepalive_timeout=75),
+                trace_configs=self._trace_configs or None,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _get(self, url: str, model: type[Model], timeout_s: float) -> Model:
+        try:
+            async with self._http().get(
+                url, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as answer:
+                if answer.status != 200:
+                    raise AgentUnreachableError(f"HTTP {answer.status} from {url}")
+                return model.model_validate(await answer.json(content_type=None))
+        except (TimeoutError, aiohttp.ClientError, ValueError, ValidationError) as exc:
+            raise AgentUnreachableError(_describe(exc)) from exc
+
+    async def health(self, address: str) -> Health:
+        return await self._get(f"{address}/health", Health, HEALTH_TIMEOUT_S)
+
+    async def telemetry(self, address: str) -> TelemetryResponse | None:
+        try:
+            return await self._get(
+                f"{address}/v1/telemetry", TelemetryResponse, TELEMETRY_TIMEOUT_S
+            )
+        except AgentUnreachableError:
+            return None
+
+    async def put_caps(self, node: str, address: str, command: CapCommand) -> Ack:
+        sent_at, start = self._clock.now(), self._clock.monotonic()
+        error = "not sent"
+        for attempt in range(1, self._retries + 2):
+            try:
+                async with self._http().put(
+                    f"{address}/v1/caps",
+                    json=command.model_dump(),
+                    headers={"Authorization": f"Bearer {self._token}"},
+                    timeout=aiohttp.ClientTimeout(total=self._timeout_s),
+                ) as response:
+                    body = await response.json(content_type=None)
+                    if response.status == 200:
+                        answer = CapResponse.model_validate(body)
+                        return Ack(
+                            node,
+                            "acked",
+                            attempt,
+                            sent_at,
+                            self._clock.now(),
+                            self._clock.monotonic() - start,
+                            answer,
+                            gpu_errors(answer),
+                        )
+                    error = f"HTTP {response.status}: {_detail(body)}"
+                    if response.status < 500:
+                        break
+            except (TimeoutError, aiohttp.ClientError, ValueError, ValidationError) as exc:
+                error = _describe(exc)
+            if attempt <= self._retries:
+                await self._clock.sleep(BACKOFF_S * 2 ** (attempt - 1))
+        return Ack(node, "failed", attempt, sent_at, None, None, None, error)
+
+
+def _detail(body: Any) -> Any:
+    return body.get("detail", body) if isinstance(body, dict) else body
+
+
+def _describe(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

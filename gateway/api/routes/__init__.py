@@ -1,0 +1,5 @@
+"""The gateway's HTTP API, one module per resource. Routes stay thin: they call services."""
+
+from gateway.api.routes import events, health, jobs, plans, quotes, site
+
+routers = [health.router, site.router, jobs.router, quotes.router, events.router, plans.router]

@@ -1,0 +1,42 @@
+"""`/v1/events`: demand-response events, manual or from the grid protocol."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents.protocol import problems
+from gateway.api.deps import ServicesDep, Writer, v1_router
+from gateway.api.schemas import Event, EventCreate, Events
+
+router = v1_router()
+
+
+@router.get("/events", response_model=Events)
+async def list_events(services: ServicesDep) -> dict[str, Any]:
+    events = services.events
+    return {"events": events.describe(events.all())}
+
+
+@router.get("/events/{event_id}", response_model=Event, responses=problems(404, 422))
+async def get_event(event_id: str, services: ServicesDep) -> dict[str, Any]:
+    events = services.events
+    return events.describe([events.get(event_id)])[0]
+
+
+@router.post("/events", status_code=201, response_model=Event, responses=problems(400, 422))
+async def create_event(body: EventCreate, services: ServicesDep, actor: Writer) -> dict[str, Any]:
+    events = services.events
+    event = await events.create(
+        reduction_kw=body.reduction_kw,
+        start=body.start,
+        duration_s=body.duration_s,
+        source="manual",
+        actor=actor,
+    )
+    return events.describe([event])[0]
+
+
+@router.delete("/events/{event_id}", response_model=Event, responses=problems(404, 409, 422))
+async def cancel_event(event_id: str, services: ServicesDep, actor: Writer) -> dict[str, Any]:
+    events = services.events
+    return events.describe([await events.cancel(event_id, actor)])[0]

@@ -1,0 +1,32 @@
+"""`/health` (liveness and the store) and `/metrics` (Prometheus text)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from agents.protocol import problems
+from gateway.api.deps import READ, ServicesDep
+from gateway.api.schemas import Health
+
+router = APIRouter()
+
+
+@router.get(
+    "/health",
+    response_model=Health,
+    responses={503: {"model": Health, "description": "the store is unreachable"}},
+)
+async def health(services: ServicesDep) -> Any:
+    """200 when the store answers; 503 "unhealthy" (with the same fields) when it does not."""
+    doc = services.status.health()
+    return doc if doc["status"] == "ok" else JSONResponse(doc, status_code=503)
+
+
+@router.get(
+    "/metrics", response_class=PlainTextResponse, dependencies=READ, responses=problems(401, 503)
+)
+async def metrics(services: ServicesDep) -> str:
+    return services.status.metrics()

@@ -1,0 +1,33 @@
+"""The site now: `/v1/site` (power at the meter), `/v1/nodes` (agents), `/v1/sync` (phases)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.api.deps import ServicesDep, SettingsDep, v1_router
+from gateway.api.schemas import SiteState, SyncState
+from gateway.services.planner import loops_report
+
+router = v1_router()
+
+
+@router.get("/site", response_model=SiteState)
+async def site(services: ServicesDep) -> dict[str, Any]:
+    strictest = services.events.strictest()
+    return {
+        **await services.power.doc(),
+        "active_event_id": strictest.id if strictest else None,
+    }
+
+
+@router.get("/nodes")
+async def nodes(services: ServicesDep) -> dict[str, Any]:
+    return {"nodes": await services.fleet.node_docs()}
+
+
+@router.get("/sync", response_model=SyncState)
+async def sync(services: ServicesDep, settings: SettingsDep) -> dict[str, Any]:
+    return {
+        **await services.fleet.phase_doc(),
+        **loops_report(services.book.mix(), settings),
+    }

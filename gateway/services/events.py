@@ -1,0 +1,372 @@
+"""Events: stored before anything acts on them, started and ended on time, answered.
+
+- Manual events (`POST /v1/events`) and external ones from a grid protocol (`accept`), which
+  are opted in or out first: the source's own verdict, then the site's policy.
+- APScheduler (3.x, on the wall clock, as events are) starts and ends them and steps their
+  intervals; on start the jobs are rebuilt from the store and events that ended meanwhile are
+  completed (`resume`); `catch_up` does the same for moments missed while the store was down.
+- Whenever the active events change, the strictest active target (the largest reduction now)
+  goes to `Targets.hold`; when none is left, `Targets.release` steps the caps back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from flexmodel.quote import quote
+from gateway.clock import Clock
+from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
+from gateway.services.grid import ExternalEvent, GridProtocol
+from gateway.services.jobbook import JobBook
+from gateway.services.targets import Targets
+from gateway.settings import GatewaySettings
+from gateway.store import repo
+from gateway.store.db import Store
+from gateway.store.models import EventRow, as_utc, iso
+
+log = logging.getLogger("flexgate.gateway")
+LIVE = ("pending", "active")
+
+
+class Events:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        store: Store,
+        clock: Clock,
+        book: JobBook,
+        targets: Targets,
+        grid: GridProtocol | None = None,
+    ) -> None:
+        self.settings, self.store, self.clock = settings, store, clock
+        self.book, self.targets, self.grid = book, targets, grid
+        self.scheduler = AsyncIOScheduler(timezone=UTC)
+
+    async def start(self) -> None:
+        self.scheduler.start()
+        await self.resume()
+
+    def stop(self) -> None:
+        self.scheduler.shutdown(wait=False)
+
+    # --- reading -------------------------------------------------------------------------
+
+    def get(self, event_id: str) -> EventRow:
+        with self.store.session() as s:
+            event = repo.get_event(s, event_id=event_id)
+        if event is None:
+            raise NotFoundError(f"no event '{event_id}'")
+        return event
+
+    def live(self) -> list[EventRow]:
+        with self.store.session() as s:
+            return repo.list_events(s, statuses=LIVE)
+
+    def active(self) -> list[EventRow]:
+        """The active events that act on the site (test events never do)."""
+        with self.store.session() as s:
+            return [e for e in repo.list_events(s, statuses=("active",)) if not e.test]
+
+    def strictest(self) -> EventRow | None:
+        """The active event whose target is the largest now."""
+        now = self.clock.now()
+        return max(self.active(), key=lambda e: current_reduction(e, now), default=None)
+
+    def describe(self, events: list[EventRow]) -> list[dict[str, Any]]:
+        """The events as the API shows them, each with its current plan's feasibility."""
+        with self.store.session() as s:
+            plans = {e.plan_id: repo.get_plan(s, plan_id=e.plan_id) for e in events if e.plan_id}
+        now = self.clock.now().isoformat()
+        out = []
+        for event in events:
+            intervals = event.intervals or []
+            current = next((i for i in intervals if i["start"] <= now < i["end"]), None)
+            upcoming = next((i for i in intervals if i["start"] > now), None)
+            shown = current or upcoming or (intervals[-1] if intervals else None)
+            plan = plans.get(event.plan_id)
+            out.append(
+                {
+                    "id": event.id,
+                    "source": event.source,
+                    "status": event.status,
+                    "start": iso(event.start),
+                    "end": iso(event.end),
+                    "reduction_kw": shown["reduction_kw"] if shown else event.reduction_kw,
+                    "intervals": [
+                        {**i, "plan_id": event.plan_id if i is current else None} for i in intervals
+                    ],
+                    "opt": event.opt,
+                    "reason": event.reason,
+                    "plan_id": event.plan_id,
+                    "feasible": plan.doc["feasible"] if plan else None,
+                    "test": event.test,
+                    "external_id": event.external_id,
+                    "modification": event.modification,
+                }
+            )
+        return out
+
+    def all(self) -> list[EventRow]:
+        with self.store.session() as s:
+            return repo.list_events(s)
+
+    # --- manual events -------------------------------------------------------------------
+
+    async def create(
+        self, *, reduction_kw: float, start: datetime, duration_s: float, source: str, actor: str
+    ) -> EventRow:
+        if start.tzinfo is None:
+            raise InvalidRequestError("start: give a time zone (e.g. 2026-11-29T16:00:00Z)")
+        if not (math.isfinite(reduction_kw) and reduction_kw > 0):
+            raise InvalidRequestError("reduction_kw must be a positive number")
+        end = start + timedelta(seconds=duration_s)
+        now = self.clock.now()
+        if end <= now:
+            raise InvalidRequestError(f"the event would end at {end.isoformat()}, in the past")
+        event = EventRow(
+            intervals=[_interval(start, end, reduction_kw)],
+            id=f"ev-{uuid.uuid4().hex[:12]}",
+            source=source,
+            status="pending",
+            start=start.astimezone(UTC),
+            end=end.astimezone(UTC),
+            reduction_kw=reduction_kw,
+            created_at=now,
+        )
+        with self.store.session() as s:
+            repo.add_event(s, event=event)
+            self._audit(s, actor, "events.create", {"id": event.id, "reduction_kw": reduction_kw})
+            s.commit()
+        self._arm(event)
+        return event
+
+    # --- external events -----------------------------------------------------------------
+
+    def external_id(self, event_id: str) -> str:
+        assert self.grid is not None
+        return f"{self.grid.id_prefix}-{event_id}"
+
+    async def accept(self, external: ExternalEvent) -> tuple[str, str | None]:
+        """Store an external event, act on it, and say whether we opt in.
+
+        Stored before it is answered; an older modification than the one stored is refused;
+        a cancellation cancels; a test event is answered and never acted on.
+        """
+        assert self.grid is not None
+        event_id = self.external_id(external.event_id)
+        with self.store.session() as s:
+            known = repo.get_event(s, event_id=event_id)
+        if known is not None and external.modification < known.modification:
+            return known.opt, (
+                f"modification {external.modification} is older than {known.modification}"
+            )
+        if external.status == "cancelled":
+            if known is not None and known.status in LIVE:
+                await self.cancel(event_id, "vtn")
+            return "in", None
+        opt, reason = self._opt(external)
+        now = self.clock.now()
+        start = external.start or now
+        row = EventRow(
+            id=event_id,
+            source=self.grid.source,
+            status="opted_out" if opt == "out" else "pending",
+            start=start,
+            end=external.end or start,
+            reduction_kw=max((i.reduction_kw for i in external.intervals), default=0.0),
+            intervals=[_interval(i.start, i.end, i.reduction_kw) for i in external.intervals],
+            opt=opt,
+            reason=reason,
+            external_id=external.event_id,
+            modification=external.modification,
+            test=external.test,
+            created_at=now,
+        )
+        with self.store.session() as s:
+            repo.replace_event(s, event=row)
+            self._audit(
+                s,
+                "vtn",
+                f"events.{self.grid.source}",
+                {"id": event_id, "modification": external.modification, "opt": opt},
+            )
+            s.commit()
+        if opt == "in" and not external.test and external.intervals:
+            self._arm(row)
+        return opt, reason
+
+    def refuse(self, event_id: str, reason: str) -> None:
+        """An external event that could not be handled at all: stored as failed, opted out."""
+        assert self.grid is not None
+        now = self.clock.now()
+        with self.store.session() as s:
+            if repo.get_event(s, event_id=self.external_id(event_id)) is None:
+                repo.add_event(
+                    s,
+                    event=EventRow(
+                        id=self.external_id(event_id),
+                        source=self.grid.source,
+                        status="failed",
+                        start=now,
+                        end=now,
+                        reduction_kw=0.0,
+                        intervals=[],
+                        opt="out",
+                        reason=reason,
+                        external_id=event_id,
+                        created_at=now,
+                    ),
+                )
+                s.commit()
+
+    async def cancel_unlisted(self, listed: set[str]) -> list[str]:
+        """Cancel every live external event whose id the source no longer lists; their ids."""
+        assert self.grid is not None
+        source = self.grid.source
+        gone = [e.id for e in self.live() if e.source == source and e.external_id not in listed]
+        for event_id in gone:
+            await self.cancel(event_id, "vtn")
+        return gone
+
+    def _opt(self, external: ExternalEvent) -> tuple[str, str | None]:
+        """Opt in or out: the source's own verdict first, then the site's policy."""
+        if external.opt_out_reason:
+            return "out", external.opt_out_reason
+        if self.settings.opt_policy == "never":
+            return "out", "the site's policy is never to opt in"
+        most = max((i.reduction_kw for i in external.intervals), default=0.0)
+        reachable = quote(self.book.mix(), window_s=1.0, per_job_curves=False)["achievable_kw"]
+        if self.settings.opt_policy == "feasible" and most > reachable * (1 + 1e-9):
+            return "out", f"asks for {most:.1f} kW; the site can shed {reachable:.1f} kW"
+        return "in", None
+
+    # --- the life of an event ------------------------------------------------------------
+
+    def _arm(self, event: EventRow) -> None:
+        """Scheduler jobs for the event's start, end and each change of its target."""
+        now = self.clock.now()
+        for action, when in (("start", event.start), ("end", event.end)):
+            self.scheduler.add_job(
+                self.begin if action == "start" else self.finish,
+                "date",
+                run_date=max(as_utc(when), now),
+                args=[event.id],
+                id=f"{action}-{event.id}",
+                replace_existing=True,
+            )
+        for k, interval in enumerate(event.intervals[1:], start=1):
+            when = datetime.fromisoformat(interval["start"])
+            if when > now:
+                self.scheduler.add_job(
+                    self.apply_targets,
+                    "date",
+                    run_date=when,
+                    id=f"step-{event.id}-{k}",
+                    replace_existing=True,
+                )
+
+    async def begin(self, event_id: str) -> None:
+        if self._move(event_id, ("pending",), "active"):
+            await self.apply_targets()
+
+    async def finish(self, event_id: str) -> None:
+        if self._move(event_id, LIVE, "completed"):
+            await self.apply_targets()
+
+    async def cancel(self, event_id: str, actor: str) -> EventRow:
+        event = self.get(event_id)
+        if event.status not in LIVE:
+            raise ConflictError(f"event '{event_id}' is {event.status}: nothing to cancel")
+        if self.grid is not None and event.source == self.grid.source and actor != "vtn":
+            await self._opt_out_locally(event_id, actor)
+        self._move(event_id, LIVE, "cancelled", actor=actor)
+        for job in (f"start-{event_id}", f"end-{event_id}"):
+            if self.scheduler.get_job(job):
+                self.scheduler.remove_job(job)
+        if event.status == "active":  # a pending event has set no target
+            await self.apply_targets()
+        return self.get(event_id)
+
+    async def _opt_out_locally(self, event_id: str, actor: str) -> None:
+        """An external event cancelled on our side: stored as an opt-out and the source told,
+        first, waiting at most `dispatch_timeout_s` so the restore is never held up."""
+        assert self.grid is not None
+        with self.store.session() as s:
+            event = repo.get_event(s, event_id=event_id)
+            assert event is not None
+            event.opt, event.reason = "out", f"cancelled on the site by {actor}"
+            s.add(event)
+            s.commit()
+            s.refresh(event)
+        try:
+            await asyncio.wait_for(self.grid.opt_out(event), self.settings.dispatch_timeout_s)
+        except Exception:  # the GPUs are restored either way; say the source was not told
+            log.exception("event %s: the VTN could not be told of the opt-out", event_id)
+
+    def _move(
+        self, event_id: str, sources: tuple[str, ...], target: str, actor: str = "scheduler"
+    ) -> bool:
+        with self.store.session() as s:
+            event = repo.get_event(s, event_id=event_id)
+            if event is None or event.status not in sources:
+                return False
+            event.status = target
+            s.add(event)
+            self._audit(s, actor, f"events.{target}", {"id": event_id})
+            s.commit()
+        return True
+
+    def _audit(self, session: Any, actor: str, action: str, detail: dict[str, Any]) -> None:
+        repo.audit(session, actor=actor, action=action, detail=detail, at=self.clock.now())
+
+    async def resume(self) -> None:
+        """After a restart: finish what ended while down, schedule the rest, re-plan."""
+        now = self.clock.now()
+        for event in self.live():
+            if as_utc(event.end) <= now:
+                self._move(event.id, LIVE, "completed")
+            else:
+                self._arm(event)
+        await self.apply_targets(resumed=True)
+
+    async def catch_up(self) -> None:
+        """Start and end the events whose scheduled moment passed while the store was down."""
+        now = self.clock.now()
+        for event in self.live():
+            if as_utc(event.end) <= now:
+                await self.finish(event.id)
+            elif event.status == "pending" and as_utc(event.start) <= now:
+                await self.begin(event.id)
+
+    async def apply_targets(self, resumed: bool = False) -> None:
+        """Hold the strictest active target, or release the caps when none is left."""
+        strictest = self.strictest()
+        if strictest is not None:
+            await self.targets.hold(current_reduction(strictest, self.clock.now()), strictest.id)
+        elif self.targets.holding or resumed:
+            self.targets.release()
+
+
+def _interval(start: datetime, end: datetime, reduction_kw: float) -> dict[str, Any]:
+    return {
+        "start": as_utc(start).isoformat(),
+        "end": as_utc(end).isoformat(),
+        "reduction_kw": reduction_kw,
+    }
+
+
+def current_reduction(event: EventRow, now: datetime) -> float:
+    """The event's target now: its interval that holds `now` (0 between or outside them)."""
+    for interval in event.intervals:
+        start = datetime.fromisoformat(interval["start"])
+        end = datetime.fromisoformat(interval["end"])
+        if start <= now < end:
+            return float(interval["reduction_kw"])
+    return 0.0

@@ -1,0 +1,50 @@
+"""Reconciliation, like a Kubernetes controller: every `reconcile_period_s`, compare what
+should be with what is and act.
+
+Each round looks for agents that have not answered yet, reads the jobs' phases, sends every
+node its desired state again (renewing the leases) and catches up event starts and ends
+missed while the store was down. The period counts on the clock's monotonic time, so a step
+of the wall clock neither stalls the lease renewals nor bunches them up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from gateway.clock import Clock
+from gateway.services.events import Events
+from gateway.services.fleet import Fleet
+from gateway.services.targets import Targets
+
+log = logging.getLogger("flexgate.gateway")
+
+
+class Reconciler:
+    def __init__(
+        self, period_s: float, clock: Clock, fleet: Fleet, targets: Targets, events: Events
+    ) -> None:
+        self.period_s, self.clock = period_s, clock
+        self.fleet, self.targets, self.events = fleet, targets, events
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._forever())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _forever(self) -> None:
+        while True:
+            await self.clock.sleep(self.period_s)
+            try:
+                await self.reconcile()
+            except Exception:  # the next period tries again; the leases bound the damage
+                log.exception("reconciliation failed")
+
+    async def reconcile(self) -> None:
+        await self.fleet.discover()
+        await self.fleet.watch_phases()
+        await self.targets.reconcile()
+        await self.events.catch_up()

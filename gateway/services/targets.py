@@ -1,0 +1,242 @@
+"""Targets: a facility target becomes every node's desired state, and stays delivered.
+
+- **Hold** a target: plan it (`planner.plan`) onto the nodes that answer, store the plan, send
+  each node its whole desired state (caps, a new generation, a lease).
+- **Unreachable nodes.** A node whose command failed after the transport's retries is planned
+  as down: its jobs give nothing and the target is re-planned onto the other nodes, as far as
+  their bounds allow (the rest is `shortfall_kw`). It is still sent its desired state (no
+  caps), so it is seen coming back; then the target is re-planned with it again.
+- **Reconcile**: the desired state again, same generation, which renews every lease and puts
+  back whatever drifted (an agent that restarted, a limit changed under us). From memory: an
+  unreachable store does not drop caps mid-event.
+- **Release**: caps step back over `recovery_ramp_s` in `recovery_steps` plans of decreasing
+  reduction, then every GPU gets its original limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+from sqlalchemy.exc import OperationalError
+
+from agents.protocol import CapCommand, GpuCap
+from gateway.agentclient import Ack, AgentClient, fan_out
+from gateway.clock import Clock
+from gateway.errors import NotFoundError
+from gateway.services.fleet import Fleet
+from gateway.services.jobbook import JobBook
+from gateway.services.planner import plan
+from gateway.services.site import SitePower
+from gateway.settings import GatewaySettings
+from gateway.store import repo
+from gateway.store.db import Store
+from gateway.store.models import CommandRow, PlanRow, iso
+
+log = logging.getLogger("flexgate.gateway")
+
+
+class Targets:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        store: Store,
+        clock: Clock,
+        client: AgentClient,
+        fleet: Fleet,
+        book: JobBook,
+        site: SitePower,
+    ) -> None:
+        self.settings, self.store, self.clock = settings, store, clock
+        self.client, self.fleet, self.book, self.site = client, fleet, book, site
+        self.desired: dict[str, list[GpuCap]] = {}  #: node id -> its caps
+        self.generation: int | None = None
+        self.plan_id: str | None = None
+        self.down: set[str] = set()  #: nodes whose last command failed
+        self.fan_outs = 0  #: desired states sent to every node, since start
+        self._target: tuple[float, str | None] | None = None  #: (facility kW, event id)
+        self._lock = asyncio.Lock()
+        self._ramp: asyncio.Task[None] | None = None
+
+    def stop(self) -> None:
+        if self._ramp is not None:
+            self._ramp.cancel()
+
+    @property
+    def recovering(self) -> bool:
+        return self._ramp is not None and not self._ramp.done()
+
+    async def hold(self, facility_kw: float, event_id: str) -> None:
+        """Deliver this target from now on (a recovery under way is called off)."""
+        if self._ramp is not None:
+            self._ramp.cancel()
+            self._ramp = None
+        async with self._lock:
+            await self._plan_and_send(facility_kw, event_id)
+
+    def release(self) -> None:
+        """No target any more: step the caps back (once; a release under way goes on)."""
+        if not self.recovering:
+            self._ramp = asyncio.create_task(self._recover(self._last_target_kw()))
+
+    @property
+    def holding(self) -> bool:
+        """Some node has been sent caps that still need renewing or undoing."""
+        return bool(self.desired)
+
+    def _last_target_kw(self) -> float:
+        if self.plan_id is None:
+            return 0.0
+        with self.store.session() as s:
+            row = repo.get_plan(s, plan_id=self.plan_id)
+        return float(row.doc["requested_facility_kw"]) if row else 0.0
+
+    async def _recover(self, from_kw: float) -> None:
+        steps = self.settings.recovery_steps
+        pause = self.settings.recovery_ramp_s / steps
+        for k in range(1, steps):
+            await self.clock.sleep(pause)
+            async with self._lock:
+                await self._plan_and_send(from_kw * (1 - k / steps), None)
+        await self.clock.sleep(pause)
+        async with self._lock:
+            await self._plan_and_send(0.0, None)
+            self.desired, self.generation, self._target = {}, None, None  # nothing to renew
+
+    async def _plan_and_send(self, facility_kw: float, event_id: str | None) -> None:
+        """Plan the target onto the nodes that answer and send it; once more when a node went
+        down or came back meanwhile."""
+        await self.fleet.discover()
+        self._target = (facility_kw, event_id)
+        for _ in range(2):
+            doc = plan(
+                self.book.mix(),
+                facility_kw,
+                set(self.fleet.nodes),
+                self.settings,
+                frozenset(self.down),
+            )
+            with self.store.session() as s:
+                generation = repo.next_generation(s)
+                row = PlanRow(
+                    id=f"plan-{uuid.uuid4().hex[:12]}",
+                    event_id=event_id,
+                    generation=generation,
+                    doc=doc,
+                    created_at=self.clock.now(),
+                )
+                repo.add_plan(s, plan=row)
+                if event_id is not None:
+                    repo.link_plan(s, event_id=event_id, plan_id=row.id)
+                s.commit()
+            self.desired = {
+                c["node"]: [GpuCap(gpu=x["gpu"], cap_w=x["cap_w"]) for x in c["caps"]]
+                for c in doc["commands"]
+            }
+            self.generation, self.plan_id = generation, row.id
+            if not self._note_down(await self._send()):
+                return
+
+    def _note_down(self, acks: list[Ack]) -> bool:
+        """Record which nodes failed; True when that changed."""
+        down = {a.node for a in acks if a.failed}
+        changed, self.down = down != self.down, down
+        if changed:
+            log.warning("nodes unreachable: %s", ", ".join(sorted(down)) or "none")
+        return changed
+
+    async def _send(self) -> list[Ack]:
+        assert self.generation is not None
+        assert self.plan_id is not None
+        targets = [
+            (
+                node,
+                address,
+                CapCommand(
+                    plan_id=self.plan_id,
+                    generation=self.generation,
+                    lease_s=self.settings.lease_s,
+                    caps=self.desired.get(node, []),
+                ),
+            )
+            for node, address in sorted(self.fleet.nodes.items())
+        ]
+        self.fan_outs += 1
+        acks = await fan_out(self.client, targets)
+        try:
+            self._store_acks(acks)
+        except OperationalError as exc:  # the agents have their caps; only the record is missing
+            log.warning("store unreachable: %d acks not recorded (%s)", len(acks), exc)
+        return acks
+
+    def _store_acks(self, acks: list[Ack]) -> None:
+        assert self.plan_id is not None
+        assert self.generation is not None
+        with self.store.session() as s:
+            for ack in acks:
+                repo.add_command(
+                    s,
+                    command=CommandRow(
+                        plan_id=self.plan_id,
+                        node=ack.node,
+                        generation=self.generation,
+                        status=ack.status,
+                        attempts=ack.attempts,
+                        sent_at=ack.sent_at,
+                        acked_at=ack.acked_at,
+                        delay_s=ack.delay_s,
+                        error=ack.error,
+                        answer=ack.answer.model_dump() if ack.answer else None,
+                    ),
+                )
+            s.commit()
+
+    async def reconcile(self) -> None:
+        """Renew leases and put back what drifted: the desired state again, same generation;
+        re-planned when a node went down or came back."""
+        if self.generation is None or not self.fleet.nodes:
+            return
+        async with self._lock:
+            if self.generation is not None and self._note_down(await self._send()):
+                assert self._target is not None
+                await self._plan_and_send(*self._target)
+
+    async def plan_doc(self, plan_id: str) -> dict[str, Any]:
+        """A stored plan with each node's last answer; for the current plan, what is shed now."""
+        with self.store.session() as s:
+            row = repo.get_plan(s, plan_id=plan_id)
+            if row is None:
+                raise NotFoundError(f"no plan '{plan_id}'")
+            commands = repo.latest_commands(s, plan_id=plan_id)
+        latest = {
+            c.node: {
+                "node": c.node,
+                "status": c.status,
+                "generation": c.generation,
+                "attempts": c.attempts,
+                "sent_at": iso(c.sent_at),
+                "acked_at": iso(c.acked_at),
+                "delay_s": c.delay_s,
+                "error": c.error,
+            }
+            for c in commands
+        }
+        achieved = None
+        if plan_id == self.plan_id:
+            achieved = (await self.site.doc())["shed_facility_kw"]
+        return {
+            **row.doc,
+            "id": row.id,
+            "event_id": row.event_id,
+            "generation": row.generation,
+            "expected_facility_kw": row.doc["achieved_facility_kw"],
+            "achieved_facility_kw": achieved,
+            # Per node: the caps sent, and the last answer (status, timings).
+            "commands": [
+                {**command, **latest.get(command["node"], {"status": "pending"})}
+                for command in row.doc["commands"]
+            ],
+            "created_at": iso(row.created_at),
+        }
