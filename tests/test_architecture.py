@@ -4,7 +4,11 @@
   framework, no clock, no environment, no I/O.
 - agents: may import flexmodel; never gateway.
 - gateway: flexmodel, and of agents only agents.protocol (the wire schemas).
-- inside gateway: api -> services -> store, never back.
+- inside gateway every module belongs to a named layer, and imports only its own layer and
+  those below it: root (app, run) -> api -> grid protocol (openadr) -> services -> agent
+  client -> store -> base (clock, settings, errors). Routes call services, never the store.
+- in gateway, only the grid-protocol package imports openleadr, and only the agent client and
+  the grid-protocol package import aiohttp.
 - flexgate (the CLI, the composition root) may import all three; nothing imports it.
 """
 
@@ -40,7 +44,22 @@ IMPURE_STDLIB = {
     "tempfile",
 }
 FLEXMODEL_THIRD_PARTY = {"numpy", "scipy"}
-GATEWAY_LAYERS = ("api", "services", "store")  # each may import only those after it
+#: The gateway's layers, top first: a module may import its own layer and those after it.
+GATEWAY_LAYERS = {
+    "root": ("gateway.app", "gateway.run"),
+    "api": ("gateway.api",),
+    "grid protocol": ("gateway.openadr",),
+    "services": ("gateway.services",),
+    "agent client": ("gateway.agentclient",),
+    "store": ("gateway.store",),
+    "base": ("gateway.clock", "gateway.settings", "gateway.errors", "gateway"),
+}
+LAYER_ORDER = list(GATEWAY_LAYERS)
+#: Third-party packages only some gateway layers may import.
+GATEWAY_ONLY_IN = {
+    "openleadr": {"grid protocol"},
+    "aiohttp": {"grid protocol", "agent client", "root"},
+}
 
 
 def imports_of(path: Path) -> set[str]:
@@ -94,20 +113,34 @@ def rule(package: str, name: str, imported: str, top: str) -> str | None:
     if package == "gateway" and top == "agents" and not imported.startswith("agents.protocol"):
         return "gateway imports only agents.protocol of agents"
     if package == "gateway":
-        return layer_rule(name, imported)
+        return layer_rule(name, imported, top)
     return None
 
 
-def layer_rule(name: str, imported: str) -> str | None:
-    def layer(module: str) -> int | None:
-        parts = module.split(".")
-        if len(parts) > 1 and parts[0] == "gateway" and parts[1] in GATEWAY_LAYERS:
-            return GATEWAY_LAYERS.index(parts[1])
-        return None
+def layer_of(module: str) -> str | None:
+    """The gateway layer a module belongs to (the longest matching prefix), or None."""
+    best: tuple[int, str] | None = None
+    for layer, prefixes in GATEWAY_LAYERS.items():
+        for prefix in prefixes:
+            inside = module == prefix or module.startswith(f"{prefix}.")
+            if inside and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), layer)
+    return None if best is None else best[1]
 
-    mine, theirs = layer(name), layer(imported)
-    if mine is not None and theirs is not None and theirs < mine:
-        return f"gateway layers go {' -> '.join(GATEWAY_LAYERS)}, never back"
+
+def layer_rule(name: str, imported: str, top: str) -> str | None:
+    mine = layer_of(name)
+    if mine is None or (mine == "base" and name not in GATEWAY_LAYERS["base"]):
+        return f"{name} belongs to no gateway layer"
+    if top in GATEWAY_ONLY_IN and mine not in GATEWAY_ONLY_IN[top]:
+        return f"in gateway only the {' and '.join(sorted(GATEWAY_ONLY_IN[top]))} import {top}"
+    if top != "gateway":
+        return None
+    theirs = layer_of(imported)
+    if mine == "api" and theirs == "store":
+        return "routes call services, never the store"
+    if theirs is not None and LAYER_ORDER.index(theirs) < LAYER_ORDER.index(mine):
+        return f"gateway layers go {' -> '.join(LAYER_ORDER)}, never back"
     return None
 
 
@@ -124,7 +157,14 @@ def test_imports_point_one_way():
         ("agents", "agents.x", "gateway.store", "never import gateway"),
         ("gateway", "gateway.x", "agents.service", "only agents.protocol"),
         ("gateway", "gateway.store.db", "gateway.api.routes", "never back"),
-        ("gateway", "gateway.x", "agents.protocol", None),
+        ("gateway", "gateway.api.routes.jobs", "gateway.store.repo", "never the store"),
+        ("gateway", "gateway.services.events", "gateway.openadr.ven", "never back"),
+        ("gateway", "gateway.services.fleet", "aiohttp", "only the"),
+        ("gateway", "gateway.services.events", "openleadr", "only the grid protocol"),
+        ("gateway", "gateway.agentclient.http", "aiohttp", None),
+        ("gateway", "gateway.openadr.ven", "gateway.services.events", None),
+        ("gateway", "gateway.dashboard", "fastapi", "belongs to no gateway layer"),
+        ("gateway", "gateway.services.fleet", "agents.protocol", None),
         ("flexmodel", "flexmodel.x", "numpy.typing", None),
         ("gateway", "gateway.x", "flexgate.cli", "nothing imports"),
         ("flexgate", "flexgate.cli", "agents.service", None),

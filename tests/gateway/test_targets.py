@@ -1,0 +1,141 @@
+"""Targets held, re-planned around a lost node and released, with agents in this process.
+
+No network and no waiting: the in-memory agent client calls simulated agents directly and the
+clock moves only when the test steps it, so a recovery ramp of minutes takes milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agents.service import AgentNode
+from agents.simulated import SimulatedBackend
+from flexmodel.jobs import parse_job_mix
+from gateway.agentclient.memory import InMemoryAgentClient
+from gateway.clock import SteppedClock
+from gateway.services.fleet import Fleet
+from gateway.services.jobbook import JobBook
+from gateway.services.site import SitePower
+from gateway.services.targets import Targets
+from gateway.settings import GatewaySettings
+from gateway.store.db import Store
+from tests.gateway.conftest import AGENT_TOKEN, API_TOKEN, site_jobs
+
+RAMP_S = 120.0
+
+
+class Site:
+    def __init__(self, tmp_path):
+        jobs = site_jobs()
+        mix = parse_job_mix({"jobs": jobs})
+        names = sorted({p.node for j in mix.jobs for p in j.placement})
+        self.nodes = {
+            f"mem://{n}": AgentNode(
+                n, SimulatedBackend(8, mix=mix, node_id=n), tmp_path / n, sample_hz=0
+            )
+            for n in names
+        }
+        self.clock = SteppedClock()
+        self.client = InMemoryAgentClient(self.nodes, self.clock)
+        settings = GatewaySettings(
+            database_url=f"sqlite:///{tmp_path / 'gateway.db'}",
+            api_token=API_TOKEN,
+            agent_token=AGENT_TOKEN,
+            agents=",".join(self.nodes),
+            recovery_ramp_s=RAMP_S,
+            recovery_steps=2,
+        )
+        self.store = Store(settings.database_url)
+        self.fleet = Fleet(settings, self.store, self.clock, self.client)
+        self.book = JobBook(settings, self.store, self.clock)
+        power = SitePower(settings, self.fleet, self.book)
+        self.targets = Targets(
+            settings, self.store, self.clock, self.client, self.fleet, self.book, power
+        )
+        self.jobs = jobs
+        self.originals = self.limits()
+
+    def limits(self) -> dict[str, list[float]]:
+        return {
+            a: [n.backend.enforced_limit_w(g) for g in range(n.backend.count())]
+            for a, n in self.nodes.items()
+        }
+
+    async def plan(self) -> dict:
+        assert self.targets.plan_id is not None
+        return await self.targets.plan_doc(self.targets.plan_id)
+
+    async def step(self, seconds: float) -> None:
+        """Move the clock and let every woken task run to its next wait."""
+        self.clock.step(seconds)
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+
+@pytest.fixture
+def site(tmp_path):
+    site = Site(tmp_path)
+    yield site
+    site.store.close()
+
+
+def test_a_lost_node_is_planned_around_and_gets_its_share_back(site):
+    async def run():
+        await site.book.replace(site.jobs, "test")
+        await site.targets.hold(10.0, "ev-1")
+        held = site.limits()
+        assert held != site.originals
+        first = await site.plan()
+        assert first["unreachable_nodes"] == []
+        assert {c["status"] for c in first["commands"]} == {"acked"}
+
+        lost = "mem://node-01"
+        site.client.unplug(lost)
+        await site.targets.reconcile()
+        around = await site.plan()
+        assert around["unreachable_nodes"] == ["node-01"]
+        assert around["requested_facility_kw"] == pytest.approx(10.0)
+        others = [a for a in site.nodes if a != lost]
+        assert any(site.limits()[a] != held[a] for a in others)  # they took its share
+
+        site.client.plug(lost)
+        await site.targets.reconcile()
+        assert (await site.plan())["unreachable_nodes"] == []
+        assert site.limits() == held
+
+    asyncio.run(run())
+
+
+def test_a_release_steps_the_caps_back_on_the_clock(site):
+    async def run():
+        await site.book.replace(site.jobs, "test")
+        await site.targets.hold(10.0, "ev-1")
+        held = site.limits()
+        site.targets.release()
+        await site.step(0)
+        assert site.limits() == held  # nothing moves before the clock does
+        await site.step(RAMP_S / 2)
+        assert (await site.plan())["requested_facility_kw"] == pytest.approx(5.0)
+        assert site.limits() not in (held, site.originals)
+        await site.step(RAMP_S / 2)
+        assert site.limits() == site.originals
+        assert not site.targets.holding
+        assert not site.targets.recovering
+
+    asyncio.run(run())
+
+
+def test_a_new_target_calls_off_a_release(site):
+    async def run():
+        await site.book.replace(site.jobs, "test")
+        await site.targets.hold(10.0, "ev-1")
+        site.targets.release()
+        await site.step(RAMP_S / 2)
+        await site.targets.hold(8.0, "ev-2")
+        await site.step(RAMP_S)
+        assert (await site.plan())["requested_facility_kw"] == pytest.approx(8.0)
+        assert site.targets.holding
+
+    asyncio.run(run())
