@@ -7,10 +7,9 @@ the grid protocol (OpenADR 2.0b when a VTN is configured); tests pass their own.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -19,7 +18,7 @@ from sqlalchemy.exc import OperationalError
 from agents.protocol import validation_detail
 from flexmodel.errors import FlexModelError
 from gateway.agentclient import AgentClient
-from gateway.agentclient.http import HttpAgentClient
+from gateway.agentclient.http import HttpAgentClient, HttpTrace
 from gateway.api.deps import Services
 from gateway.api.routes import routers
 from gateway.clock import Clock, SystemClock
@@ -42,7 +41,7 @@ def create_app(
     *,
     clock: Clock | None = None,
     agents: AgentClient | None = None,
-    http_trace: Sequence[aiohttp.TraceConfig] = (),
+    http_trace: HttpTrace = (),
 ) -> FastAPI:
     """The gateway. `http_trace` sees every request of its own HTTP clients (agents, VTN)."""
     settings = settings or get_settings()

@@ -58,7 +58,7 @@ LAYER_ORDER = list(GATEWAY_LAYERS)
 #: Third-party packages only some gateway layers may import.
 GATEWAY_ONLY_IN = {
     "openleadr": {"grid protocol"},
-    "aiohttp": {"grid protocol", "agent client", "root"},
+    "aiohttp": {"grid protocol", "agent client"},
 }
 
 

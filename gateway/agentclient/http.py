@@ -20,6 +20,8 @@ BACKOFF_S = 0.1
 HEALTH_TIMEOUT_S = 2.0
 TELEMETRY_TIMEOUT_S = 3.0
 Model = TypeVar("Model", bound=BaseModel)
+#: Hooks that see every request of the gateway's HTTP clients (aiohttp's tracing).
+HttpTrace = Sequence[aiohttp.TraceConfig]
 
 
 class HttpAgentClient:
@@ -30,7 +32,7 @@ class HttpAgentClient:
         timeout_s: float,
         retries: int,
         clock: Clock | None = None,
-        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        trace_configs: HttpTrace = (),
     ) -> None:
         self._token = token
         self._timeout_s, self._retries = timeout_s, retries
