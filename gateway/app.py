@@ -66,7 +66,7 @@ def create_app(
         book = JobBook(settings, store, clock)
         power = SitePower(settings, fleet, book)
         targets = Targets(settings, store, clock, client, fleet, book, power)
-        events = Events(settings, store, clock, book, targets, ven)
+        events = Events(settings, store, clock, book, power, targets, ven)
         book.subscribe(events.apply_targets)
         reconciler = Reconciler(settings.reconcile_period_s, clock, fleet, targets, events)
         app.state.services = Services(

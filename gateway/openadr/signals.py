@@ -5,13 +5,15 @@ so the VEN and the tests share it; the result is the core's `ExternalEvent`. The
 **name** decides what it means:
 
 - SIMPLE (any case), any type: level 0-3 (rounded, clipped) -> `level_shares` of the
-  baseline facility power (0, 10, 25, 40%);
-- LOAD_DISPATCH `setpoint`: baseline - setpoint (a target facility load), at least 0;
+  baseline facility power (0, 10, 25, 40%), the baseline the event began with;
+- LOAD_DISPATCH `setpoint`: a facility level to hold: baseline - setpoint, at least 0,
+  re-evaluated whenever the baseline changes;
 - LOAD_DISPATCH `delta`: -value when negative (the change from what the site would have
   used); a positive delta asks for more load: opt out;
-- LOAD_CONTROL `x-loadControlCapacity`: baseline - value * max capacity (a fraction of the
-  site's maximum load); `x-loadControlPercentOffset`: -value % of the baseline when
-  negative, opt out when positive; `x-loadControlSetpoint`: baseline - setpoint;
+- LOAD_CONTROL `x-loadControlCapacity`: a level, value * max capacity (a fraction of the
+  site's maximum load); `x-loadControlPercentOffset`: -value % of the baseline the event
+  began with when negative, opt out when positive; `x-loadControlSetpoint`: a level, as a
+  setpoint;
 - anything else: not acted on, with the reason; if nothing is left, opt out.
 
 Units come from the signal's `itemUnits` and `siScaleCode` (W, kW, MW); a signal without
@@ -24,6 +26,7 @@ signals overlap, the strictest reduction holds in each time slice.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -119,20 +122,39 @@ def read_event(
 
 
 def _ramp(first: Interval, ramp_up_s: float) -> list[Interval]:
-    """Steps of 1/n, 2/n ... n/n of the first interval's reduction over the ramp-up before it,
+    """Steps of 1/n, 2/n ... n/n of the first interval's target over the ramp-up before it,
     so the target already holds when the interval starts."""
     step = timedelta(seconds=ramp_up_s / RAMP_STEPS)
     begin = first.start - RAMP_STEPS * step
     return [
-        Interval(
-            begin + i * step, begin + (i + 1) * step, first.reduction_kw * (i + 1) / RAMP_STEPS
+        dataclasses.replace(
+            first,
+            start=begin + i * step,
+            end=begin + (i + 1) * step,
+            reduction_kw=first.reduction_kw * (i + 1) / RAMP_STEPS,
+            fraction=(i + 1) / RAMP_STEPS,
         )
         for i in range(RAMP_STEPS)
     ]
 
 
-def _signal(signal: Mapping[str, Any], site: SiteLoad) -> tuple[list[float], str | None]:
-    """Each interval's reduction [kW], or why the signal is not acted on."""
+@dataclass(frozen=True)
+class _Target:
+    reduction_kw: float  #: at receipt
+    level_kw: float | None = None
+    baseline_share: float | None = None
+
+
+def _level(level_kw: float, base: float) -> _Target:
+    return _Target(max(base - level_kw, 0.0), level_kw=level_kw)
+
+
+def _share(share: float, base: float) -> _Target:
+    return _Target(share * base, baseline_share=share)
+
+
+def _signal(signal: Mapping[str, Any], site: SiteLoad) -> tuple[list[_Target], str | None]:
+    """Each interval's target, or why the signal is not acted on."""
     name = str(signal.get("signal_name", "")).upper()
     kind = str(signal.get("signal_type", ""))
     label = f"{signal.get('signal_name')}/{kind}"
@@ -144,56 +166,72 @@ def _signal(signal: Mapping[str, Any], site: SiteLoad) -> tuple[list[float], str
     base, cap = site.baseline_facility_kw, site.max_capacity_kw
     if name == "SIMPLE":
         shares = site.level_shares
-        return [shares[min(max(round(v), 0), len(shares) - 1)] * base for v in raw], None
-    if name == "LOAD_DISPATCH" and kind == "setpoint":
-        return [max(base - v * scale, 0.0) for v in raw], None
+        return [_share(shares[min(max(round(v), 0), len(shares) - 1)], base) for v in raw], None
+    if (name, kind) in (("LOAD_DISPATCH", "setpoint"), ("LOAD_CONTROL", "x-loadControlSetpoint")):
+        return [_level(v * scale, base) for v in raw], None
     if name == "LOAD_DISPATCH" and kind == "delta":
         if any(v > 0 for v in raw):
             return [], f"opt out: {label} asks for more load (a positive delta)"
-        return [-v * scale for v in raw], None
+        return [_Target(-v * scale) for v in raw], None
     if name == "LOAD_CONTROL" and kind == "x-loadControlCapacity":
-        return [max(base - v * cap, 0.0) for v in raw], None
+        return [_level(v * cap, base) for v in raw], None
     if name == "LOAD_CONTROL" and kind == "x-loadControlPercentOffset":
         if any(v > 0 for v in raw):
             return [], f"opt out: {label} asks for more load (a positive offset)"
-        return [-v / 100.0 * base for v in raw], None
-    if name == "LOAD_CONTROL" and kind == "x-loadControlSetpoint":
-        return [max(base - v * scale, 0.0) for v in raw], None
+        return [_share(-v / 100.0, base) for v in raw], None
     return [], f"{label}: not a signal flexgate acts on"
 
 
 def _timed(
-    signal: Mapping[str, Any], reductions: list[float], start: datetime, total: timedelta
+    signal: Mapping[str, Any], targets: list[_Target], start: datetime, total: timedelta
 ) -> list[Interval]:
     out, cursor = [], start
     intervals = signal.get("intervals", [])
-    for i, (iv, reduction) in enumerate(zip(intervals, reductions, strict=True)):
+    for i, (iv, target) in enumerate(zip(intervals, targets, strict=True)):
         begin = iv.get("dtstart") or cursor
         length = iv.get("duration") or timedelta(0)
         if not length:  # an open interval runs to the event's end
             length = (
                 (start + (total or OPEN_ENDED)) - begin if i == len(intervals) - 1 else timedelta(0)
             )
-        out.append(Interval(begin, begin + length, reduction))
+        out.append(
+            Interval(
+                begin,
+                begin + length,
+                target.reduction_kw,
+                level_kw=target.level_kw,
+                baseline_share=target.baseline_share,
+            )
+        )
         cursor = begin + length
     return [iv for iv in out if iv.end > iv.start]
 
 
 def _strictest(pieces: list[Interval]) -> list[Interval]:
-    """One reduction per time slice: the largest of the signals active in it; equal
-    neighbours merged."""
+    """One target per time slice: the signal asking for the largest reduction (at receipt)
+    among those active in it; equal neighbours merged."""
     edges = sorted({p.start for p in pieces} | {p.end for p in pieces})
     out: list[Interval] = []
     for begin, end in itertools.pairwise(edges):
-        active = [p.reduction_kw for p in pieces if p.start < end and p.end > begin]
+        active = [p for p in pieces if p.start < end and p.end > begin]
         if not active:
             continue
-        value = max(active)
-        if out and out[-1].end == begin and out[-1].reduction_kw == value:
-            out[-1] = Interval(out[-1].start, end, value)
+        strictest = dataclasses.replace(
+            max(active, key=lambda p: p.reduction_kw), start=begin, end=end
+        )
+        if out and out[-1].end == begin and _same_target(out[-1], strictest):
+            out[-1] = dataclasses.replace(out[-1], end=end)
         else:
-            out.append(Interval(begin, end, value))
+            out.append(strictest)
     return out
+
+
+def _same_target(a: Interval, b: Interval) -> bool:
+    return (a.reduction_kw, a.level_kw, a.baseline_share) == (
+        b.reduction_kw,
+        b.level_kw,
+        b.baseline_share,
+    )
 
 
 def _kw_per_unit(signal: Mapping[str, Any]) -> float:

@@ -23,8 +23,9 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from flexmodel.quote import quote
 from gateway.clock import Clock
 from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
-from gateway.services.grid import ExternalEvent, GridProtocol
+from gateway.services.grid import ExternalEvent, GridProtocol, Interval
 from gateway.services.jobbook import JobBook
+from gateway.services.site import SitePower
 from gateway.services.targets import Targets
 from gateway.settings import GatewaySettings
 from gateway.store import repo
@@ -42,11 +43,12 @@ class Events:
         store: Store,
         clock: Clock,
         book: JobBook,
+        power: SitePower,
         targets: Targets,
         grid: GridProtocol | None = None,
     ) -> None:
         self.settings, self.store, self.clock = settings, store, clock
-        self.book, self.targets, self.grid = book, targets, grid
+        self.book, self.power, self.targets, self.grid = book, power, targets, grid
         self.scheduler = AsyncIOScheduler(timezone=UTC)
 
     async def start(self) -> None:
@@ -74,22 +76,26 @@ class Events:
         with self.store.session() as s:
             return [e for e in repo.list_events(s, statuses=("active",)) if not e.test]
 
-    def strictest(self) -> EventRow | None:
-        """The active event whose target is the largest now."""
-        now = self.clock.now()
-        return max(self.active(), key=lambda e: current_reduction(e, now), default=None)
+    def strictest(self) -> tuple[EventRow, float] | None:
+        """The active event whose target is the largest now, and that target [kW]."""
+        now, baseline_kw = self.clock.now(), self.power.envelope()[0]
+        targets = [(e, reduction_now(e, now, baseline_kw)) for e in self.active()]
+        return max(targets, key=lambda t: t[1], default=None)
 
     def describe(self, events: list[EventRow]) -> list[dict[str, Any]]:
         """The events as the API shows them, each with its current plan's feasibility."""
         with self.store.session() as s:
             plans = {e.plan_id: repo.get_plan(s, plan_id=e.plan_id) for e in events if e.plan_id}
-        now = self.clock.now().isoformat()
+        when = self.clock.now()
+        now, baseline_kw = when.isoformat(), self.power.envelope()[0]
         out = []
         for event in events:
             intervals = event.intervals or []
             current = next((i for i in intervals if i["start"] <= now < i["end"]), None)
             upcoming = next((i for i in intervals if i["start"] > now), None)
             shown = current or upcoming or (intervals[-1] if intervals else None)
+            if shown is current and current is not None:  # a level follows the load
+                shown = {"reduction_kw": reduction_now(event, when, baseline_kw)}
             plan = plans.get(event.plan_id)
             out.append(
                 {
@@ -131,7 +137,7 @@ class Events:
         if end <= now:
             raise InvalidRequestError(f"the event would end at {end.isoformat()}, in the past")
         event = EventRow(
-            intervals=[_interval(start, end, reduction_kw)],
+            intervals=[_interval(Interval(start, end, reduction_kw))],
             id=f"ev-{uuid.uuid4().hex[:12]}",
             source=source,
             status="pending",
@@ -181,7 +187,7 @@ class Events:
             start=start,
             end=external.end or start,
             reduction_kw=max((i.reduction_kw for i in external.intervals), default=0.0),
-            intervals=[_interval(i.start, i.end, i.reduction_kw) for i in external.intervals],
+            intervals=[_interval(i) for i in external.intervals],
             opt=opt,
             reason=reason,
             external_id=external.event_id,
@@ -242,10 +248,36 @@ class Events:
         if self.settings.opt_policy == "never":
             return "out", "the site's policy is never to opt in"
         most = max((i.reduction_kw for i in external.intervals), default=0.0)
-        reachable = quote(self.book.mix(), window_s=1.0, per_job_curves=False)["achievable_kw"]
+        reachable = self._reachable_kw()
         if self.settings.opt_policy == "feasible" and most > reachable * (1 + 1e-9):
             return "out", f"asks for {most:.1f} kW; the site can shed {reachable:.1f} kW"
         return "in", None
+
+    async def _revisit(self) -> None:
+        """External events opted in whose target (a level follows the load) the site can no
+        longer shed: opted out, with the reason, and the source told (as 2.0b allows)."""
+        if self.grid is None or self.settings.opt_policy != "feasible":
+            return
+        source = self.grid.source
+        held = [e for e in self.live() if e.source == source and e.opt == "in" and not e.test]
+        if not held:
+            return
+        baseline_kw = self.power.envelope()[0]
+        reachable = self._reachable_kw()
+        for event in held:
+            began_kw = event.baseline_kw if event.baseline_kw is not None else baseline_kw
+            asks = max(
+                (_stored(i).reduction_now_kw(baseline_kw, began_kw) for i in event.intervals),
+                default=0.0,
+            )
+            if asks > reachable * (1 + 1e-9):
+                reason = f"now asks for {asks:.1f} kW; the site can shed {reachable:.1f} kW"
+                log.info("event %s: opting out (%s)", event.id, reason)
+                await self._opt_out_locally(event.id, reason=reason)
+                self._move(event.id, LIVE, "opted_out", actor="site")
+
+    def _reachable_kw(self) -> float:
+        return float(quote(self.book.mix(), window_s=1.0, per_job_curves=False)["achievable_kw"])
 
     # --- the life of an event ------------------------------------------------------------
 
@@ -273,7 +305,8 @@ class Events:
                 )
 
     async def begin(self, event_id: str) -> None:
-        if self._move(event_id, ("pending",), "active"):
+        baseline_kw = self.power.envelope()[0]  # what its shares are taken against
+        if self._move(event_id, ("pending",), "active", baseline_kw=baseline_kw):
             await self.apply_targets()
 
     async def finish(self, event_id: str) -> None:
@@ -285,7 +318,7 @@ class Events:
         if event.status not in LIVE:
             raise ConflictError(f"event '{event_id}' is {event.status}: nothing to cancel")
         if self.grid is not None and event.source == self.grid.source and actor != "vtn":
-            await self._opt_out_locally(event_id, actor)
+            await self._opt_out_locally(event_id, reason=f"cancelled on the site by {actor}")
         self._move(event_id, LIVE, "cancelled", actor=actor)
         for job in (f"start-{event_id}", f"end-{event_id}"):
             if self.scheduler.get_job(job):
@@ -294,14 +327,14 @@ class Events:
             await self.apply_targets()
         return self.get(event_id)
 
-    async def _opt_out_locally(self, event_id: str, actor: str) -> None:
-        """An external event cancelled on our side: stored as an opt-out and the source told,
+    async def _opt_out_locally(self, event_id: str, reason: str) -> None:
+        """An external event given up on our side: stored as an opt-out and the source told,
         first, waiting at most `dispatch_timeout_s` so the restore is never held up."""
         assert self.grid is not None
         with self.store.session() as s:
             event = repo.get_event(s, event_id=event_id)
             assert event is not None
-            event.opt, event.reason = "out", f"cancelled on the site by {actor}"
+            event.opt, event.reason = "out", reason
             s.add(event)
             s.commit()
             s.refresh(event)
@@ -311,13 +344,20 @@ class Events:
             log.exception("event %s: the VTN could not be told of the opt-out", event_id)
 
     def _move(
-        self, event_id: str, sources: tuple[str, ...], target: str, actor: str = "scheduler"
+        self,
+        event_id: str,
+        sources: tuple[str, ...],
+        target: str,
+        actor: str = "scheduler",
+        baseline_kw: float | None = None,
     ) -> bool:
         with self.store.session() as s:
             event = repo.get_event(s, event_id=event_id)
             if event is None or event.status not in sources:
                 return False
             event.status = target
+            if baseline_kw is not None:
+                event.baseline_kw = baseline_kw
             s.add(event)
             self._audit(s, actor, f"events.{target}", {"id": event_id})
             s.commit()
@@ -347,26 +387,49 @@ class Events:
 
     async def apply_targets(self, resumed: bool = False) -> None:
         """Hold the strictest active target, or release the caps when none is left."""
+        await self._revisit()
         strictest = self.strictest()
         if strictest is not None:
-            await self.targets.hold(current_reduction(strictest, self.clock.now()), strictest.id)
+            event, target_kw = strictest
+            await self.targets.hold(target_kw, event.id)
         elif self.targets.holding or resumed:
             self.targets.release()
 
 
-def _interval(start: datetime, end: datetime, reduction_kw: float) -> dict[str, Any]:
-    return {
-        "start": as_utc(start).isoformat(),
-        "end": as_utc(end).isoformat(),
-        "reduction_kw": reduction_kw,
+def _interval(interval: Interval) -> dict[str, Any]:
+    """An interval as stored; a level or a share only where it has one."""
+    doc: dict[str, Any] = {
+        "start": as_utc(interval.start).isoformat(),
+        "end": as_utc(interval.end).isoformat(),
+        "reduction_kw": interval.reduction_kw,
     }
+    if interval.level_kw is not None:
+        doc["level_kw"] = interval.level_kw
+    if interval.baseline_share is not None:
+        doc["baseline_share"] = interval.baseline_share
+    if interval.fraction != 1.0:
+        doc["fraction"] = interval.fraction
+    return doc
 
 
-def current_reduction(event: EventRow, now: datetime) -> float:
-    """The event's target now: its interval that holds `now` (0 between or outside them)."""
-    for interval in event.intervals:
-        start = datetime.fromisoformat(interval["start"])
-        end = datetime.fromisoformat(interval["end"])
-        if start <= now < end:
-            return float(interval["reduction_kw"])
+def _stored(doc: dict[str, Any]) -> Interval:
+    return Interval(
+        start=datetime.fromisoformat(doc["start"]),
+        end=datetime.fromisoformat(doc["end"]),
+        reduction_kw=float(doc["reduction_kw"]),
+        level_kw=doc.get("level_kw"),
+        baseline_share=doc.get("baseline_share"),
+        fraction=float(doc.get("fraction", 1.0)),
+    )
+
+
+def reduction_now(event: EventRow, now: datetime, baseline_kw: float) -> float:
+    """The event's target now [kW]: its interval that holds `now` (0 between or outside
+    them), with a level taken against the baseline now and a share against the baseline the
+    event began with (`baseline_kw` until it has begun)."""
+    for doc in event.intervals:
+        interval = _stored(doc)
+        if interval.start <= now < interval.end:
+            began_kw = event.baseline_kw if event.baseline_kw is not None else baseline_kw
+            return interval.reduction_now_kw(baseline_kw, began_kw)
     return 0.0

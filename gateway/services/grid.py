@@ -17,9 +17,26 @@ from gateway.store.models import EventRow
 
 @dataclass(frozen=True)
 class Interval:
+    """One interval's target. A level (`level_kw`) is where the facility must stay: its
+    reduction follows the load, re-evaluated as it changes. A share (`baseline_share`) is a
+    fraction of the baseline the event began with. Otherwise the reduction is fixed. In all
+    cases `reduction_kw` is the reduction at receipt (times `fraction`, during a ramp-up)."""
+
     start: datetime
     end: datetime
     reduction_kw: float
+    level_kw: float | None = None  #: the facility level to hold [kW]
+    baseline_share: float | None = None  #: the share of the baseline at the event's start
+    fraction: float = 1.0  #: a ramp-up step's part of the target
+
+    def reduction_now_kw(self, baseline_now_kw: float, baseline_at_start_kw: float) -> float:
+        """The reduction this interval asks for with the site's baseline as it is now, and as
+        it was when the event began [kW]."""
+        if self.level_kw is not None:
+            return self.fraction * max(baseline_now_kw - self.level_kw, 0.0)
+        if self.baseline_share is not None:
+            return self.fraction * self.baseline_share * baseline_at_start_kw
+        return self.reduction_kw
 
 
 @dataclass

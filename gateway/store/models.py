@@ -14,7 +14,7 @@ from sqlalchemy import JSON, Column, DateTime
 from sqlmodel import Field, SQLModel
 
 #: Bump when a table changes; a database of another version is refused with a clear error.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def as_utc(when: datetime) -> datetime:
@@ -52,8 +52,10 @@ class EventRow(SQLModel, table=True):
     start: datetime = _when(nullable=False)
     end: datetime = _when(nullable=False)
     reduction_kw: float  #: the largest of its intervals'
-    #: [{"start", "end", "reduction_kw"}] in ISO UTC: the event's schedule
+    #: [{"start", "end", "reduction_kw", "level_kw"?, "baseline_share"?, "fraction"?}], times
+    #: in ISO UTC: the event's schedule (`gateway.services.grid.Interval`)
     intervals: list[dict[str, Any]] = Field(sa_column=Column(JSON, nullable=False))
+    baseline_kw: float | None = None  #: the site's baseline facility power when it began
     opt: str = "in"
     reason: str | None = None
     plan_id: str | None = None

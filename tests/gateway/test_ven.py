@@ -320,3 +320,28 @@ def test_the_ven_calls_only_the_vtn(tmp_path, database_url):
     assert all(any(url.startswith(f"{a}/") for a in allowed) for url in outbound_urls), (
         outbound_urls
     )
+
+
+def test_a_setpoint_is_a_level_held_as_the_job_mix_changes(vtn_site):
+    """A LOAD_DISPATCH setpoint that arrives before the jobs are declared still sheds once
+    they are: the target is the facility level, re-evaluated when the mix changes."""
+    site, vtn = vtn_site
+    jobs = site.api.get("/v1/jobs").json()["jobs"]
+    baseline = site.api.get("/v1/site").json()["baseline_facility_kw"]
+    assert site.api.put("/v1/jobs", json={"jobs": []}, headers=API).status_code == 200
+    level_kw = baseline - 5.0
+    event_id = vtn.add_event(
+        "LOAD_DISPATCH", "setpoint", level_kw, datetime.now(UTC) + timedelta(seconds=1), 60
+    )
+    site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="the VTN hearing optIn")
+    site.wait(
+        lambda: site.api.get(f"/v1/events/oadr-{event_id}").json()["status"] == "active",
+        what="the event's start",
+    )
+    assert all(w == 700.0 for ws in site.limits().values() for w in ws)  # nothing to cap yet
+    assert site.api.put("/v1/jobs", json={"jobs": jobs}, headers=API).status_code == 200
+    event = site.api.get(f"/v1/events/oadr-{event_id}").json()
+    assert event["reduction_kw"] == pytest.approx(5.0)
+    plan = site.acked_plan(event["plan_id"])
+    assert plan["requested_facility_kw"] == pytest.approx(5.0)
+    assert any(w < 700 for ws in site.limits().values() for w in ws)

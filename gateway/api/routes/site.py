@@ -16,7 +16,7 @@ async def site(services: ServicesDep) -> dict[str, Any]:
     strictest = services.events.strictest()
     return {
         **await services.power.doc(),
-        "active_event_id": strictest.id if strictest else None,
+        "active_event_id": strictest[0].id if strictest else None,
     }
 
 
