@@ -19,6 +19,7 @@ from gateway.clock import SteppedClock
 from gateway.errors import MeterError
 from gateway.meter import MeterFeed, open_feed, open_meter
 from gateway.settings import GatewaySettings
+from tests.conftest import ROOT
 
 WAIT_S = 10.0  # the longest any wait below may take before the test fails
 
@@ -429,3 +430,10 @@ def test_a_feed_with_no_good_reading_for_longer_than_its_max_age_is_stale():
     assert stale["fault"] == "stale: no good reading for 12.5 s (max age 12 s)"
     assert (stale["facility_power_kw"], stale["age_s"]) == (300.0, 12.5)
     assert (believed, filtered) == (None, None)
+
+
+def test_every_meter_setting_is_documented():
+    documented = (ROOT / "docs" / "configuration.md").read_text()
+    names = [n for n in GatewaySettings.model_fields if n.startswith("meter_")]
+    assert len(names) == 6
+    assert [n for n in names if f"`FLEXGATE_{n.upper()}`" not in documented] == []
