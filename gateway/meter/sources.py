@@ -8,7 +8,8 @@ and its message names the problem.
 URL forms (docs/gateway.md, "Meter"):
 
 - `http(s)://...`: a JSON document, the power [kW] at a dotted path (`json_key`);
-- `prometheus://host:port?query=...`: the Prometheus HTTP API's instant query, one series [kW];
+- `prometheus://host:port?query=...`: the Prometheus HTTP API's instant query, one series [kW]
+  (`prometheus+https://` for a Prometheus served over HTTPS);
 - `modbus://host:port?unit=1&register=0&type=float32&scale=1&table=holding&word_order=big`:
   Modbus TCP holding (`table=holding`, function 3) or input (`table=input`, function 4)
   registers; `scale` turns the raw number into kW.
@@ -59,12 +60,13 @@ def open_meter(
     parts = urlsplit(url.strip())
     if parts.scheme in ("http", "https"):
         return HttpJsonMeter(parts.geturl(), json_key=json_key, timeout_s=timeout_s)
-    if parts.scheme == "prometheus":
+    if parts.scheme in ("prometheus", "prometheus+https"):
         return PrometheusMeter.from_url(parts, timeout_s=timeout_s)
     if parts.scheme == "modbus":
         return ModbusMeter.from_url(parts, timeout_s=timeout_s)
     raise ValueError(
-        f"meter URL {url!r}: the scheme must be http, https, prometheus or modbus, "
+        f"meter URL {url!r}: the scheme must be http, https, prometheus, prometheus+https or "
+        f"modbus, "
         f"not {parts.scheme or 'missing'}"
     )
 
@@ -92,7 +94,7 @@ class _HttpMeter:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         try:
             async with self._session.get(url, params=params) as answer:
-                body = await answer.text()
+                body = await answer.read()
                 status = answer.status
         except TimeoutError as exc:
             raise MeterError(
@@ -101,7 +103,7 @@ class _HttpMeter:
         except aiohttp.ClientError as exc:
             raise MeterError(f"{self.source} could not be read: {exc}") from exc
         try:
-            doc = json.loads(body)
+            doc = json.loads(body)  # bytes: a body that is not UTF-8 is a ValueError too
         except ValueError as exc:
             raise MeterError(f"{self.source} answered HTTP {status} with no JSON") from exc
         return doc, status
@@ -137,8 +139,8 @@ class HttpJsonMeter(_HttpMeter):
 class PrometheusMeter(_HttpMeter):
     """An instant query (`/api/v1/query`) that selects exactly one series, in kW."""
 
-    def __init__(self, base_url: str, query: str, *, timeout_s: float) -> None:
-        super().__init__(f"prometheus{base_url.removeprefix('http')}?query={query}", timeout_s)
+    def __init__(self, source: str, base_url: str, query: str, *, timeout_s: float) -> None:
+        super().__init__(source, timeout_s)
         self.url, self.query = f"{base_url}/api/v1/query", query
 
     @classmethod
@@ -148,7 +150,9 @@ class PrometheusMeter(_HttpMeter):
             raise ValueError("a prometheus:// meter URL needs one query=... (a PromQL expression)")
         if not parts.hostname or parts.port is None:
             raise ValueError("a prometheus:// meter URL needs host:port")
-        return cls(f"http://{parts.netloc}", queries[0], timeout_s=timeout_s)
+        scheme = "https" if parts.scheme.endswith("+https") else "http"
+        base_url = f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+        return cls(parts.geturl(), base_url, queries[0], timeout_s=timeout_s)
 
     async def read_kw(self) -> float:
         doc, status = await self._get_json(self.url, params={"query": self.query})

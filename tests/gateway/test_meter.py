@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from pymodbus.constants import ExcCodes
 from pymodbus.server import ModbusTcpServer
 from pymodbus.simulator import DataType, SimData, SimDevice
 
@@ -125,6 +126,14 @@ def vector(*values: str) -> dict:
     return {"status": "success", "data": {"resultType": "vector", "result": result}}
 
 
+def test_a_prometheus_url_names_the_api_it_queries():
+    plain = open_meter("prometheus://127.0.0.1:9090?query=sum(facility_kw)")
+    tls = open_meter("prometheus+https://prom.example:443/prefix/?query=up")
+    assert (plain.url, plain.query) == ("http://127.0.0.1:9090/api/v1/query", "sum(facility_kw)")
+    assert tls.url == "https://prom.example:443/prefix/api/v1/query"
+    assert tls.source == "prometheus+https://prom.example:443/prefix/?query=up"
+
+
 def test_prometheus_instant_query_reads_one_series():
     async def check():
         server = JsonServer(vector("640.25"))
@@ -175,12 +184,16 @@ INPUT = [0x0001, 0x86A0]  # uint32 100000
 
 
 @contextlib.asynccontextmanager
-async def modbus_server(holding: list[int]):
-    """pymodbus's own TCP server (device 1) on a free loopback port; `holding` is read live."""
+async def modbus_server(holding: list[int], failing: list[ExcCodes] | None = None):
+    """pymodbus's own TCP server (device 1) on a free loopback port; `holding` is read live,
+    and while `failing` holds a code, every request is answered with that exception."""
 
     async def live(function_code, start, address, count, current, set_values):
+        if failing:
+            return failing[0]
         block = holding if function_code == 3 else INPUT
         current[: len(block)] = block[: len(current)]
+        return None
 
     blocks = (
         [SimData(0, values=False, datatype=DataType.BITS)],
@@ -233,21 +246,19 @@ def test_modbus_registers_of_each_type_and_table(query, expected_kw):
     assert run(check()) == pytest.approx(expected_kw)
 
 
-@pytest.mark.parametrize(
-    ("query", "expected"),
-    [
-        ("register=40&type=uint16", r"exception code 2 \(illegal data address\)"),
-        ("register=0&type=float32&unit=9", r"exception code 4 \(device failure\)"),
-    ],
-)
-def test_modbus_exceptions_are_errors_that_say_so(query, expected):
+def test_modbus_exceptions_are_errors_that_say_so_and_readings_resume_after():
     async def check():
-        async with modbus_server(HOLDING) as where:
-            await read_modbus(where, "register=0&type=uint16")  # listening
-            with pytest.raises(MeterError, match=expected):
-                await read_modbus(where, query)
+        failing: list[ExcCodes] = []
+        async with modbus_server(HOLDING, failing) as where:
+            with pytest.raises(MeterError, match=r"exception code 2 \(illegal data address\)"):
+                await read_modbus(where, "register=40&type=uint16")  # past the registers
+            failing.append(ExcCodes.DEVICE_BUSY)
+            with pytest.raises(MeterError, match=r"exception code 6 \(device busy\)"):
+                await read_modbus(where, "register=0&type=float32")
+            failing.clear()
+            return await read_modbus(where, "register=0&type=float32")
 
-    run(check())
+    assert run(check()) == 812.5
 
 
 def test_a_modbus_meter_nobody_listens_on_is_an_error():
@@ -264,7 +275,7 @@ def test_a_modbus_meter_nobody_listens_on_is_an_error():
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
-        ("ftp://meter/x", "scheme must be http, https, prometheus or modbus, not ftp"),
+        ("ftp://meter/x", r"scheme must be http, https, prometheus, prometheus\+https or modbus"),
         ("prometheus://127.0.0.1:9090", "needs one query="),
         ("prometheus://127.0.0.1?query=x", "needs host:port"),
         ("modbus://127.0.0.1:502?type=int16", "needs host"),
