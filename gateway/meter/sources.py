@@ -65,10 +65,17 @@ def open_meter(
     if parts.scheme == "modbus":
         return ModbusMeter.from_url(parts, timeout_s=timeout_s)
     raise ValueError(
-        f"meter URL {url!r}: the scheme must be http, https, prometheus, prometheus+https or "
-        f"modbus, "
-        f"not {parts.scheme or 'missing'}"
+        f"meter URL {redacted(parts)!r}: the scheme must be http, https, prometheus, "
+        f"prometheus+https or modbus, not {parts.scheme or 'missing'}"
     )
+
+
+def redacted(parts: SplitResult) -> str:
+    """The URL as shown in /v1/site and in errors: a password in it becomes `***`."""
+    if parts.password is None:
+        return parts.geturl()
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{parts.username}:***@{host}").geturl()
 
 
 def as_kw(value: Any, where: str) -> float:
@@ -84,8 +91,8 @@ def as_kw(value: Any, where: str) -> float:
 class _HttpMeter:
     """One aiohttp session per meter, made on the first read (it needs a running loop)."""
 
-    def __init__(self, source: str, timeout_s: float) -> None:
-        self.source = source
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.source = redacted(urlsplit(url))
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
@@ -121,10 +128,10 @@ class HttpJsonMeter(_HttpMeter):
         if not json_key or any(not part for part in json_key.split(".")):
             raise ValueError(f"the meter's JSON key {json_key!r} must be a dotted path of names")
         super().__init__(url, timeout_s)
-        self.json_key = json_key
+        self.url, self.json_key = url, json_key
 
     async def read_kw(self) -> float:
-        doc, status = await self._get_json(self.source)
+        doc, status = await self._get_json(self.url)
         if status >= 400:
             raise MeterError(f"{self.source} answered HTTP {status}")
         value = doc
@@ -139,8 +146,8 @@ class HttpJsonMeter(_HttpMeter):
 class PrometheusMeter(_HttpMeter):
     """An instant query (`/api/v1/query`) that selects exactly one series, in kW."""
 
-    def __init__(self, source: str, base_url: str, query: str, *, timeout_s: float) -> None:
-        super().__init__(source, timeout_s)
+    def __init__(self, url: str, base_url: str, query: str, *, timeout_s: float) -> None:
+        super().__init__(url, timeout_s)
         self.url, self.query = f"{base_url}/api/v1/query", query
 
     @classmethod

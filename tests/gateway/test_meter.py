@@ -134,6 +134,16 @@ def test_a_prometheus_url_names_the_api_it_queries():
     assert tls.source == "prometheus+https://prom.example:443/prefix/?query=up"
 
 
+def test_a_password_in_a_meter_url_is_never_shown():
+    meter = open_meter("https://ops:s3cret@meter.example/site?x=1")
+    assert meter.source == "https://ops:***@meter.example/site?x=1"
+    assert meter.url == "https://ops:s3cret@meter.example/site?x=1"  # still used to read
+    with pytest.raises(ValueError, match="scheme must be") as refused:
+        open_meter("ftp://u:pw@meter.example/x")
+    assert "'ftp://u:***@meter.example/x'" in str(refused.value)
+    assert "pw" not in str(refused.value)
+
+
 def test_prometheus_instant_query_reads_one_series():
     async def check():
         server = JsonServer(vector("640.25"))
