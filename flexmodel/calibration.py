@@ -7,7 +7,9 @@ responds slowly (`h`, a unit-gain response). Regressing raw levels puts every tr
 the line and biases `k` low; so the fit works on steps (cap changes, job starts and ends):
 
 1. steps: samples where the GPU series moves by more than its noise allows (eight standard
-   deviations of a sample-to-sample change, or `min_step_kw`); steps closer than
+   deviations of a sample-to-sample change) and by more than `min_step_kw` (by default 2% of
+   the median GPU power: readings repeated between updates make the noise look like none,
+   and every wobble a step); steps closer than
    `settle_s + window_s` are merged into one, so each has a settled plateau on both sides;
 2. per step, (dG, dF) = the mean over `window_s` after it (starting `settle_s` after the
    step) minus the mean over `window_s` before it;
@@ -42,6 +44,8 @@ Array = NDArray[np.float64]
 
 #: A step is a sample-to-sample change beyond this many standard deviations of the noise.
 STEP_SIGMAS = 8.0
+#: Without a `min_step_kw`, a step moves the GPUs by at least this share of their median power.
+STEP_FLOOR = 0.02
 #: The most the step response may move across a post window, as a share of the step, beyond
 #: its noise: a response still rising there means the windows miss part of the step.
 DRIFT = 0.01
@@ -84,7 +88,7 @@ def fit_overhead(
     period_s: float,
     window_s: float,
     settle_s: float,
-    min_step_kw: float = 0.0,
+    min_step_kw: float | None = None,
     min_points: int = 3,
     max_rel_stderr: float = 0.05,
 ) -> OverheadCalibration | NotIdentifiable:
@@ -95,7 +99,8 @@ def fit_overhead(
     window_s : the mean on each side of a step [s]
     settle_s : from a GPU step to the start of its post window: the meter's lag and the
         cooling's settling (four time constants or more) [s]
-    min_step_kw : smaller GPU steps are ignored, whatever the noise [kW]
+    min_step_kw : smaller GPU steps are ignored, whatever the noise; None: 2% of the median
+        GPU power [kW]
     max_rel_stderr : k is identified only when k_stderr / k is below this
     """
     gpu, facility = _series(gpu_kw, facility_kw)
@@ -104,6 +109,8 @@ def fit_overhead(
             f"period_s ({period_s}) must be positive, window_s ({window_s}) at least two "
             f"periods and settle_s ({settle_s}) not negative"
         )
+    if min_step_kw is None:
+        min_step_kw = STEP_FLOOR * float(np.median(np.abs(gpu)))
     if min_points < 2 or not max_rel_stderr > 0 or not min_step_kw >= 0:
         raise FlexModelError("min_points >= 2, max_rel_stderr > 0 and min_step_kw >= 0")
     window, settle = round(window_s / period_s), round(settle_s / period_s)
@@ -112,8 +119,9 @@ def fit_overhead(
     if found < min_points:
         return NotIdentifiable(
             f"{found} isolated GPU step(s) found, {min_points} needed: steps must stand out "
-            f"of the noise (or exceed min_step_kw) and be {settle_s + window_s:g} s apart "
-            f"(settle_s + window_s), with {window_s:g} s of data on each side",
+            f"of the noise, exceed {min_step_kw:.3g} kW (min_step_kw) and be "
+            f"{settle_s + window_s:g} s apart (settle_s + window_s), with {window_s:g} s of "
+            "data on each side",
             points=found,
         )
     response = step_response(steps, settle=settle, window=window)
