@@ -8,10 +8,12 @@ import math
 
 import aiohttp
 import httpx
+import numpy as np
 import pytest
 
 from flexgate.labmeter import LabMeter, create_app
 from flexgate.serve import ServerThread, free_port
+from flexmodel.calibration import OverheadCalibration, fit_overhead
 from gateway.clock import SteppedClock
 from gateway.errors import MeterError
 from gateway.meter import open_meter
@@ -29,10 +31,10 @@ def agents(tmp_path):
         yield [f"{url}/nodes/{name}" for name in nodes]
 
 
-def cap_everything(urls: list[str]) -> float:
-    """Cap every GPU at CAP_W; the sum of the limits enforced [kW]."""
-    command = {"plan_id": "lab", "generation": 1, "lease_s": 60, "caps": []}
-    command["caps"] = [{"gpu": g, "cap_w": CAP_W} for g in range(8)]
+def cap_everything(urls: list[str], cap_w: float | None = CAP_W, generation: int = 1) -> float:
+    """Cap every GPU at `cap_w` (None: back to the originals); the limits enforced [kW]."""
+    command = {"plan_id": f"lab-{generation}", "generation": generation, "lease_s": 60}
+    command["caps"] = [] if cap_w is None else [{"gpu": g, "cap_w": cap_w} for g in range(8)]
     enforced_w = 0.0
     for url in urls:
         answer = httpx.put(
@@ -84,6 +86,45 @@ def test_the_meter_follows_the_agents_true_power_through_a_first_order_lag(agent
     assert held_kw == steady_kw
     target_kw = STATIC_KW + K * capped_kw
     assert lagged_kw == pytest.approx(held_kw + (1 - math.exp(-1)) * (target_kw - held_kw))
+
+
+@pytest.mark.slow
+def test_the_calibration_recovers_the_lab_sites_true_overhead_factor(agents):
+    """Cap steps on real simulated agents, the lab meter sampled every (stepped) second: the
+    fit finds the factor and static load the lab meter was given; a level regression does not."""
+    clock = SteppedClock()
+    meter = LabMeter(
+        agents,
+        static_kw=STATIC_KW,
+        overhead_factor=K,
+        noise_kw=0.3,
+        time_constant_s=5.0,
+        integration_s=0.5,
+        clock=clock,
+        seed=3,
+    )
+    caps_w = [None, 300, 550, 250, 450, 200, 600, 350, 650, None]
+
+    async def sample() -> tuple[np.ndarray, np.ndarray]:
+        gpu_kw, facility_kw = [], []
+        async with aiohttp.ClientSession() as session:
+            for generation, cap_w in enumerate(caps_w, start=1):
+                await asyncio.to_thread(cap_everything, agents, cap_w, generation)
+                await asyncio.sleep(0.7)  # the agents' readings catch up with the new caps
+                for _ in range(60):
+                    clock.step(1.0)
+                    await meter.poll(session)
+                    gpu_kw.append(meter.gpu_power_kw)
+                    facility_kw.append(meter.reading_kw())
+        return np.array(gpu_kw), np.array(facility_kw)
+
+    gpu_kw, facility_kw = asyncio.run(sample())
+    fit = fit_overhead(gpu_kw, facility_kw, period_s=1.0, window_s=10.0, settle_s=40.0)
+    assert isinstance(fit, OverheadCalibration), fit
+    assert fit.points >= 7
+    assert abs(fit.k - K) < 5 * fit.k_stderr
+    assert abs(fit.static_kw - STATIC_KW) < 5 * fit.static_stderr_kw
+    assert np.polyfit(gpu_kw, facility_kw, 1)[0] < K - 10 * fit.k_stderr
 
 
 def test_the_gateway_reads_the_lab_meter_over_http(agents):
