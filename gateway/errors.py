@@ -5,7 +5,8 @@ GatewayError (500)
 ├── NotFoundError (404)
 ├── ConflictError (409)           e.g. cancelling an event that has ended
 ├── InvalidRequestError (422)     a body the model refuses (a job mix, a reduction ...)
-└── StoreVersionError (500)       the database was made by another schema version
+├── StoreVersionError (500)       the database was made by another schema version
+└── MeterError (503)              the facility meter gave no reading (gateway.meter)
 """
 
 from __future__ import annotations
@@ -33,3 +34,7 @@ class InvalidRequestError(GatewayError):
 
 class StoreVersionError(GatewayError):
     pass
+
+
+class MeterError(GatewayError):
+    status_code = 503

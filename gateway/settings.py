@@ -14,12 +14,15 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agents.protocol import LAB_TOKEN, MIN_TOKEN_CHARS, PLACEHOLDER_TOKENS
+from gateway.meter.sources import DEFAULT_JSON_KEY, open_meter
 
 LAB_API_TOKEN = "lab-api-token"
 
 
 class GatewaySettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="FLEXGATE_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="FLEXGATE_", extra="ignore", hide_input_in_errors=True
+    )
 
     database_url: str = "sqlite:///.flexgate/gateway.db"
     api_token: SecretStr = SecretStr("")
@@ -51,6 +54,12 @@ class GatewaySettings(BaseSettings):
     ven_key: Path | None = None
     opt_policy: Literal["feasible", "always", "never"] = "feasible"
     lab: bool = False
+    meter_url: str = Field(default="", description="the facility meter; empty: the estimate")
+    meter_json_key: str = DEFAULT_JSON_KEY
+    meter_period_s: float = Field(default=5.0, gt=0.0)
+    meter_timeout_s: float = Field(default=2.0, gt=0.0)
+    meter_max_age_s: float | None = Field(default=None, gt=0.0)  #: None: three periods
+    meter_max_step_kw: float | None = Field(default=None, gt=0.0)  #: None: no jump check
 
     @property
     def agent_urls(self) -> list[str]:
@@ -80,7 +89,19 @@ class GatewaySettings(BaseSettings):
             raise ValueError("FLEXGATE_VEN_CERT and FLEXGATE_VEN_KEY go together")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("FLEXGATE_TLS_CERT and FLEXGATE_TLS_KEY go together")
+        self._check_meter()
         return self
+
+    def _check_meter(self) -> None:
+        try:
+            open_meter(self.meter_url, json_key=self.meter_json_key, timeout_s=self.meter_timeout_s)
+        except ValueError as exc:
+            raise ValueError(f"FLEXGATE_METER_URL / FLEXGATE_METER_JSON_KEY: {exc}") from exc
+        if self.meter_max_age_s is not None and self.meter_max_age_s <= self.meter_period_s:
+            raise ValueError(
+                f"FLEXGATE_METER_MAX_AGE_S ({self.meter_max_age_s:g} s) must be longer than "
+                f"FLEXGATE_METER_PERIOD_S ({self.meter_period_s:g} s), or every reading is stale"
+            )
 
 
 @lru_cache

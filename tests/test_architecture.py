@@ -5,10 +5,11 @@
 - agents: may import flexmodel; never gateway.
 - gateway: flexmodel, and of agents only agents.protocol (the wire schemas).
 - inside gateway every module belongs to a named layer, and imports only its own layer and
-  those below it: root (app, run) -> api -> grid protocol (openadr) -> services -> agent
-  client -> store -> base (clock, settings, errors). Routes call services, never the store.
-- in gateway, only the grid-protocol package imports openleadr, and only the agent client and
-  the grid-protocol package import aiohttp.
+  those below it: root (app, run) -> api -> grid protocol (openadr) -> services -> settings
+  -> outside world (the agent client, the meter) -> store -> base (clock, errors). Routes
+  call services, never the store.
+- in gateway, only the grid-protocol package imports openleadr, and only it and the
+  outside-world parts (agent client, meter) import aiohttp.
 - flexgate (the CLI, the composition root) may import all three; nothing imports it.
 """
 
@@ -50,15 +51,16 @@ GATEWAY_LAYERS = {
     "api": ("gateway.api",),
     "grid protocol": ("gateway.openadr",),
     "services": ("gateway.services",),
-    "agent client": ("gateway.agentclient",),
+    "settings": ("gateway.settings",),
+    "outside world": ("gateway.agentclient", "gateway.meter"),
     "store": ("gateway.store",),
-    "base": ("gateway.clock", "gateway.settings", "gateway.errors", "gateway"),
+    "base": ("gateway.clock", "gateway.errors", "gateway"),
 }
 LAYER_ORDER = list(GATEWAY_LAYERS)
 #: Third-party packages only some gateway layers may import.
 GATEWAY_ONLY_IN = {
     "openleadr": {"grid protocol"},
-    "aiohttp": {"grid protocol", "agent client"},
+    "aiohttp": {"grid protocol", "outside world"},
 }
 
 

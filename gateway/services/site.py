@@ -9,9 +9,31 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.clock import Clock
+from gateway.meter import MeterFeed, open_meter
 from gateway.services.fleet import Fleet, placed_gpu_kw
 from gateway.services.jobbook import JobBook
 from gateway.settings import GatewaySettings
+
+
+def open_feed(
+    settings: GatewaySettings, *, clock: Clock, max_kw: float | None = None
+) -> MeterFeed | None:
+    """The feed `FLEXGATE_METER_*` describe, or None without a meter URL (the site's estimate
+    stands in, labelled `estimated`). `max_kw` is the site's physical maximum, if known."""
+    meter = open_meter(
+        settings.meter_url, json_key=settings.meter_json_key, timeout_s=settings.meter_timeout_s
+    )
+    if meter is None:
+        return None
+    return MeterFeed(
+        meter,
+        clock=clock,
+        period_s=settings.meter_period_s,
+        max_age_s=settings.meter_max_age_s,
+        max_step_kw=settings.meter_max_step_kw,
+        max_kw=max_kw,
+    )
 
 
 class SitePower:

@@ -109,3 +109,18 @@ class NodeRow(SQLModel, table=True):
     node_id: str = Field(primary_key=True)
     url: str
     last_seen: datetime = _when(nullable=False)
+
+
+class CalibrationRow(SQLModel, table=True):
+    """One fit of the overhead factor on the meter (flexmodel.calibration); the latest counts."""
+
+    __tablename__ = "calibrations"
+    id: int | None = Field(default=None, primary_key=True)
+    at: datetime = _when(nullable=False, index=True)
+    meter_source: str  #: the meter the fit read
+    k: float
+    k_stderr: float
+    static_kw: float
+    static_stderr_kw: float
+    lag_s: float
+    points: int

@@ -7,8 +7,10 @@ from typing import Any
 
 from sqlmodel import Session, col, delete, func, select
 
+from flexmodel.calibration import OverheadCalibration
 from gateway.store.models import (
     AuditRow,
+    CalibrationRow,
     CommandRow,
     Counter,
     EventRow,
@@ -129,3 +131,32 @@ def audit(
     session: Session, *, actor: str, action: str, detail: dict[str, Any], at: datetime
 ) -> None:
     session.add(AuditRow(at=at, actor=actor, action=action, detail=detail))
+
+
+def add_calibration(
+    session: Session,
+    *,
+    fit: OverheadCalibration,
+    meter_source: str,
+    at: datetime,
+) -> CalibrationRow:
+    row = CalibrationRow(
+        at=at,
+        meter_source=meter_source,
+        k=fit.k,
+        k_stderr=fit.k_stderr,
+        static_kw=fit.static_kw,
+        static_stderr_kw=fit.static_stderr_kw,
+        lag_s=fit.lag_s,
+        points=fit.points,
+    )
+    session.add(row)
+    return row
+
+
+def latest_calibration(session: Session) -> CalibrationRow | None:
+    """The newest fit (by its time, then by insertion), or None before the first."""
+    query = select(CalibrationRow).order_by(
+        col(CalibrationRow.at).desc(), col(CalibrationRow.id).desc()
+    )
+    return session.exec(query).first()
