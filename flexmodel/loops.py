@@ -30,6 +30,7 @@ from flexmodel.sync import (
     HARMONICS,
     Analysis,
     analyse,
+    critical_coupling_per_s,
     finite_or_none,
     worst_verdict,
 )
@@ -106,19 +107,21 @@ def site_loops(
 
 def required_spread(result: Analysis) -> float:
     """The rate spread (fraction of the rate, Lorentzian half-width) at which no significant
-    harmonic of any job attracts beyond its critical coupling."""
-    need = 0.0
-    w = 2.0 * np.pi / result.period_s
+    harmonic of any job attracts beyond its critical coupling (`sync.critical_coupling_per_s`,
+    solved for the spread by bisection: it grows monotonically with the spread)."""
+    jobs, index = np.nonzero(result.attractive & result.significant)
+    if jobs.size == 0:
+        return 0.0
+    target = result.coupling_per_s[jobs, index]
+    m = HARMONICS[index].astype(float)
+    w = 2.0 * np.pi / result.period_s[jobs]
     tau = result.delay_s + result.window_s / 2.0
-    for j, i in zip(*np.nonzero(result.attractive & result.significant), strict=True):
-        target, m = result.coupling_per_s[j, i], float(HARMONICS[i])
-        lo, hi = 0.0, 1.0  # solve 2 m gamma exp(m gamma tau) = a_m for gamma = spread * w
-        for _ in range(60):
-            mid = 0.5 * (lo + hi)
-            gamma = mid * w[j]
-            lo, hi = (mid, hi) if 2 * m * gamma * np.exp(m * gamma * tau) < target else (lo, mid)
-        need = max(need, hi)
-    return need
+    lo, hi = np.zeros_like(target), np.ones_like(target)
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        below = critical_coupling_per_s(m, mid * w, tau) < target
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    return float(hi.max())
 
 
 def scatter(

@@ -12,10 +12,11 @@ at the fundamental. Positive `a_m` attracts: the jobs drift into step on that ha
 
 - A harmonic is **significant** when `|c_m|^2 |F_m| >= 0.1 |c_1|^2` (m = 1..5).
 - **Critical coupling** for a Lorentzian rate spread of half-width `gamma = spread * w`
-  (Ott-Antonsen): harmonic `m` sees the spread times `m`, so it locks when
-  `a_m > 2 * m * gamma * exp(m * gamma * tau_eff)`. The exponential is the order-of-magnitude
-  decoherence a delay adds across a spread population (MODEL.md); at `gamma*tau << 1` the
-  threshold is linear in the spread.
+  (Ott-Antonsen, MODEL.md section 8): harmonic `m` locks when
+  `a_m > 2 * gamma * exp(m * gamma * tau_eff)`. In the variable `m * phi` both the rate spread
+  and the coupling scale by `m`, so the threshold on `a_m` is the fundamental's `2 gamma`; only
+  the lag factor grows with `m`. The exponential is the order-of-magnitude decoherence a delay
+  adds across a spread population; at `gamma*tau << 1` the threshold is linear in the spread.
 - **Verdict**: `safe` when no significant harmonic attracts; `unsafe` when one attracts beyond
   its critical coupling (with no spread, any attraction); `at-risk` when one attracts below it
   (locking can still be held by hysteresis once it happened).
@@ -58,6 +59,14 @@ def harmonic_power(m: ArrayLike, duty: ArrayLike) -> Array:
     """`|c_m|^2` of a two-level waveform with compute share `duty`."""
     m = np.asarray(m, dtype=float)
     return np.asarray(np.sin(np.pi * m * np.asarray(duty)) ** 2 / (np.pi * m) ** 2, dtype=float)
+
+
+def critical_coupling_per_s(m: ArrayLike, gamma_per_s: ArrayLike, tau_eff_s: float) -> Array:
+    """The attraction [rad/s] at which harmonic `m` locks a Lorentzian population of rate
+    half-width `gamma_per_s` behind an effective delay `tau_eff_s` (MODEL.md section 8:
+    `2 gamma exp(m gamma tau)`; the spread and the coupling both scale by m in `m * phi`)."""
+    gamma = np.asarray(gamma_per_s, dtype=float)
+    return np.asarray(2.0 * gamma * np.exp(np.asarray(m) * gamma * tau_eff_s), dtype=float)
 
 
 def window_gain(m: ArrayLike, period_s: ArrayLike, window_s: ArrayLike) -> Array:
@@ -162,8 +171,7 @@ def analyse(
     significant = np.abs(weight) >= SIGNIFICANT_SHARE * fundamental * (1 - 1e-12)
     tau_eff = delay_s + window_s / 2.0
     coupling = -gain_per_s * (power / fundamental) * gain * np.sin(m * w[:, None] * tau_eff)
-    gamma_m = m * spread * w[:, None]
-    critical = 2.0 * gamma_m * np.exp(gamma_m * tau_eff)
+    critical = critical_coupling_per_s(m, spread * w[:, None], tau_eff)
     return Analysis(
         period_s=t,
         duty=d,

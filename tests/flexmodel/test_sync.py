@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from flexmodel.errors import FlexModelError
 from flexmodel.jobs import parse_job_mix
-from flexmodel.loops import ControlLoop, scatter, site_loops
+from flexmodel.loops import ControlLoop, required_spread, scatter, site_loops
 from flexmodel.sync import analyse, harmonic_power, window_gain
 
 
@@ -116,6 +116,45 @@ def test_spread_turns_unsafe_into_at_risk_and_scales_linearly():
     double = analyse(2.0, 0.5, delay_s=tau, spread=2e-4).critical_per_s[0, 0]
     assert small == pytest.approx(2 * 1e-4 * np.pi, rel=1e-3)  # 2 gamma, gamma = spread * w
     assert double / small == pytest.approx(2.0, rel=1e-3)
+
+
+@pytest.mark.parametrize(("duty", "delay", "m"), [(0.5, 0.5, 3), (0.25, 0.75, 2)])
+def test_a_harmonic_locks_at_the_fundamentals_threshold_not_m_times_it(duty, delay, m):
+    """In m*phi the spread and the coupling both scale by m: the onset is 2 gamma
+    exp(m gamma tau), the same attraction as the fundamental's (MODEL.md section 8)."""
+    spread, period = 0.005, 2.0
+    gamma = spread * 2 * np.pi / period
+    result = analyse(period, duty, delay_s=delay, spread=spread, gain_per_s=0.4)
+    assert result.attractive[0, m - 1]
+    assert result.critical_per_s[0, m - 1] == pytest.approx(2 * gamma * np.exp(m * gamma * delay))
+
+
+def test_the_issue_example_is_unsafe_where_the_simulator_locks_harmonic_3():
+    """T = 2 s, d = 0.5, tau = 0.5 s, spread 0.005: harmonic 3 locks from gain 0.29 rad/s."""
+    check = {"delay_s": 0.5, "spread": 0.005}
+    assert analyse(2.0, 0.5, gain_per_s=0.4, **check).verdict == ["unsafe"]
+    assert analyse(2.0, 0.5, gain_per_s=0.25, **check).verdict == ["at-risk"]
+    unit = analyse(2.0, 0.5, gain_per_s=1.0, **check)
+    critical_gain = unit.critical_per_s[0, 2] / unit.coupling_per_s[0, 2]
+    assert critical_gain == pytest.approx(0.29, abs=0.005)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    period=st.floats(0.5, 10.0),
+    duty=st.floats(0.1, 0.9),
+    delay=st.floats(0.0, 10.0),
+    gain=st.floats(0.01, 1.0),
+)
+def test_the_required_spread_puts_the_worst_harmonic_on_its_threshold(period, duty, delay, gain):
+    need = required_spread(analyse(period, duty, delay_s=delay, gain_per_s=gain))
+    if need == 0.0:
+        assert analyse(period, duty, delay_s=delay, gain_per_s=gain).verdict == ["safe"]
+        return
+    at = analyse(period, duty, delay_s=delay, gain_per_s=gain, spread=need)
+    attract = at.attractive & at.significant
+    assert np.all(at.coupling_per_s[attract] <= at.critical_per_s[attract] * (1 + 1e-9))
+    assert np.any(np.isclose(at.coupling_per_s[attract], at.critical_per_s[attract], rtol=1e-6))
 
 
 def test_fleet_analysis_matches_job_by_job():

@@ -5,6 +5,7 @@ import pytest
 
 from flexmodel.errors import FlexModelError
 from flexmodel.phases import rayleigh_threshold
+from flexmodel.sync import analyse
 from flexmodel.syncsim import gain_sweep, locking_gain, simulate_sync
 
 T = 2.0
@@ -62,6 +63,43 @@ def test_an_attractive_delay_locks_a_fleet_and_its_swing_grows_like_n():
     )
     assert np.all(free.final_order < rayleigh_threshold(jobs, 0.01))
     assert free.swing_ratio < 1.5
+
+
+def critical_gain(duty, delay_s, m, spread):
+    """The gain at which the analysis puts harmonic m on its locking threshold."""
+    unit = analyse(T, duty, delay_s=delay_s, spread=spread, gain_per_s=1.0)
+    return unit.critical_per_s[0, m - 1] / unit.coupling_per_s[0, m - 1]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize(
+    ("duty", "delay", "m"),
+    [(0.5, 0.5, 3), (0.25, 0.75, 2)],  # w tau = pi/2 for harmonic 3, 3 pi/4 for harmonic 2
+)
+def test_a_harmonic_locks_where_the_analysis_puts_its_threshold(duty, delay, m, seed):
+    """300 jobs, spread 0.005: below 0.7 times the critical gain r_m stays at the level of
+    random phases; above 1.4 times it the fleet locks on harmonic m (the fundamental does not).
+    The old threshold (m times higher) would put both gains below the onset."""
+    spread = 0.005
+    gain = critical_gain(duty, delay, m, spread)
+
+    def order(factor):
+        run = simulate_sync(
+            jobs=300,
+            period_s=T,
+            duty=duty,
+            delay_s=delay,
+            gain_per_s=factor * gain,
+            spread=spread,
+            duration_s=600,
+            seed=seed,
+        )
+        return run.final_order
+
+    assert order(0.7)[m - 1] < 0.2
+    locked = order(1.4)
+    assert locked[m - 1] > 0.4
+    assert locked[0] < 0.2
 
 
 def test_the_locking_threshold_grows_linearly_with_the_spread():
