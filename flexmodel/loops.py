@@ -28,8 +28,10 @@ from flexmodel.jobs import JobMix
 from flexmodel.sync import (
     DEFAULT_GAIN_PER_S,
     HARMONICS,
+    MIN_DUTY,
     Analysis,
-    analyse,
+    LoopResponse,
+    analyse_loop,
     critical_coupling_per_s,
     finite_or_none,
     worst_verdict,
@@ -43,8 +45,7 @@ FIRMWARE_DELAY_S = 0.05
 @dataclass(frozen=True)
 class ControlLoop:
     name: str
-    delay_s: float
-    window_s: float
+    response: LoopResponse
     couples_jobs: bool
 
     def evaluate(
@@ -59,20 +60,15 @@ class ControlLoop:
         periods = np.atleast_1d(np.asarray(period_s, dtype=float))
         base = {
             "name": self.name,
-            "delay_s": self.delay_s,
-            "window_s": self.window_s,
+            "delay_s": self.response.delay_s,
+            "window_s": self.response.window_s,
             "couples_jobs": self.couples_jobs,
             "shortest_half_period_s": float(periods.min() / 2) if periods.size else None,
         }
         if not self.couples_jobs or periods.size == 0:
             return base | {"verdict": "safe", "max_safe_delay_s": None}
-        result = analyse(
-            periods,
-            duty,
-            delay_s=self.delay_s,
-            window_s=self.window_s,
-            spread=spread,
-            gain_per_s=gain_per_s,
+        result = analyse_loop(
+            periods, duty, self.response, unit_coupling_per_s=gain_per_s, spread=spread
         )
         return base | {
             "verdict": worst_verdict(result.verdict),
@@ -91,17 +87,14 @@ def site_loops(
     """The loops of a site; the agent loop only when agents hold node budgets."""
     periods = np.atleast_1d(np.asarray(periods_s, dtype=float))
     longest = float(periods.max()) if periods.size else 0.0
-    loops = [ControlLoop("firmware", FIRMWARE_DELAY_S, 0.0, couples_jobs=False)]
+    loops = [ControlLoop("firmware", LoopResponse(FIRMWARE_DELAY_S), couples_jobs=False)]
     if agent_delay_s is not None:
-        loops.append(ControlLoop("agent-node-budget", agent_delay_s, agent_window_s, True))
-    loops.append(
-        ControlLoop(
-            "gateway",
-            delay_s=reconcile_period_s + dispatch_delay_s,
-            window_s=GATEWAY_WINDOW_PERIODS * longest,
-            couples_jobs=True,
-        )
+        agent = LoopResponse(agent_delay_s, agent_window_s)
+        loops.append(ControlLoop("agent-node-budget", agent, couples_jobs=True))
+    gateway = LoopResponse(
+        delay_s=reconcile_period_s + dispatch_delay_s, window_s=GATEWAY_WINDOW_PERIODS * longest
     )
+    loops.append(ControlLoop("gateway", gateway, couples_jobs=True))
     return loops
 
 
@@ -115,7 +108,7 @@ def required_spread(result: Analysis) -> float:
     target = result.coupling_per_s[jobs, index]
     m = HARMONICS[index].astype(float)
     w = 2.0 * np.pi / result.period_s[jobs]
-    tau = result.delay_s + result.window_s / 2.0
+    tau = result.loop.effective_delay_s
     lo, hi = np.zeros_like(target), np.ones_like(target)
     for _ in range(60):
         mid = 0.5 * (lo + hi)
@@ -156,13 +149,12 @@ def scatter(
         }
     period = mix.array("period_s")
     duty = mix.array("duty")
-    result = analyse(
+    result = analyse_loop(
         period,
-        np.clip(duty, 1e-6, 1 - 1e-6),
-        delay_s=loop.delay_s,
-        window_s=loop.window_s,
+        np.clip(duty, MIN_DUTY, 1 - MIN_DUTY),
+        loop.response,
+        unit_coupling_per_s=gain_per_s,
         spread=spread,
-        gain_per_s=gain_per_s,
     )
     needed = required_spread(result) if loop.couples_jobs else 0.0
     half_width = max(np.pi / 2.0 * (needed - spread), 0.0)

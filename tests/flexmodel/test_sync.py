@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -6,7 +8,14 @@ from hypothesis import strategies as st
 from flexmodel.errors import FlexModelError
 from flexmodel.jobs import parse_job_mix
 from flexmodel.loops import ControlLoop, required_spread, scatter, site_loops
-from flexmodel.sync import analyse, harmonic_power, window_gain
+from flexmodel.sync import (
+    LoopResponse,
+    analyse,
+    analyse_loop,
+    harmonic_power,
+    rate_coupling_per_s,
+    window_gain,
+)
 
 
 def test_harmonic_power_and_signed_window_gain_by_hand():
@@ -59,26 +68,6 @@ def test_exact_criterion_has_a_neutral_band(duty):
     assert sums[4] < 0
 
 
-@settings(max_examples=60, deadline=None)
-@given(duty=st.floats(0.05, 0.95), theta=st.floats(0.05, 6.2), window=st.floats(0.0, 3.0))
-def test_closed_form_matches_the_harmonic_series(duty, theta, window):
-    """S in closed form equals sum_m m |c_m|^2 F_m sin(m w tau_eff) summed far out."""
-    period = 2 * np.pi  # w = 1
-    pulse = 2 * np.pi * duty
-    edges = np.array([0.0, pulse, 2 * np.pi - pulse, 2 * np.pi])
-    if window == 0.0 and np.min(np.abs(np.mod(theta, 2 * np.pi) - edges)) < 0.02:
-        return  # the series converges slowly at a step; the closed form is exact there
-    exact = analyse(period, duty, delay_s=theta, window_s=window).in_phase_sum[0]
-    m = np.arange(1, 200_001, dtype=float)
-    series = np.sum(
-        m
-        * harmonic_power(m, duty)
-        * window_gain(m, period, window)
-        * np.sin(m * (theta + window / 2))
-    )
-    assert series == pytest.approx(exact, abs=2e-4)
-
-
 def test_a_window_of_whole_periods_blinds_the_loop():
     for delay in (0.1, 0.7, 1.3, 1.9):
         result = analyse(2.0, 0.5, delay_s=delay, window_s=6.0)
@@ -94,18 +83,6 @@ def test_a_negative_side_lobe_flips_attraction():
     assert lobe.coupling_per_s[0, 0] < 0
     flipped = analyse(2.0, 0.5, delay_s=1.0, window_s=3.0)  # tau_eff = 2.5 s, sin > 0
     assert flipped.coupling_per_s[0, 0] > 0  # ...and attracts where a plain loop would repel
-
-
-@settings(max_examples=80, deadline=None)
-@given(period=st.floats(0.5, 10.0), duty=st.floats(0.1, 0.9), window=st.floats(0.0, 2.0))
-def test_max_safe_delay_is_where_attraction_starts(period, duty, window):
-    limit = analyse(period, duty, delay_s=0.0, window_s=window).max_safe_delay_s[0]
-    if not np.isfinite(limit):
-        return
-    step = 1e-6 * period
-    if limit > step:
-        assert analyse(period, duty, delay_s=limit - step, window_s=window).verdict == ["safe"]
-    assert analyse(period, duty, delay_s=limit + step, window_s=window).verdict != ["safe"]
 
 
 def test_spread_turns_unsafe_into_at_risk_and_scales_linearly():
@@ -186,7 +163,7 @@ def test_site_loops_and_their_verdicts():
     names = [loop.name for loop in loops]
     assert names == ["firmware", "agent-node-budget", "gateway"]
     gateway = loops[-1]
-    assert gateway.window_s == pytest.approx(9.0)  # three of the longest periods
+    assert gateway.response.window_s == pytest.approx(9.0)  # three of the longest periods
     verdicts = {loop.name: loop.evaluate([2.0, 3.0], [0.5, 0.5])["verdict"] for loop in loops}
     assert verdicts["firmware"] == "safe"
     assert verdicts["agent-node-budget"] == "unsafe"  # 1.2 s > T/2 for the 2 s job
@@ -209,7 +186,7 @@ def test_scattering_spreads_rates_enough_and_prices_it():
             ]
         }
     )
-    loop = ControlLoop("agent-node-budget", delay_s=1.5, window_s=0.0, couples_jobs=True)
+    loop = ControlLoop("agent-node-budget", LoopResponse(delay_s=1.5), couples_jobs=True)
     plan = scatter(mix, loop, gain_per_s=0.05, budget_fraction=0.2)
     assert plan["required_spread"] > 0
     offsets = [j["rate_offset"] for j in plan["jobs"]]
@@ -219,5 +196,153 @@ def test_scattering_spreads_rates_enough_and_prices_it():
     assert plan["throughput_cost"] > 0
     assert plan["feasible"] == (plan["throughput_cost_fraction"] <= 0.2)
     assert all(j["cap_w"] <= 700.0 for j in plan["jobs"])
-    safe = ControlLoop("gateway", delay_s=5.0, window_s=6.0, couples_jobs=True)
+    safe = ControlLoop("gateway", LoopResponse(delay_s=5.0, window_s=6.0), couples_jobs=True)
     assert scatter(mix, safe)["throughput_cost"] == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    period=st.floats(0.5, 10.0),
+    duty=st.floats(0.05, 0.95),
+    delay=st.floats(0.0, 10.0),
+    window=st.floats(0.0, 10.0),
+    gain=st.floats(1e-3, 1.0),
+    spread=st.floats(0.0, 0.05),
+)
+def test_the_proportional_loop_is_a_special_case_of_the_general_response(
+    period, duty, delay, window, gain, spread
+):
+    """A unit proportional gain behind a delay and a window gives today's formulas:
+    a_m = -K (|c_m|^2/|c_1|^2) F_m sin(m w (tau + W/2)), weight |c_m|^2 F_m, significance
+    |c_m|^2 |F_m| >= 0.1 |c_1|^2."""
+    loop = LoopResponse(delay_s=delay, window_s=window)
+    general = analyse_loop(period, duty, loop, unit_coupling_per_s=gain, spread=spread)
+    m = np.arange(1, 6)
+    w = 2 * np.pi / period
+    power, filters = harmonic_power(m, duty), window_gain(m, period, window)
+    expected = -gain * power / power[0] * filters * np.sin(m * w * (delay + window / 2))
+    np.testing.assert_allclose(general.coupling_per_s[0], expected, rtol=1e-9, atol=1e-12 * gain)
+    np.testing.assert_allclose(general.weight[0], power * filters, atol=1e-12 * power[0])
+    assert list(general.significant[0]) == list(
+        power * np.abs(filters) >= 0.1 * power[0] * (1 - 1e-12)
+    )
+    np.testing.assert_allclose(
+        loop.response(m * w), filters * np.exp(-1j * m * w * (delay + window / 2)), atol=1e-12
+    )
+    assert general.job_dict(0) == analyse(
+        period, duty, delay_s=delay, window_s=window, spread=spread, gain_per_s=gain
+    ).job_dict(0)
+
+
+def test_integral_action_adds_a_quarter_period_lag_and_a_gain_falling_as_1_over_m_w():
+    """a_m = -K (|c_m|^2/|c_1|^2) (k_i / (m w)) F_m cos(m w tau_eff) (MODEL.md section 8)."""
+    period, duty, delay, window, ki = 2.0, 0.3, 0.7, 0.4, 1.5
+    loop = LoopResponse(
+        delay_s=delay, window_s=window, proportional_gain=0.0, integral_gain_per_s=ki
+    )
+    result = analyse_loop(period, duty, loop, unit_coupling_per_s=0.2)
+    m, w = np.arange(1, 6), 2 * np.pi / period
+    power = harmonic_power(m, duty)
+    expected = (
+        -0.2
+        * power
+        / power[0]
+        * ki
+        / (m * w)
+        * window_gain(m, period, window)
+        * np.cos(m * w * (delay + window / 2))
+    )
+    np.testing.assert_allclose(result.coupling_per_s[0], expected)
+
+
+@pytest.mark.parametrize(
+    ("delay", "integral_attracts", "proportional_attracts"),
+    [
+        (0.3, False, False),
+        (0.7, True, False),
+        (1.2, True, True),
+        (1.7, False, True),
+        (2.7, True, False),
+    ],
+)
+def test_an_integrating_loop_attracts_for_a_quarter_to_three_quarters_of_a_period(
+    delay, integral_attracts, proportional_attracts
+):
+    """T = 2 s, d = 0.5: the integrator's fundamental attracts for T/4 < tau < 3T/4, the
+    proportional throttle's for T/2 < tau < T; both repeat every period (tau = 2.7 s)."""
+    integral = LoopResponse(delay_s=delay, proportional_gain=0.0, integral_gain_per_s=1.0)
+    result = analyse_loop(2.0, 0.5, integral, unit_coupling_per_s=0.1)
+    assert bool(result.attractive[0, 0]) is integral_attracts
+    assert bool(result.in_phase_stable[0]) is integral_attracts
+    assert bool(analyse(2.0, 0.5, delay_s=delay).attractive[0, 0]) is proportional_attracts
+
+
+def test_an_integrating_loops_delay_limit_is_a_quarter_period():
+    """Harmonic 3 of the integrator weighs (1/9)/3 of the fundamental: not significant."""
+    integral = LoopResponse(proportional_gain=0.0, integral_gain_per_s=1.0)
+    result = analyse_loop(2.0, 0.5, integral, unit_coupling_per_s=0.1)
+    assert result.max_safe_delay_s[0] == pytest.approx(0.5)
+    assert list(result.significant[0]) == [True, False, False, False, False]
+
+
+loops = st.builds(
+    LoopResponse,
+    delay_s=st.floats(0.0, 8.0),
+    window_s=st.sampled_from([0.0]) | st.floats(0.05, 5.0),
+    hold_s=st.sampled_from([0.0]) | st.floats(0.05, 2.0),
+    proportional_gain=st.sampled_from([0.0, 1.0]) | st.floats(0.0, 2.0),
+    integral_gain_per_s=st.sampled_from([0.0]) | st.floats(0.0, 2.0),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(duty=st.floats(0.05, 0.95), loop=loops)
+def test_closed_form_matches_the_series_for_any_loop(duty, loop):
+    """S = -sum_m m |c_m|^2 Im H(i m w), summed far out, for delay, window, hold, P and I."""
+    period = 2 * np.pi  # w = 1
+    pulse = 2 * np.pi * duty
+    edges = np.array([0.0, pulse, 2 * np.pi - pulse, 2 * np.pi])
+    smeared = loop.window_s > 0 or loop.hold_s > 0
+    if not smeared and np.min(np.abs(np.mod(loop.delay_s, 2 * np.pi) - edges)) < 0.02:
+        return  # the series converges slowly at a step; the closed form is exact there
+    exact = analyse_loop(period, duty, loop, unit_coupling_per_s=1.0).in_phase_sum[0]
+    m = np.arange(1, 200_001, dtype=float)
+    series = -np.sum(m * harmonic_power(m, duty) * np.imag(loop.response(m)))
+    assert series == pytest.approx(exact, abs=3e-4 * (1 + loop.integral_gain_per_s))
+
+
+@settings(max_examples=80, deadline=None)
+@given(period=st.floats(0.5, 10.0), duty=st.floats(0.1, 0.9), loop=loops)
+def test_max_safe_delay_is_where_attraction_starts_for_any_loop(period, duty, loop):
+    def analysis(delay):
+        moved = dataclasses.replace(loop, delay_s=delay)
+        return analyse_loop(period, duty, moved, unit_coupling_per_s=0.05)
+
+    limit = analysis(0.0).max_safe_delay_s[0]
+    if not np.isfinite(limit):
+        return
+    step = 1e-6 * period
+    if limit > step:
+        assert analysis(limit - step).verdict == ["safe"]
+    assert analysis(limit + step).verdict != ["safe"]
+
+
+def test_the_loops_gain_becomes_the_coupling_through_the_jobs_rate_per_watt():
+    """K = 2 w |c_1|^2 swing_w rate_per_w; a loop of gain k then couples k times as hard."""
+    unit = rate_coupling_per_s(2.0, 0.5, swing_w=2000.0, rate_per_w=1e-4)
+    assert unit == pytest.approx(2 * np.pi * (1 / np.pi**2) * 2000 * 1e-4)
+    weak = analyse_loop(
+        2.0, 0.5, LoopResponse(1.5, proportional_gain=1.0), unit_coupling_per_s=unit
+    )
+    strong = analyse_loop(
+        2.0, 0.5, LoopResponse(1.5, proportional_gain=3.0), unit_coupling_per_s=unit
+    )
+    np.testing.assert_allclose(strong.coupling_per_s, 3 * weak.coupling_per_s)
+    assert strong.gain_per_s[0] == pytest.approx(3 * unit)
+
+
+def test_bad_loop_input():
+    with pytest.raises(FlexModelError, match="integral_gain_per_s"):
+        LoopResponse(integral_gain_per_s=-1.0)
+    with pytest.raises(FlexModelError, match="hold_s"):
+        LoopResponse(hold_s=float("inf"))
