@@ -10,6 +10,9 @@ The loops of a flexgate site, each with its own delay and measurement window:
    iteration periods it sees, so its gain at their frequencies is small; its effective delay
    is the reconciliation period plus dispatch.
 
+Each loop carries its `sync.LoopResponse` (delay, window, hold, proportional and integral
+gains), so an integrating site loop is checked with its own frequency response.
+
 `scatter` plans the mitigation: small per-job cap offsets that spread iteration rates beyond
 the locking range of every attractive harmonic, and splay phase offsets, with their cost.
 """
