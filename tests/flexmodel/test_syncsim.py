@@ -219,6 +219,8 @@ def test_runs_are_deterministic_by_seed():
         ({"duration_s": 0.5}, "duration"),
         ({"throttle": "soft"}, "throttle"),
         ({"delay_s": -0.1}, "delay_s"),
+        ({"hold_s": -1.0}, "hold_s"),
+        ({"integral_gain_per_s": float("nan")}, "integral_gain_per_s"),
     ],
 )
 def test_bad_simulation_input(kwargs, message):
