@@ -28,8 +28,8 @@ The coefficient `c` is set from `gain_per_s` (K, rad/s at the fundamental per un
 response) so that the averaged two-job coupling of a unit proportional loop has strength `K` at
 harmonic 1, as `flexmodel.sync` assumes: `K = 2 * w * c * (1 - comm_power_fraction) * |c_1|^2`
 (`sync.rate_coupling_per_s` with the swing `1 - comm_power_fraction` and `c` the rate per
-unit of power). The "cap" throttle acts about half the
-time, so its effective strength is about half.
+unit of power). The "cap" throttle acts about half the time, so its effective strength is
+about half.
 
 Rates: `f_i = f * (1 + spread * x_i)` with `x_i` standard Lorentzian draws truncated to
 [-5, 5] (so a few jobs do not run backwards); phase noise is Gaussian with standard deviation
