@@ -56,10 +56,14 @@ class ControlLoop:
         period_s: ArrayLike,
         duty: ArrayLike,
         *,
-        gain_per_s: float = DEFAULT_GAIN_PER_S,
+        gain_per_s: ArrayLike = DEFAULT_GAIN_PER_S,
         spread: float = 0.0,
     ) -> dict[str, Any]:
-        """This loop's verdict on the jobs it touches, and its delay against their half periods."""
+        """This loop's verdict on the jobs it touches, and its delay against their half periods.
+
+        `gain_per_s` [rad/s]: the coupling at the fundamental per unit of the loop's response,
+        one for all jobs or one per job (`sync.rate_coupling_per_s` from their swing and rate
+        per watt, so the loop's own gains are its real ones)."""
         periods = np.atleast_1d(np.asarray(period_s, dtype=float))
         base = {
             "name": self.name,

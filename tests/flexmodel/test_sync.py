@@ -169,6 +169,22 @@ def test_site_loops_and_their_verdicts():
     assert verdicts["agent-node-budget"] == "unsafe"  # 1.2 s > T/2 for the 2 s job
 
 
+def test_an_integrating_site_loop_is_judged_at_its_real_gain_per_job():
+    """The site loop integrates: at 0.45 T of a 2 s job it attracts (a proportional loop with
+    the same delay would not), with the coupling from each job's own swing and rate per watt."""
+    periods, duties = np.array([2.0, 2.0]), np.array([0.5, 0.5])
+    unit = rate_coupling_per_s(periods, duties, swing_w=[2000.0, 0.0], rate_per_w=1e-4)
+    site = ControlLoop(
+        "site-tracking",
+        LoopResponse(delay_s=0.9, proportional_gain=0.0, integral_gain_per_s=0.5),
+        couples_jobs=True,
+    )
+    assert site.evaluate(periods[:1], duties[:1], gain_per_s=unit[:1])["verdict"] == "unsafe"
+    assert site.evaluate(periods[1:], duties[1:], gain_per_s=unit[1:])["verdict"] == "safe"
+    proportional = ControlLoop("p", LoopResponse(delay_s=0.9), couples_jobs=True)
+    assert proportional.evaluate(periods, duties, gain_per_s=unit)["verdict"] == "safe"
+
+
 def test_scattering_spreads_rates_enough_and_prices_it():
     mix = parse_job_mix(
         {
