@@ -3,6 +3,7 @@
 - the simulator: N = 1000 jobs, 600 s of simulated time at dt = T/200 (target < 10 s);
 - the analysis of a 10k-job fleet (target < 100 ms);
 - the locking threshold against the rate spread, and a gain sweep up and down (hysteresis);
+- the onsets of harmonics 2 and 3 (300 jobs, spread 0.005) against the analysis' critical gain;
 - the plots in docs/img/.
 
     python bench/sync_bench.py      # writes bench/results/sync.json and docs/img/sync-*.png
@@ -36,6 +37,51 @@ def sweep(spread: float, ratios: np.ndarray, throttle: str) -> dict[str, list[fl
     return {"gain_over_2gamma": ratios.tolist(), "r1_up": up, "r1_down": down}
 
 
+#: (duty, delay [s], harmonic): the delays where harmonic m attracts and the fundamental repels.
+HARMONIC_CASES = ((0.25, 0.75, 2), (0.5, 0.5, 3))
+HARMONIC_RATIOS = np.array([0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.4, 2.0])
+ONSET_ORDER = 0.25  #: r_m well above random phases (1/sqrt(300) = 0.06; Rayleigh 0.14)
+
+
+def harmonic_onset(duty: float, delay: float, m: int, spread: float = 0.005) -> dict[str, object]:
+    """r_m against the gain in units of the analysis' critical gain, two seeds, and the gain at
+    which the seeds' mean r_m first reaches ONSET_ORDER (interpolated)."""
+    unit = analyse(T, duty, delay_s=delay, spread=spread, gain_per_s=1.0)
+    predicted = float(unit.critical_per_s[0, m - 1] / unit.coupling_per_s[0, m - 1])
+    orders = [
+        [
+            float(
+                simulate_sync(
+                    jobs=300,
+                    period_s=T,
+                    duty=duty,
+                    delay_s=delay,
+                    gain_per_s=ratio * predicted,
+                    spread=spread,
+                    duration_s=600,
+                    seed=seed,
+                ).final_order[m - 1]
+            )
+            for seed in (1, 2)
+        ]
+        for ratio in HARMONIC_RATIOS
+    ]
+    mean = np.mean(orders, axis=1)
+    above = int(np.argmax(mean >= ONSET_ORDER))
+    ratio = float(
+        np.interp(ONSET_ORDER, mean[above - 1 : above + 1], HARMONIC_RATIOS[above - 1 : above + 1])
+    )
+    return {
+        "duty": duty,
+        "delay_s": delay,
+        "m": m,
+        "predicted_gain_per_s": predicted,
+        "measured_gain_per_s": ratio * predicted,
+        "gain_over_critical": HARMONIC_RATIOS.tolist(),
+        "r_m_by_seed": orders,
+    }
+
+
 def main() -> None:
     sim_s, run = timed(
         lambda: simulate_sync(
@@ -63,6 +109,13 @@ def main() -> None:
         f"{4 * np.pi / T:.2f}), offset {offset:.4f} rad/s",
         flush=True,
     )
+    harmonics = [harmonic_onset(*case) for case in HARMONIC_CASES]
+    for h in harmonics:
+        print(
+            f"harmonic {h['m']} onset (r_m = {ONSET_ORDER}): measured "
+            f"{h['measured_gain_per_s']:.3f}, predicted {h['predicted_gain_per_s']:.3f} rad/s",
+            flush=True,
+        )
     ratios = np.array([0.4, 0.6, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4, 1.7, 2.0])
     hysteresis = {"linear": sweep(0.01, ratios, "linear"), "cap": sweep(0.01, 2 * ratios, "cap")}
     IMAGES.mkdir(parents=True, exist_ok=True)
@@ -100,6 +153,7 @@ def main() -> None:
             "offset": offset,
             "theory_slope": 4 * np.pi / T,
         },
+        "harmonic_onsets": harmonics,
         "hysteresis": hysteresis,
     }
     (RESULTS / "sync.json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -10,6 +10,9 @@ The loops of a flexgate site, each with its own delay and measurement window:
    iteration periods it sees, so its gain at their frequencies is small; its effective delay
    is the reconciliation period plus dispatch.
 
+Each loop carries its `sync.LoopResponse` (delay, window, hold, proportional and integral
+gains), so an integrating site loop is checked with its own frequency response.
+
 `scatter` plans the mitigation: small per-job cap offsets that spread iteration rates beyond
 the locking range of every attractive harmonic, and splay phase offsets, with their cost.
 """
@@ -28,8 +31,11 @@ from flexmodel.jobs import JobMix
 from flexmodel.sync import (
     DEFAULT_GAIN_PER_S,
     HARMONICS,
+    MIN_DUTY,
     Analysis,
-    analyse,
+    LoopResponse,
+    analyse_loop,
+    critical_coupling_per_s,
     finite_or_none,
     worst_verdict,
 )
@@ -42,8 +48,7 @@ FIRMWARE_DELAY_S = 0.05
 @dataclass(frozen=True)
 class ControlLoop:
     name: str
-    delay_s: float
-    window_s: float
+    response: LoopResponse
     couples_jobs: bool
 
     def evaluate(
@@ -51,27 +56,26 @@ class ControlLoop:
         period_s: ArrayLike,
         duty: ArrayLike,
         *,
-        gain_per_s: float = DEFAULT_GAIN_PER_S,
+        gain_per_s: ArrayLike = DEFAULT_GAIN_PER_S,
         spread: float = 0.0,
     ) -> dict[str, Any]:
-        """This loop's verdict on the jobs it touches, and its delay against their half periods."""
+        """This loop's verdict on the jobs it touches, and its delay against their half periods.
+
+        `gain_per_s` [rad/s]: the coupling at the fundamental per unit of the loop's response,
+        one for all jobs or one per job (`sync.rate_coupling_per_s` from their swing and rate
+        per watt, so the loop's own gains are its real ones)."""
         periods = np.atleast_1d(np.asarray(period_s, dtype=float))
         base = {
             "name": self.name,
-            "delay_s": self.delay_s,
-            "window_s": self.window_s,
+            "delay_s": self.response.delay_s,
+            "window_s": self.response.window_s,
             "couples_jobs": self.couples_jobs,
             "shortest_half_period_s": float(periods.min() / 2) if periods.size else None,
         }
         if not self.couples_jobs or periods.size == 0:
             return base | {"verdict": "safe", "max_safe_delay_s": None}
-        result = analyse(
-            periods,
-            duty,
-            delay_s=self.delay_s,
-            window_s=self.window_s,
-            spread=spread,
-            gain_per_s=gain_per_s,
+        result = analyse_loop(
+            periods, duty, self.response, unit_coupling_per_s=gain_per_s, spread=spread
         )
         return base | {
             "verdict": worst_verdict(result.verdict),
@@ -90,35 +94,34 @@ def site_loops(
     """The loops of a site; the agent loop only when agents hold node budgets."""
     periods = np.atleast_1d(np.asarray(periods_s, dtype=float))
     longest = float(periods.max()) if periods.size else 0.0
-    loops = [ControlLoop("firmware", FIRMWARE_DELAY_S, 0.0, couples_jobs=False)]
+    loops = [ControlLoop("firmware", LoopResponse(FIRMWARE_DELAY_S), couples_jobs=False)]
     if agent_delay_s is not None:
-        loops.append(ControlLoop("agent-node-budget", agent_delay_s, agent_window_s, True))
-    loops.append(
-        ControlLoop(
-            "gateway",
-            delay_s=reconcile_period_s + dispatch_delay_s,
-            window_s=GATEWAY_WINDOW_PERIODS * longest,
-            couples_jobs=True,
-        )
+        agent = LoopResponse(agent_delay_s, agent_window_s)
+        loops.append(ControlLoop("agent-node-budget", agent, couples_jobs=True))
+    gateway = LoopResponse(
+        delay_s=reconcile_period_s + dispatch_delay_s, window_s=GATEWAY_WINDOW_PERIODS * longest
     )
+    loops.append(ControlLoop("gateway", gateway, couples_jobs=True))
     return loops
 
 
 def required_spread(result: Analysis) -> float:
     """The rate spread (fraction of the rate, Lorentzian half-width) at which no significant
-    harmonic of any job attracts beyond its critical coupling."""
-    need = 0.0
-    w = 2.0 * np.pi / result.period_s
-    tau = result.delay_s + result.window_s / 2.0
-    for j, i in zip(*np.nonzero(result.attractive & result.significant), strict=True):
-        target, m = result.coupling_per_s[j, i], float(HARMONICS[i])
-        lo, hi = 0.0, 1.0  # solve 2 m gamma exp(m gamma tau) = a_m for gamma = spread * w
-        for _ in range(60):
-            mid = 0.5 * (lo + hi)
-            gamma = mid * w[j]
-            lo, hi = (mid, hi) if 2 * m * gamma * np.exp(m * gamma * tau) < target else (lo, mid)
-        need = max(need, hi)
-    return need
+    harmonic of any job attracts beyond its critical coupling (`sync.critical_coupling_per_s`,
+    solved for the spread by bisection: it grows monotonically with the spread)."""
+    jobs, index = np.nonzero(result.attractive & result.significant)
+    if jobs.size == 0:
+        return 0.0
+    target = result.coupling_per_s[jobs, index]
+    m = HARMONICS[index].astype(float)
+    w = 2.0 * np.pi / result.period_s[jobs]
+    tau = result.loop.effective_delay_s
+    lo, hi = np.zeros_like(target), np.ones_like(target)
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        below = critical_coupling_per_s(m, mid * w, tau) < target
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    return float(hi.max())
 
 
 def scatter(
@@ -153,13 +156,12 @@ def scatter(
         }
     period = mix.array("period_s")
     duty = mix.array("duty")
-    result = analyse(
+    result = analyse_loop(
         period,
-        np.clip(duty, 1e-6, 1 - 1e-6),
-        delay_s=loop.delay_s,
-        window_s=loop.window_s,
+        np.clip(duty, MIN_DUTY, 1 - MIN_DUTY),
+        loop.response,
+        unit_coupling_per_s=gain_per_s,
         spread=spread,
-        gain_per_s=gain_per_s,
     )
     needed = required_spread(result) if loop.couples_jobs else 0.0
     half_width = max(np.pi / 2.0 * (needed - spread), 0.0)

@@ -1,36 +1,55 @@
 """Will a control loop make training jobs phase-lock? (MODEL.md section 8)
 
 A job's power alternates between a compute level (share `duty` of each iteration of period
-`T`) and a communication level. A loop that throttles jobs from a delayed, windowed reading of
-shared power couples them; per harmonic `m` of the waveform its effective attraction is
+`T`) and a communication level. A loop that throttles jobs from its reading of shared power
+couples them. A linear loop is its frequency response `H(i W)` (`LoopResponse`: a delay, a
+moving average, a sample-and-hold, then proportional and integral gains); per harmonic `m` of
+the waveform its effective attraction is
 
-    a_m = -K_m * F_m * sin(m * w * (tau + W/2))      w = 2*pi/T, K_m = K * |c_m|^2 / |c_1|^2
+    a_m = K * (|c_m|^2 / |c_1|^2) * Im H(i m w)            w = 2*pi/T
 
-with `|c_m|^2 = sin(pi*m*d)^2 / (pi*m)^2` the waveform's harmonic power, `F_m = sin(x)/x`,
-`x = m*w*W/2`, the moving average's signed gain, and `K` (`gain_per_s`) the coupling strength
-at the fundamental. Positive `a_m` attracts: the jobs drift into step on that harmonic.
+with `|c_m|^2 = sin(pi*m*d)^2 / (pi*m)^2` the waveform's harmonic power and `K`
+(`unit_coupling_per_s`) the coupling at the fundamental per unit of loop response: the jobs'
+rate per watt turned into rad/s (`rate_coupling_per_s`). Positive `a_m` attracts: the jobs
+drift into step on that harmonic. Two cases (MODEL.md section 8):
 
-- A harmonic is **significant** when `|c_m|^2 |F_m| >= 0.1 |c_1|^2` (m = 1..5).
+- a proportional throttle behind a delay `tau` and a moving average over `W`:
+  `H = F_m exp(-i m w (tau + W/2))`, so `a_m = -K_m F_m sin(m w (tau + W/2))`, with
+  `F_m = sin(x)/x`, `x = m*w*W/2`, the moving average's signed gain;
+- an integrator: `H = (k_i / (i m w)) F_m exp(-i m w tau_eff)`, so
+  `a_m = -K_m (k_i / (m w)) F_m cos(m w tau_eff)`: a quarter-period lag and a gain falling as
+  `1/(m w)`; the fundamental attracts for `T/4 < tau_eff < 3T/4`, modulo `T`.
+
+A sample-and-hold over `T_s` has the moving average's response over `T_s` (its zero-order hold;
+the aliases it also makes beat at other frequencies and average out of the phase dynamics).
+
+- A harmonic is **significant** when `|c_m|^2 |F_m| |C(i m w)| >= 0.1 |c_1|^2 |C(i w)|`
+  (m = 1..5), `C` the controller's gain `k_p + k_i/(i W)`.
 - **Critical coupling** for a Lorentzian rate spread of half-width `gamma = spread * w`
-  (Ott-Antonsen): harmonic `m` sees the spread times `m`, so it locks when
-  `a_m > 2 * m * gamma * exp(m * gamma * tau_eff)`. The exponential is the order-of-magnitude
-  decoherence a delay adds across a spread population (MODEL.md); at `gamma*tau << 1` the
-  threshold is linear in the spread.
+  (Ott-Antonsen, MODEL.md section 8): harmonic `m` locks when
+  `a_m > 2 * gamma * exp(m * gamma * tau_eff)`. In the variable `m * phi` both the rate spread
+  and the coupling scale by `m`, so the threshold on `a_m` is the fundamental's `2 gamma`; only
+  the lag factor grows with `m`. The exponential is the order-of-magnitude decoherence a delay
+  adds across a spread population; at `gamma*tau << 1` the threshold is linear in the spread.
 - **Verdict**: `safe` when no significant harmonic attracts; `unsafe` when one attracts beyond
   its critical coupling (with no spread, any attraction); `at-risk` when one attracts below it
   (locking can still be held by hysteresis once it happened).
 - **Exact two-job criterion** over all harmonics: in phase is stable iff
-  `S = sum_m m |c_m|^2 F_m sin(m w tau_eff) < 0`. `sum_m m |c_m|^2 sin(m theta)` is minus half
-  the derivative of the pulse's autocorrelation, a step function of `theta mod 2*pi`:
-  `+1/(4 pi)` below `2 pi d`, `-1/(4 pi)` above `2 pi (1 - d)`, both where they overlap. The
-  window averages it over delays `[tau, tau + W]`. So `S` is exact, and the neutral band
-  (`d' T < tau < (1 - d') T`, `d' = min(d, 1 - d)`) comes out exactly 0: neutral, not stable.
+  `S = -sum_m m |c_m|^2 Im H(i m w) < 0`. In time, `S` is the loop's impulse response `h`
+  integrated against `g(w t) = sum_m m |c_m|^2 sin(m w t)`, minus half the derivative of the
+  pulse's autocorrelation: a step function of `theta mod 2*pi`, `+1/(4 pi)` below `2 pi d`,
+  `-1/(4 pi)` above `2 pi (1 - d)`, both where they overlap. The proportional part of `h` is
+  the delay smeared by the window and the hold (`g` averaged over them); the integral part is
+  a step, so it integrates `g` once more (the triangle of the autocorrelation). So `S` is
+  exact, and the neutral band of a proportional loop (`d' T < tau < (1 - d') T`,
+  `d' = min(d, 1 - d)`) comes out exactly 0: neutral, not stable.
 
 Everything is vectorised over jobs (arrays of periods and duties).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +67,7 @@ DEFAULT_GAIN_PER_S = 0.05
 VERDICTS = ("safe", "at-risk", "unsafe")
 _ZERO = 1e-12
 Mask = NDArray[np.bool_]
+Complex = NDArray[np.complex128]
 
 
 #: The shortest compute share analysed: below it |c_1|^2 underflows and the coupling is 0/0.
@@ -60,6 +80,30 @@ def harmonic_power(m: ArrayLike, duty: ArrayLike) -> Array:
     return np.asarray(np.sin(np.pi * m * np.asarray(duty)) ** 2 / (np.pi * m) ** 2, dtype=float)
 
 
+def critical_coupling_per_s(m: ArrayLike, gamma_per_s: ArrayLike, tau_eff_s: float) -> Array:
+    """The attraction [rad/s] at which harmonic `m` locks a Lorentzian population of rate
+    half-width `gamma_per_s` behind an effective delay `tau_eff_s` (MODEL.md section 8:
+    `2 gamma exp(m gamma tau)`; the spread and the coupling both scale by m in `m * phi`)."""
+    gamma = np.asarray(gamma_per_s, dtype=float)
+    return np.asarray(2.0 * gamma * np.exp(np.asarray(m) * gamma * tau_eff_s), dtype=float)
+
+
+def rate_coupling_per_s(
+    period_s: ArrayLike, duty: ArrayLike, *, swing_w: ArrayLike, rate_per_w: ArrayLike
+) -> Array:
+    """The coupling at the fundamental [rad/s] per unit of loop response (`unit_coupling_per_s`).
+
+    `swing_w` is a job's compute power less its communication power (all its GPUs) [W], as
+    the loop reads it; `rate_per_w` the fraction by which the job's compute phase slows per
+    watt of the loop's correction [1/W]. Averaging `dphi/dt = w (1 - chi(phi) u)` with
+    `u = rate_per_w * (h * P)(t)` gives `K = 2 w |c_1|^2 swing_w rate_per_w` (MODEL.md
+    section 8; the same normalisation as `flexmodel.syncsim`).
+    """
+    w = 2.0 * np.pi / np.asarray(period_s, dtype=float)
+    power = harmonic_power(1, duty)
+    return np.asarray(2.0 * w * power * np.asarray(swing_w) * np.asarray(rate_per_w), dtype=float)
+
+
 def window_gain(m: ArrayLike, period_s: ArrayLike, window_s: ArrayLike) -> Array:
     """`F_m`: the signed gain of a moving average over `window_s` at harmonic `m`."""
     x = np.asarray(m) * np.pi * np.asarray(window_s) / np.asarray(period_s)  # m * w * W / 2
@@ -68,15 +112,55 @@ def window_gain(m: ArrayLike, period_s: ArrayLike, window_s: ArrayLike) -> Array
 
 
 @dataclass(frozen=True)
+class LoopResponse:
+    """A linear loop from measured shared power to the jobs' throttle (MODEL.md section 8):
+    a delay, a moving average over `window_s`, a sample-and-hold every `hold_s`, then
+    `proportional_gain` [W of correction per W of error] and `integral_gain_per_s` [W per
+    W s]. The default is the delayed proportional throttle of unit gain."""
+
+    delay_s: float = 0.0
+    window_s: float = 0.0
+    hold_s: float = 0.0
+    proportional_gain: float = 1.0
+    integral_gain_per_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("delay_s", "window_s", "hold_s", "proportional_gain", "integral_gain_per_s"):
+            value = getattr(self, name)
+            if not np.isfinite(value) or value < 0:
+                raise FlexModelError(f"{name} must be a finite number of at least 0, got {value!r}")
+
+    @property
+    def effective_delay_s(self) -> float:
+        """The delay plus the half-widths of the moving average and the hold (their lags)."""
+        return self.delay_s + self.window_s / 2.0 + self.hold_s / 2.0
+
+    def filter_gain(self, w_rad_per_s: ArrayLike) -> Array:
+        """The signed real gain of the moving average and the hold at `w` (lags removed)."""
+        period = 2.0 * np.pi / np.asarray(w_rad_per_s, dtype=float)
+        return window_gain(1, period, self.window_s) * window_gain(1, period, self.hold_s)
+
+    def controller(self, w_rad_per_s: ArrayLike) -> Complex:
+        """`C(i w) = k_p + k_i / (i w)`."""
+        w = np.asarray(w_rad_per_s, dtype=float)
+        return np.asarray(self.proportional_gain + self.integral_gain_per_s / (1j * w))
+
+    def response(self, w_rad_per_s: ArrayLike) -> Complex:
+        """`H(i w)`: the controller behind the filters and the effective delay."""
+        w = np.asarray(w_rad_per_s, dtype=float)
+        lag = np.exp(-1j * w * self.effective_delay_s)
+        return np.asarray(self.controller(w) * self.filter_gain(w) * lag)
+
+
+@dataclass(frozen=True)
 class Analysis:
     """The coupling of one loop on J jobs; arrays are (J, 5) per harmonic or (J,)."""
 
     period_s: Array
     duty: Array
-    delay_s: float
-    window_s: float
+    loop: LoopResponse
     spread: float
-    gain_per_s: float
+    gain_per_s: Array  #: the coupling at the fundamental before filters and delay, K |C(i w)|
     weight: Array  #: |c_m|^2 * F_m
     significant: Mask
     coupling_per_s: Array  #: a_m, positive = attractive
@@ -86,7 +170,7 @@ class Analysis:
 
     @property
     def attractive(self) -> Mask:
-        return np.asarray(self.coupling_per_s > _ZERO * self.gain_per_s, dtype=bool)
+        return np.asarray(self.coupling_per_s > _ZERO * self.gain_per_s[:, None], dtype=bool)
 
     @property
     def verdict(self) -> list[str]:
@@ -117,10 +201,10 @@ class Analysis:
         return {
             "period_s": float(self.period_s[j]),
             "duty": float(self.duty[j]),
-            "delay_s": self.delay_s,
-            "window_s": self.window_s,
+            "delay_s": self.loop.delay_s,
+            "window_s": self.loop.window_s,
             "spread": self.spread,
-            "gain_per_s": self.gain_per_s,
+            "gain_per_s": float(self.gain_per_s[j]),
             "harmonics": [
                 {
                     "m": int(m),
@@ -146,86 +230,142 @@ def analyse(
     *,
     delay_s: float,
     window_s: float = 0.0,
+    hold_s: float = 0.0,
+    proportional_gain: float = 1.0,
+    integral_gain_per_s: float = 0.0,
     spread: float = 0.0,
     gain_per_s: float = DEFAULT_GAIN_PER_S,
 ) -> Analysis:
-    """The coupling that a loop with this delay and window puts on jobs of these periods."""
+    """The coupling that a loop with this delay, window, hold and gains puts on jobs of these
+    periods, `gain_per_s` being the coupling at the fundamental per unit of loop response
+    (the plain proportional throttle: its coupling at the fundamental)."""
+    loop = LoopResponse(delay_s, window_s, hold_s, proportional_gain, integral_gain_per_s)
+    return analyse_loop(period_s, duty, loop, unit_coupling_per_s=gain_per_s, spread=spread)
+
+
+def analyse_loop(
+    period_s: ArrayLike,
+    duty: ArrayLike,
+    loop: LoopResponse,
+    *,
+    unit_coupling_per_s: ArrayLike,
+    spread: float = 0.0,
+) -> Analysis:
+    """The coupling that `loop` puts on jobs of these periods and duties (MODEL.md section 8).
+
+    `unit_coupling_per_s` [rad/s], per job or one for all: the coupling at the fundamental per
+    unit of loop response (`rate_coupling_per_s` from the jobs' swing and rate per watt).
+    """
     t = np.atleast_1d(np.asarray(period_s, dtype=float))
     d = np.broadcast_to(np.asarray(duty, dtype=float), t.shape).copy()
-    _check(t, d, delay_s, window_s, spread, gain_per_s)
+    unit = np.broadcast_to(np.asarray(unit_coupling_per_s, dtype=float), t.shape).copy()
+    _check(t, d, unit, spread)
     w = 2.0 * np.pi / t
     m = HARMONICS[None, :].astype(float)
+    mw = m * w[:, None]
     power = harmonic_power(m, d[:, None])
-    gain = window_gain(m, t[:, None], window_s)
-    weight = power * gain
     fundamental = power[:, :1]
-    significant = np.abs(weight) >= SIGNIFICANT_SHARE * fundamental * (1 - 1e-12)
-    tau_eff = delay_s + window_s / 2.0
-    coupling = -gain_per_s * (power / fundamental) * gain * np.sin(m * w[:, None] * tau_eff)
-    gamma_m = m * spread * w[:, None]
-    critical = 2.0 * gamma_m * np.exp(gamma_m * tau_eff)
+    filters = loop.filter_gain(mw)
+    controller = np.abs(loop.controller(mw))
+    reference = np.abs(loop.controller(w))[:, None]
+    significant = power * np.abs(
+        filters
+    ) * controller >= SIGNIFICANT_SHARE * fundamental * reference * (1 - 1e-12)
+    coupling = unit[:, None] * (power / fundamental) * np.imag(loop.response(mw))
     return Analysis(
         period_s=t,
         duty=d,
-        delay_s=float(delay_s),
-        window_s=float(window_s),
+        loop=loop,
         spread=float(spread),
-        gain_per_s=float(gain_per_s),
-        weight=weight,
+        gain_per_s=unit * reference[:, 0],
+        weight=power * filters,
         significant=significant,
         coupling_per_s=coupling,
-        critical_per_s=critical,
-        in_phase_sum=in_phase_sum(t, d, delay_s, window_s),
-        max_safe_delay_s=max_safe_delay_s(t, significant, gain, window_s),
+        critical_per_s=critical_coupling_per_s(m, spread * w[:, None], loop.effective_delay_s),
+        in_phase_sum=in_phase_sum(t, d, loop),
+        max_safe_delay_s=max_safe_delay_s(t, significant, loop),
     )
 
 
-def in_phase_sum(period_s: Array, duty: Array, delay_s: float, window_s: float) -> Array:
-    """`S = sum_m m |c_m|^2 F_m sin(m w tau_eff)`, exactly (closed form, all harmonics)."""
+def in_phase_sum(period_s: Array, duty: Array, loop: LoopResponse) -> Array:
+    """`S = -sum_m m |c_m|^2 Im H(i m w)`, exactly (closed form, all harmonics).
+
+    `S = integral of h(t) g(w t) dt`: the proportional part of `h` is the delay smeared by the
+    window and the hold, so it averages `g` over them; the integral part is a step from the
+    same point, `integral from x of g = -(G_1(x) - mean G_1) / w` (`G_1` an antiderivative of
+    `g`; the mean removed because a band-limited integrator passes no DC).
+    """
     w = 2.0 * np.pi / period_s
-    lo, hi = w * delay_s, w * (delay_s + window_s)
     pulse = 2.0 * np.pi * duty
-
-    def measure(a: Array, b: Array, start: Array, end: Array) -> Array:
-        """Length of {x in [a, b] : x mod 2pi in [start, end)}."""
-
-        def cumulative(x: Array) -> Array:
-            turns = np.floor(x / (2.0 * np.pi))
-            return turns * (end - start) + np.clip(
-                x - 2.0 * np.pi * turns - start, 0.0, end - start
-            )
-
-        return cumulative(b) - cumulative(a)
-
-    if np.all(window_s > 1e-9 * period_s):  # shorter windows average nothing: a plain delay
-        rising = measure(lo, hi, np.zeros_like(pulse), pulse)
-        falling = measure(lo, hi, 2.0 * np.pi - pulse, np.full_like(pulse, 2.0 * np.pi))
-        value = (rising - falling) / (hi - lo)
-    else:
-        phase = np.mod(lo, 2.0 * np.pi)
-        near = 1e-9
-        up = (phase > near) & (phase < pulse - near)
-        down = (phase > 2.0 * np.pi - pulse + near) & (phase < 2.0 * np.pi - near)
-        value = up.astype(float) - down.astype(float)
+    start = np.mod(w * loop.delay_s, 2.0 * np.pi)  # S repeats every period of the delay
+    widths = [w * loop.window_s, w * loop.hold_s]
+    widths = [x for x in widths if np.all(x > 1e-9 * 2.0 * np.pi)]  # shorter ones average nothing
+    value = loop.proportional_gain * _smeared(start, widths, 0, pulse)
+    if loop.integral_gain_per_s:
+        mean = _step_antiderivative(np.full_like(pulse, 2.0 * np.pi), pulse, 2) / (2.0 * np.pi)
+        triangle = _smeared(start, widths, 1, pulse) - mean
+        value = value - loop.integral_gain_per_s * triangle / w
     return np.asarray(value / (4.0 * np.pi), dtype=float)
 
 
-def max_safe_delay_s(period_s: Array, significant: Mask, gain: Array, window_s: float) -> Array:
+def _smeared(start: Array, widths: list[Array], order: int, pulse: Array) -> Array:
+    """The mean of the `order`-th antiderivative of the step over `start + U`, `U` the sum of
+    uniform draws over `widths` (each box mean is a difference of the next antiderivative)."""
+    if not widths:
+        return _step_antiderivative(start, pulse, order)
+    width, rest = widths[0], widths[1:]
+    upper = _smeared(start + width, rest, order + 1, pulse)
+    return (upper - _smeared(start, rest, order + 1, pulse)) / width
+
+
+def _step_antiderivative(x: Array, pulse: Array, order: int) -> Array:
+    """The `order`-th antiderivative from 0 of the step `1[theta < p] - 1[theta >= 2 pi - p]`
+    (`theta = x mod 2 pi`, `p` the pulse), exactly, for x >= 0 and order 0..3.
+
+    Over one period it is a sum of ramps `(r - b)_+^k / k!` at the step's edges. The step has
+    no mean, so its first antiderivative repeats every period; the second gains `I_1` (the
+    first's integral over a period) each period, the third `2 pi I_1 n + I_2` on top.
+    """
+    if order == 0:  # the edges count as 0, so the neutral band comes out exactly 0
+        phase, near = np.mod(x, 2.0 * np.pi), 1e-9
+        up = (phase > near) & (phase < pulse - near)
+        down = (phase > 2.0 * np.pi - pulse + near) & (phase < 2.0 * np.pi - near)
+        return np.asarray(up.astype(float) - down.astype(float))
+    turns = np.floor(x / (2.0 * np.pi))
+    r = x - 2.0 * np.pi * turns
+    period = np.full_like(r, 2.0 * np.pi)
+
+    def ramps(y: Array, k: int) -> Array:
+        edges = (np.zeros_like(pulse), pulse, 2.0 * np.pi - pulse)
+        signs = (1.0, -1.0, -1.0)
+        total = sum(s * np.clip(y - b, 0.0, None) ** k for s, b in zip(signs, edges, strict=True))
+        return np.asarray(total / math.factorial(k))
+
+    if order == 1:
+        return ramps(r, 1)
+    i1 = ramps(period, 2)
+    if order == 2:
+        return np.asarray(turns * i1 + ramps(r, 2))
+    i2 = ramps(period, 3)
+    return np.asarray(
+        i1 * 2.0 * np.pi * turns * (turns - 1) / 2 + turns * i2 + turns * i1 * r + ramps(r, 3)
+    )
+
+
+def max_safe_delay_s(period_s: Array, significant: Mask, loop: LoopResponse) -> Array:
     """The largest delay [s] below which no significant harmonic attracts.
 
-    Harmonic m attracts where `F_m * sin(m w (tau + W/2)) < 0`; the sign of `F_m` does not
-    depend on the delay, so the first attractive delay is where the sine next changes sign
-    the wrong way (0 when it already attracts at no delay).
+    `a_m` goes as `sin(psi_m - m w tau)`, `psi_m` the phase of the loop's response at no
+    delay; it attracts while `m w tau - psi_m` lies in `(pi, 2 pi)` modulo `2 pi`, so the first
+    attractive delay is where that angle next reaches pi (0 when it attracts at no delay).
     """
     w = 2.0 * np.pi / period_s[:, None]
-    m = HARMONICS[None, :].astype(float)
-    theta0 = m * w * window_s / 2.0
-    # Attractive half-cycles start at pi (F > 0) or at 0 (F < 0), modulo 2 pi.
-    start = np.where(gain > 0, np.pi, 0.0)
-    offset = np.mod(theta0 - start, 2.0 * np.pi)
-    inside = (offset > 1e-12) & (offset < np.pi - 1e-12)
-    to_next = np.where(inside, 0.0, np.mod(start - theta0, 2.0 * np.pi))
-    first = np.where(np.abs(gain) < 1e-12, np.inf, to_next / (m * w))
+    mw = HARMONICS[None, :].astype(float) * w
+    undelayed = loop.response(mw) * np.exp(1j * mw * loop.delay_s)
+    theta0 = np.mod(-np.angle(undelayed), 2.0 * np.pi)
+    inside = (theta0 > np.pi + 1e-12) & (theta0 < 2.0 * np.pi - 1e-12)
+    to_next = np.where(inside, 0.0, np.mod(np.pi - theta0, 2.0 * np.pi))
+    first = np.where(np.abs(undelayed) < 1e-12, np.inf, to_next / mw)
     first = np.where(significant, first, np.inf)
     return np.asarray(first.min(axis=1), dtype=float)
 
@@ -239,9 +379,7 @@ def worst_verdict(verdicts: list[str]) -> str:
     return max(verdicts, key=VERDICTS.index, default="safe")
 
 
-def _check(
-    period: Array, duty: Array, delay_s: float, window_s: float, spread: float, gain: float
-) -> None:
+def _check(period: Array, duty: Array, unit: Array, spread: float) -> None:
     if np.any(~np.isfinite(period)) or np.any(period <= 0):
         raise FlexModelError("period_s must be positive")
     if np.any(~np.isfinite(duty)) or np.any((duty < MIN_DUTY) | (duty > 1 - MIN_DUTY)):
@@ -249,11 +387,7 @@ def _check(
             f"duty must lie between {MIN_DUTY:g} and 1 - {MIN_DUTY:g} (a two-level waveform; "
             "a share closer to 0 or 1 leaves no harmonic to couple through)"
         )
-    for name, value in (
-        ("delay_s", delay_s),
-        ("window_s", window_s),
-        ("spread", spread),
-        ("gain_per_s", gain),
-    ):
-        if not np.isfinite(value) or value < 0:
-            raise FlexModelError(f"{name} must be a finite number of at least 0, got {value!r}")
+    if np.any(~np.isfinite(unit)) or np.any(unit < 0):
+        raise FlexModelError("gain_per_s (the unit coupling) must be finite and at least 0")
+    if not np.isfinite(spread) or spread < 0:
+        raise FlexModelError(f"spread must be a finite number of at least 0, got {spread!r}")

@@ -3,18 +3,33 @@
 Each job `i` advances through its iteration with phase `phi_i` (held in cycles, in [0, 1)):
 
     dphi_i/dt = f_i * (1 - chi(phi_i) * u(t)) + noise
-    u(t) = c * (M(t) - mean level)                 ("linear" throttle)
-    u(t) = c * max(M(t) - mean level, 0)           ("cap": a shared limit at the mean that only
+    u(t) = c * y(t)                                ("linear" throttle)
+    u(t) = c * max(y(t), 0)                        ("cap": a shared limit at the mean that only
                                                     binds above it)
+    y(t) = k_p * (M(t) - mean level) + k_i * integral of (M(t) - B(t)) dt
 
 `chi` is 1 in the compute phase (the first `duty` of the cycle), `P_i = 1` there and
 `comm_power_fraction` otherwise; `M(t)` is the loop's reading of the aggregate (mean over jobs)
-power: delayed by `tau` and, with a window `W`, averaged over `[t - tau - W, t - tau]`.
+power: delayed by `tau` and, with a window `W`, averaged over `[t - tau - W, t - tau]`, and
+with a hold `T_s`, sampled every `T_s` and held (`flexmodel.sync.LoopResponse`). The default
+is the proportional throttle, `k_p = 1`, `k_i = 0`.
 
-The coefficient `c` is set from `gain_per_s` (K, rad/s at the fundamental) so that the averaged
-two-job coupling has strength `K` at harmonic 1, as `flexmodel.sync` assumes:
-`K = 2 * w * c * (1 - comm_power_fraction) * |c_1|^2`. The "cap" throttle acts about half the
-time, so its effective strength is about half.
+The integrator is band-limited: `M - B` is the reading less its mean over the last
+`INTEGRATOR_PERIODS` whole periods, taken twice (a second-order high-pass). A mean over whole
+periods has zero gain at every harmonic of the period, so the integrator sees them unchanged;
+what it removes is the DC and the slow drift, which would otherwise wind it up. In this model a
+throttle lengthens compute phases, so a standing correction raises the mean it corrects: a
+positive feedback that the real site loop does not have (a cap lowers compute power). Taken
+once, the high-pass leaves the integrator a low-frequency gain of `k_i * span / 2` that lets
+this feedback take over above a coupling of about 0.1 rad/s (T = 2 s); taken twice, above
+about 0.2 rad/s.
+
+The coefficient `c` is set from `gain_per_s` (K, rad/s at the fundamental per unit of loop
+response) so that the averaged two-job coupling of a unit proportional loop has strength `K` at
+harmonic 1, as `flexmodel.sync` assumes: `K = 2 * w * c * (1 - comm_power_fraction) * |c_1|^2`
+(`sync.rate_coupling_per_s` with the swing `1 - comm_power_fraction` and `c` the rate per
+unit of power). The "cap" throttle acts about half the time, so its effective strength is
+about half.
 
 Rates: `f_i = f * (1 + spread * x_i)` with `x_i` standard Lorentzian draws truncated to
 [-5, 5] (so a few jobs do not run backwards); phase noise is Gaussian with standard deviation
@@ -32,9 +47,11 @@ import numpy as np
 
 from flexmodel.curves import Array
 from flexmodel.errors import FlexModelError
-from flexmodel.sync import DEFAULT_GAIN_PER_S, harmonic_power
+from flexmodel.sync import DEFAULT_GAIN_PER_S, LoopResponse, harmonic_power
 
 THROTTLES = ("linear", "cap")
+#: Whole periods over which the band-limited integrator's baseline is averaged.
+INTEGRATOR_PERIODS = 4
 _NOISE_BLOCK = 512  # steps of noise drawn at once
 
 
@@ -43,8 +60,7 @@ class SyncRun:
     jobs: int
     period_s: float
     duty: float
-    delay_s: float
-    window_s: float
+    loop: LoopResponse
     gain_per_s: float
     spread: float
     duration_s: float
@@ -55,6 +71,14 @@ class SyncRun:
     aggregate: Array  #: (steps,) aggregate power at every step (mean over jobs, compute = 1)
     final_phases: Array  #: (N,) in cycles
     phase_difference: float | None  #: two jobs only, radians in [0, pi]
+
+    @property
+    def delay_s(self) -> float:
+        return self.loop.delay_s
+
+    @property
+    def window_s(self) -> float:
+        return self.loop.window_s
 
     @property
     def swing_single(self) -> float:
@@ -100,6 +124,9 @@ def simulate_sync(
     duty: float,
     delay_s: float,
     window_s: float = 0.0,
+    hold_s: float = 0.0,
+    proportional_gain: float = 1.0,
+    integral_gain_per_s: float = 0.0,
     gain_per_s: float = DEFAULT_GAIN_PER_S,
     spread: float = 0.0,
     duration_s: float = 600.0,
@@ -113,7 +140,8 @@ def simulate_sync(
     progress: Callable[[float], None] | None = None,
 ) -> SyncRun:
     """Integrate the model; `initial_phases` (cycles) default to uniform random draws."""
-    _check(jobs, period_s, duty, delay_s, window_s, gain_per_s, spread, duration_s, throttle)
+    loop = LoopResponse(delay_s, window_s, hold_s, proportional_gain, integral_gain_per_s)
+    _check(jobs, period_s, duty, gain_per_s, spread, duration_s, throttle)
     rng = np.random.default_rng(seed)
     dt = period_s / steps_per_period
     steps = round(duration_s / dt)
@@ -128,8 +156,12 @@ def simulate_sync(
     coef = gain_per_s / (2.0 * (2.0 * np.pi * f0) * swing * c1)
     lag = round(delay_s / dt)
     width = max(round(window_s / dt), 1)
+    hold = max(round(hold_s / dt), 1)
+    span = INTEGRATOR_PERIODS * steps_per_period
+    error = drift = integral = 0.0
     # history[k] = sum of the aggregate over steps < k (a cumulative delay line)
     history = np.zeros(steps + 1)
+    passed = np.zeros(steps + 1)  # the same for the reading less its baseline (first pass)
     level = np.empty(steps)
     every = max(steps // samples, 1)
     times, order = [], []
@@ -146,7 +178,17 @@ def simulate_sync(
             reading = (history[end + 1] - history[start]) / (end + 1 - start)
         else:
             reading = mean_level  # before the loop has history, it sees the mean
-        u = coef * (reading - mean_level)
+        if integral_gain_per_s and end >= span:  # the baselines need whole periods of history
+            once = reading - (history[end + 1] - history[end + 1 - span]) / span
+            passed[k + 1] = passed[k] + once
+            twice = once - (passed[k + 1] - passed[max(k + 1 - span, 0)]) / span
+        else:
+            passed[k + 1] = passed[k]
+            twice = 0.0
+        if k % hold == 0:
+            error, drift = reading - mean_level, twice
+        integral += integral_gain_per_s * drift * dt
+        u = coef * (proportional_gain * error + integral)
         if throttle == "cap":
             u = max(u, 0.0)
         phase += rate_dt * (1.0 - u * compute)
@@ -169,8 +211,7 @@ def simulate_sync(
         jobs=jobs,
         period_s=period_s,
         duty=duty,
-        delay_s=delay_s,
-        window_s=window_s,
+        loop=loop,
         gain_per_s=gain_per_s,
         spread=spread,
         duration_s=steps * dt,
@@ -188,8 +229,6 @@ def _check(
     jobs: int,
     period_s: float,
     duty: float,
-    delay_s: float,
-    window_s: float,
     gain: float,
     spread: float,
     duration_s: float,
@@ -203,12 +242,7 @@ def _check(
         raise FlexModelError("duty must lie strictly between 0 and 1")
     if not (np.isfinite(duration_s) and duration_s >= period_s):
         raise FlexModelError("duration_s must cover at least one period")
-    for name, value in (
-        ("delay_s", delay_s),
-        ("window_s", window_s),
-        ("gain_per_s", gain),
-        ("spread", spread),
-    ):
+    for name, value in (("gain_per_s", gain), ("spread", spread)):
         if not np.isfinite(value) or value < 0:
             raise FlexModelError(f"{name} must be a finite number of at least 0, got {value!r}")
     if throttle not in THROTTLES:

@@ -260,6 +260,18 @@ def test_sync_check_over_a_job_mix():
     assert "verdict:" in human.stdout
 
 
+def test_sync_check_calls_unsafe_the_loop_that_the_simulator_locks_on_harmonic_3():
+    """T = 2 s, d = 0.5, tau = 0.5 s, spread 0.005, gain 0.4 rad/s: harmonic 3's onset is at
+    0.29 rad/s, so the check must say unsafe, and 300 simulated jobs lock on harmonic 3."""
+    loop = ["--period-s", "2", "--duty", "0.5", "--delay-s", "0.5", "--spread", "0.005"]
+    check = flexgate("sync", "check", *loop, "--gain-per-s", "0.4", "--json")
+    assert check.returncode == 0, check.stderr
+    assert json.loads(check.stdout)["verdict"] == "unsafe"
+    run = flexgate("sync", "simulate", "--jobs", "300", *loop, "--gain-per-s", "0.4", "--json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["final"]["r3"] > 0.4
+
+
 def test_sync_simulate_json_and_plot(tmp_path):
     plot = tmp_path / "sync.png"
     result = flexgate(

@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -5,8 +7,15 @@ from hypothesis import strategies as st
 
 from flexmodel.errors import FlexModelError
 from flexmodel.jobs import parse_job_mix
-from flexmodel.loops import ControlLoop, scatter, site_loops
-from flexmodel.sync import analyse, harmonic_power, window_gain
+from flexmodel.loops import ControlLoop, required_spread, scatter, site_loops
+from flexmodel.sync import (
+    LoopResponse,
+    analyse,
+    analyse_loop,
+    harmonic_power,
+    rate_coupling_per_s,
+    window_gain,
+)
 
 
 def test_harmonic_power_and_signed_window_gain_by_hand():
@@ -59,26 +68,6 @@ def test_exact_criterion_has_a_neutral_band(duty):
     assert sums[4] < 0
 
 
-@settings(max_examples=60, deadline=None)
-@given(duty=st.floats(0.05, 0.95), theta=st.floats(0.05, 6.2), window=st.floats(0.0, 3.0))
-def test_closed_form_matches_the_harmonic_series(duty, theta, window):
-    """S in closed form equals sum_m m |c_m|^2 F_m sin(m w tau_eff) summed far out."""
-    period = 2 * np.pi  # w = 1
-    pulse = 2 * np.pi * duty
-    edges = np.array([0.0, pulse, 2 * np.pi - pulse, 2 * np.pi])
-    if window == 0.0 and np.min(np.abs(np.mod(theta, 2 * np.pi) - edges)) < 0.02:
-        return  # the series converges slowly at a step; the closed form is exact there
-    exact = analyse(period, duty, delay_s=theta, window_s=window).in_phase_sum[0]
-    m = np.arange(1, 200_001, dtype=float)
-    series = np.sum(
-        m
-        * harmonic_power(m, duty)
-        * window_gain(m, period, window)
-        * np.sin(m * (theta + window / 2))
-    )
-    assert series == pytest.approx(exact, abs=2e-4)
-
-
 def test_a_window_of_whole_periods_blinds_the_loop():
     for delay in (0.1, 0.7, 1.3, 1.9):
         result = analyse(2.0, 0.5, delay_s=delay, window_s=6.0)
@@ -96,18 +85,6 @@ def test_a_negative_side_lobe_flips_attraction():
     assert flipped.coupling_per_s[0, 0] > 0  # ...and attracts where a plain loop would repel
 
 
-@settings(max_examples=80, deadline=None)
-@given(period=st.floats(0.5, 10.0), duty=st.floats(0.1, 0.9), window=st.floats(0.0, 2.0))
-def test_max_safe_delay_is_where_attraction_starts(period, duty, window):
-    limit = analyse(period, duty, delay_s=0.0, window_s=window).max_safe_delay_s[0]
-    if not np.isfinite(limit):
-        return
-    step = 1e-6 * period
-    if limit > step:
-        assert analyse(period, duty, delay_s=limit - step, window_s=window).verdict == ["safe"]
-    assert analyse(period, duty, delay_s=limit + step, window_s=window).verdict != ["safe"]
-
-
 def test_spread_turns_unsafe_into_at_risk_and_scales_linearly():
     tau = 1.5  # w tau = 3 pi / 2: the fundamental attracts with strength K
     assert analyse(2.0, 0.5, delay_s=tau, gain_per_s=0.05).verdict == ["unsafe"]
@@ -116,6 +93,45 @@ def test_spread_turns_unsafe_into_at_risk_and_scales_linearly():
     double = analyse(2.0, 0.5, delay_s=tau, spread=2e-4).critical_per_s[0, 0]
     assert small == pytest.approx(2 * 1e-4 * np.pi, rel=1e-3)  # 2 gamma, gamma = spread * w
     assert double / small == pytest.approx(2.0, rel=1e-3)
+
+
+@pytest.mark.parametrize(("duty", "delay", "m"), [(0.5, 0.5, 3), (0.25, 0.75, 2)])
+def test_a_harmonic_locks_at_the_fundamentals_threshold_not_m_times_it(duty, delay, m):
+    """In m*phi the spread and the coupling both scale by m: the onset is 2 gamma
+    exp(m gamma tau), the same attraction as the fundamental's (MODEL.md section 8)."""
+    spread, period = 0.005, 2.0
+    gamma = spread * 2 * np.pi / period
+    result = analyse(period, duty, delay_s=delay, spread=spread, gain_per_s=0.4)
+    assert result.attractive[0, m - 1]
+    assert result.critical_per_s[0, m - 1] == pytest.approx(2 * gamma * np.exp(m * gamma * delay))
+
+
+def test_the_issue_example_is_unsafe_where_the_simulator_locks_harmonic_3():
+    """T = 2 s, d = 0.5, tau = 0.5 s, spread 0.005: harmonic 3 locks from gain 0.29 rad/s."""
+    check = {"delay_s": 0.5, "spread": 0.005}
+    assert analyse(2.0, 0.5, gain_per_s=0.4, **check).verdict == ["unsafe"]
+    assert analyse(2.0, 0.5, gain_per_s=0.25, **check).verdict == ["at-risk"]
+    unit = analyse(2.0, 0.5, gain_per_s=1.0, **check)
+    critical_gain = unit.critical_per_s[0, 2] / unit.coupling_per_s[0, 2]
+    assert critical_gain == pytest.approx(0.29, abs=0.005)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    period=st.floats(0.5, 10.0),
+    duty=st.floats(0.1, 0.9),
+    delay=st.floats(0.0, 10.0),
+    gain=st.floats(0.01, 1.0),
+)
+def test_the_required_spread_puts_the_worst_harmonic_on_its_threshold(period, duty, delay, gain):
+    need = required_spread(analyse(period, duty, delay_s=delay, gain_per_s=gain))
+    if need == 0.0:
+        assert analyse(period, duty, delay_s=delay, gain_per_s=gain).verdict == ["safe"]
+        return
+    at = analyse(period, duty, delay_s=delay, gain_per_s=gain, spread=need)
+    attract = at.attractive & at.significant
+    assert np.all(at.coupling_per_s[attract] <= at.critical_per_s[attract] * (1 + 1e-9))
+    assert np.any(np.isclose(at.coupling_per_s[attract], at.critical_per_s[attract], rtol=1e-6))
 
 
 def test_fleet_analysis_matches_job_by_job():
@@ -147,10 +163,26 @@ def test_site_loops_and_their_verdicts():
     names = [loop.name for loop in loops]
     assert names == ["firmware", "agent-node-budget", "gateway"]
     gateway = loops[-1]
-    assert gateway.window_s == pytest.approx(9.0)  # three of the longest periods
+    assert gateway.response.window_s == pytest.approx(9.0)  # three of the longest periods
     verdicts = {loop.name: loop.evaluate([2.0, 3.0], [0.5, 0.5])["verdict"] for loop in loops}
     assert verdicts["firmware"] == "safe"
     assert verdicts["agent-node-budget"] == "unsafe"  # 1.2 s > T/2 for the 2 s job
+
+
+def test_an_integrating_site_loop_is_judged_at_its_real_gain_per_job():
+    """The site loop integrates: at 0.45 T of a 2 s job it attracts (a proportional loop with
+    the same delay would not), with the coupling from each job's own swing and rate per watt."""
+    periods, duties = np.array([2.0, 2.0]), np.array([0.5, 0.5])
+    unit = rate_coupling_per_s(periods, duties, swing_w=[2000.0, 0.0], rate_per_w=1e-4)
+    site = ControlLoop(
+        "site-tracking",
+        LoopResponse(delay_s=0.9, proportional_gain=0.0, integral_gain_per_s=0.5),
+        couples_jobs=True,
+    )
+    assert site.evaluate(periods[:1], duties[:1], gain_per_s=unit[:1])["verdict"] == "unsafe"
+    assert site.evaluate(periods[1:], duties[1:], gain_per_s=unit[1:])["verdict"] == "safe"
+    proportional = ControlLoop("p", LoopResponse(delay_s=0.9), couples_jobs=True)
+    assert proportional.evaluate(periods, duties, gain_per_s=unit)["verdict"] == "safe"
 
 
 def test_scattering_spreads_rates_enough_and_prices_it():
@@ -170,7 +202,7 @@ def test_scattering_spreads_rates_enough_and_prices_it():
             ]
         }
     )
-    loop = ControlLoop("agent-node-budget", delay_s=1.5, window_s=0.0, couples_jobs=True)
+    loop = ControlLoop("agent-node-budget", LoopResponse(delay_s=1.5), couples_jobs=True)
     plan = scatter(mix, loop, gain_per_s=0.05, budget_fraction=0.2)
     assert plan["required_spread"] > 0
     offsets = [j["rate_offset"] for j in plan["jobs"]]
@@ -180,5 +212,153 @@ def test_scattering_spreads_rates_enough_and_prices_it():
     assert plan["throughput_cost"] > 0
     assert plan["feasible"] == (plan["throughput_cost_fraction"] <= 0.2)
     assert all(j["cap_w"] <= 700.0 for j in plan["jobs"])
-    safe = ControlLoop("gateway", delay_s=5.0, window_s=6.0, couples_jobs=True)
+    safe = ControlLoop("gateway", LoopResponse(delay_s=5.0, window_s=6.0), couples_jobs=True)
     assert scatter(mix, safe)["throughput_cost"] == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    period=st.floats(0.5, 10.0),
+    duty=st.floats(0.05, 0.95),
+    delay=st.floats(0.0, 10.0),
+    window=st.floats(0.0, 10.0),
+    gain=st.floats(1e-3, 1.0),
+    spread=st.floats(0.0, 0.05),
+)
+def test_the_proportional_loop_is_a_special_case_of_the_general_response(
+    period, duty, delay, window, gain, spread
+):
+    """A unit proportional gain behind a delay and a window gives today's formulas:
+    a_m = -K (|c_m|^2/|c_1|^2) F_m sin(m w (tau + W/2)), weight |c_m|^2 F_m, significance
+    |c_m|^2 |F_m| >= 0.1 |c_1|^2."""
+    loop = LoopResponse(delay_s=delay, window_s=window)
+    general = analyse_loop(period, duty, loop, unit_coupling_per_s=gain, spread=spread)
+    m = np.arange(1, 6)
+    w = 2 * np.pi / period
+    power, filters = harmonic_power(m, duty), window_gain(m, period, window)
+    expected = -gain * power / power[0] * filters * np.sin(m * w * (delay + window / 2))
+    np.testing.assert_allclose(general.coupling_per_s[0], expected, rtol=1e-9, atol=1e-12 * gain)
+    np.testing.assert_allclose(general.weight[0], power * filters, atol=1e-12 * power[0])
+    assert list(general.significant[0]) == list(
+        power * np.abs(filters) >= 0.1 * power[0] * (1 - 1e-12)
+    )
+    np.testing.assert_allclose(
+        loop.response(m * w), filters * np.exp(-1j * m * w * (delay + window / 2)), atol=1e-12
+    )
+    assert general.job_dict(0) == analyse(
+        period, duty, delay_s=delay, window_s=window, spread=spread, gain_per_s=gain
+    ).job_dict(0)
+
+
+def test_integral_action_adds_a_quarter_period_lag_and_a_gain_falling_as_1_over_m_w():
+    """a_m = -K (|c_m|^2/|c_1|^2) (k_i / (m w)) F_m cos(m w tau_eff) (MODEL.md section 8)."""
+    period, duty, delay, window, ki = 2.0, 0.3, 0.7, 0.4, 1.5
+    loop = LoopResponse(
+        delay_s=delay, window_s=window, proportional_gain=0.0, integral_gain_per_s=ki
+    )
+    result = analyse_loop(period, duty, loop, unit_coupling_per_s=0.2)
+    m, w = np.arange(1, 6), 2 * np.pi / period
+    power = harmonic_power(m, duty)
+    expected = (
+        -0.2
+        * power
+        / power[0]
+        * ki
+        / (m * w)
+        * window_gain(m, period, window)
+        * np.cos(m * w * (delay + window / 2))
+    )
+    np.testing.assert_allclose(result.coupling_per_s[0], expected)
+
+
+@pytest.mark.parametrize(
+    ("delay", "integral_attracts", "proportional_attracts"),
+    [
+        (0.3, False, False),
+        (0.7, True, False),
+        (1.2, True, True),
+        (1.7, False, True),
+        (2.7, True, False),
+    ],
+)
+def test_an_integrating_loop_attracts_for_a_quarter_to_three_quarters_of_a_period(
+    delay, integral_attracts, proportional_attracts
+):
+    """T = 2 s, d = 0.5: the integrator's fundamental attracts for T/4 < tau < 3T/4, the
+    proportional throttle's for T/2 < tau < T; both repeat every period (tau = 2.7 s)."""
+    integral = LoopResponse(delay_s=delay, proportional_gain=0.0, integral_gain_per_s=1.0)
+    result = analyse_loop(2.0, 0.5, integral, unit_coupling_per_s=0.1)
+    assert bool(result.attractive[0, 0]) is integral_attracts
+    assert bool(result.in_phase_stable[0]) is integral_attracts
+    assert bool(analyse(2.0, 0.5, delay_s=delay).attractive[0, 0]) is proportional_attracts
+
+
+def test_an_integrating_loops_delay_limit_is_a_quarter_period():
+    """Harmonic 3 of the integrator weighs (1/9)/3 of the fundamental: not significant."""
+    integral = LoopResponse(proportional_gain=0.0, integral_gain_per_s=1.0)
+    result = analyse_loop(2.0, 0.5, integral, unit_coupling_per_s=0.1)
+    assert result.max_safe_delay_s[0] == pytest.approx(0.5)
+    assert list(result.significant[0]) == [True, False, False, False, False]
+
+
+loops = st.builds(
+    LoopResponse,
+    delay_s=st.floats(0.0, 8.0),
+    window_s=st.sampled_from([0.0]) | st.floats(0.05, 5.0),
+    hold_s=st.sampled_from([0.0]) | st.floats(0.05, 2.0),
+    proportional_gain=st.sampled_from([0.0, 1.0]) | st.floats(0.0, 2.0),
+    integral_gain_per_s=st.sampled_from([0.0]) | st.floats(0.0, 2.0),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(duty=st.floats(0.05, 0.95), loop=loops)
+def test_closed_form_matches_the_series_for_any_loop(duty, loop):
+    """S = -sum_m m |c_m|^2 Im H(i m w), summed far out, for delay, window, hold, P and I."""
+    period = 2 * np.pi  # w = 1
+    pulse = 2 * np.pi * duty
+    edges = np.array([0.0, pulse, 2 * np.pi - pulse, 2 * np.pi])
+    smeared = loop.window_s > 0 or loop.hold_s > 0
+    if not smeared and np.min(np.abs(np.mod(loop.delay_s, 2 * np.pi) - edges)) < 0.02:
+        return  # the series converges slowly at a step; the closed form is exact there
+    exact = analyse_loop(period, duty, loop, unit_coupling_per_s=1.0).in_phase_sum[0]
+    m = np.arange(1, 200_001, dtype=float)
+    series = -np.sum(m * harmonic_power(m, duty) * np.imag(loop.response(m)))
+    assert series == pytest.approx(exact, abs=3e-4 * (1 + loop.integral_gain_per_s))
+
+
+@settings(max_examples=80, deadline=None)
+@given(period=st.floats(0.5, 10.0), duty=st.floats(0.1, 0.9), loop=loops)
+def test_max_safe_delay_is_where_attraction_starts_for_any_loop(period, duty, loop):
+    def analysis(delay):
+        moved = dataclasses.replace(loop, delay_s=delay)
+        return analyse_loop(period, duty, moved, unit_coupling_per_s=0.05)
+
+    limit = analysis(0.0).max_safe_delay_s[0]
+    if not np.isfinite(limit):
+        return
+    step = 1e-6 * period
+    if limit > step:
+        assert analysis(limit - step).verdict == ["safe"]
+    assert analysis(limit + step).verdict != ["safe"]
+
+
+def test_the_loops_gain_becomes_the_coupling_through_the_jobs_rate_per_watt():
+    """K = 2 w |c_1|^2 swing_w rate_per_w; a loop of gain k then couples k times as hard."""
+    unit = rate_coupling_per_s(2.0, 0.5, swing_w=2000.0, rate_per_w=1e-4)
+    assert unit == pytest.approx(2 * np.pi * (1 / np.pi**2) * 2000 * 1e-4)
+    weak = analyse_loop(
+        2.0, 0.5, LoopResponse(1.5, proportional_gain=1.0), unit_coupling_per_s=unit
+    )
+    strong = analyse_loop(
+        2.0, 0.5, LoopResponse(1.5, proportional_gain=3.0), unit_coupling_per_s=unit
+    )
+    np.testing.assert_allclose(strong.coupling_per_s, 3 * weak.coupling_per_s)
+    assert strong.gain_per_s[0] == pytest.approx(3 * unit)
+
+
+def test_bad_loop_input():
+    with pytest.raises(FlexModelError, match="integral_gain_per_s"):
+        LoopResponse(integral_gain_per_s=-1.0)
+    with pytest.raises(FlexModelError, match="hold_s"):
+        LoopResponse(hold_s=float("inf"))
