@@ -26,10 +26,12 @@ from gateway.errors import GatewayError
 from gateway.services.events import Events
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
+from gateway.services.overhead import Overhead
 from gateway.services.reconciler import Reconciler
-from gateway.services.site import SitePower
+from gateway.services.site import SitePower, open_feed
 from gateway.services.status import Status
 from gateway.services.targets import Targets
+from gateway.services.tracking import Tracker
 from gateway.settings import GatewaySettings, get_settings
 from gateway.store.db import Store
 
@@ -63,18 +65,21 @@ def create_app(
 
             ven = Ven(settings, tuple(http_trace))
         fleet = Fleet(settings, store, clock, client)
-        book = JobBook(settings, store, clock)
-        power = SitePower(settings, fleet, book)
+        overhead = Overhead(settings, store, clock)
+        book = JobBook(store, clock, overhead)
+        power = SitePower(settings, clock, fleet, book, overhead, open_feed(settings, clock=clock))
         targets = Targets(settings, store, clock, client, fleet, book, power)
-        events = Events(settings, store, clock, book, power, targets, ven)
+        tracker = Tracker(settings, clock, power, targets, book, fleet)
+        power.subscribe(tracker.step)
+        events = Events(settings, store, clock, book, power, targets, tracker, ven)
         book.subscribe(events.apply_targets)
         reconciler = Reconciler(settings.reconcile_period_s, clock, fleet, targets, events)
-        app.state.services = Services(
-            book, fleet, power, targets, events, Status(settings, fleet, book, targets, events)
-        )
+        status = Status(settings, fleet, book, power, targets, events)
+        app.state.services = Services(book, fleet, power, targets, tracker, events, status)
         await fleet.discover()
         await events.start()
         reconciler.start()
+        power.start()
         if ven is not None:
             await ven.start(events, power)
         try:
@@ -83,6 +88,7 @@ def create_app(
             if ven is not None:
                 await ven.stop()
             reconciler.stop()
+            power.stop()
             targets.stop()
             fleet.stop()
             events.stop()

@@ -60,6 +60,15 @@ class GatewaySettings(BaseSettings):
     meter_timeout_s: float = Field(default=2.0, gt=0.0)
     meter_max_age_s: float | None = Field(default=None, gt=0.0)  #: None: three periods
     meter_max_step_kw: float | None = Field(default=None, gt=0.0)  #: None: no jump check
+    calibrate: bool = True  #: fit the overhead factor on the meter (a real meter only)
+    calibration_window_s: float = Field(default=60.0, gt=0.0)
+    calibration_settle_s: float = Field(default=60.0, ge=0.0)
+    calibration_history_s: float = Field(default=3600.0, gt=0.0)
+    calibration_every_s: float = Field(default=300.0, gt=0.0)
+    tracking: bool = True  #: close the site loop at the meter during events
+    loop_window_s: float | None = Field(default=None, gt=0.0)  #: None: from the jobs' periods
+    loop_gain: float = Field(default=0.5, gt=0.0, le=1.5)  #: integral gain x loop delay [rad]
+    loop_max_correction: float = Field(default=0.5, gt=0.0, le=1.0)
 
     @property
     def agent_urls(self) -> list[str]:
@@ -97,6 +106,11 @@ class GatewaySettings(BaseSettings):
             open_meter(self.meter_url, json_key=self.meter_json_key, timeout_s=self.meter_timeout_s)
         except ValueError as exc:
             raise ValueError(f"FLEXGATE_METER_URL / FLEXGATE_METER_JSON_KEY: {exc}") from exc
+        if self.calibration_window_s < 2 * self.meter_period_s:
+            raise ValueError(
+                f"FLEXGATE_CALIBRATION_WINDOW_S ({self.calibration_window_s:g} s) must cover at "
+                f"least two meter periods (FLEXGATE_METER_PERIOD_S {self.meter_period_s:g} s)"
+            )
         if self.meter_max_age_s is not None and self.meter_max_age_s <= self.meter_period_s:
             raise ValueError(
                 f"FLEXGATE_METER_MAX_AGE_S ({self.meter_max_age_s:g} s) must be longer than "

@@ -16,6 +16,7 @@ from gateway.services.jobbook import JobBook
 from gateway.services.site import SitePower
 from gateway.services.status import Status
 from gateway.services.targets import Targets
+from gateway.services.tracking import Tracker
 from gateway.settings import GatewaySettings
 
 
@@ -27,6 +28,7 @@ class Services:
     fleet: Fleet
     power: SitePower
     targets: Targets
+    tracker: Tracker
     events: Events
     status: Status
 

@@ -27,6 +27,7 @@ from gateway.services.grid import ExternalEvent, GridProtocol, Interval
 from gateway.services.jobbook import JobBook
 from gateway.services.site import SitePower
 from gateway.services.targets import Targets
+from gateway.services.tracking import Tracker
 from gateway.settings import GatewaySettings
 from gateway.store import repo
 from gateway.store.db import Store
@@ -45,10 +46,12 @@ class Events:
         book: JobBook,
         power: SitePower,
         targets: Targets,
+        tracker: Tracker,
         grid: GridProtocol | None = None,
     ) -> None:
         self.settings, self.store, self.clock = settings, store, clock
-        self.book, self.power, self.targets, self.grid = book, power, targets, grid
+        self.book, self.power, self.grid = book, power, grid
+        self.targets, self.tracker = targets, tracker
         self.scheduler = AsyncIOScheduler(timezone=UTC)
 
     async def start(self) -> None:
@@ -391,9 +394,11 @@ class Events:
         strictest = self.strictest()
         if strictest is not None:
             event, target_kw = strictest
-            await self.targets.hold(target_kw, event.id)
-        elif self.targets.holding or resumed:
-            self.targets.release()
+            await self.tracker.pursue(event.id, target_kw, level_now(event, self.clock.now()))
+        else:
+            self.tracker.release()
+            if self.targets.holding or resumed:
+                self.targets.release()
 
 
 def _interval(interval: Interval) -> dict[str, Any]:
@@ -421,6 +426,17 @@ def _stored(doc: dict[str, Any]) -> Interval:
         baseline_share=doc.get("baseline_share"),
         fraction=float(doc.get("fraction", 1.0)),
     )
+
+
+def level_now(event: EventRow, now: datetime) -> float | None:
+    """The facility level the event's interval now asks the meter to hold, if it is a level."""
+    for doc in event.intervals:
+        interval = _stored(doc)
+        if interval.start <= now < interval.end and interval.level_kw is not None:
+            return interval.fraction * interval.level_kw + (1 - interval.fraction) * float(
+                event.baseline_kw or 0.0
+            )
+    return None
 
 
 def reduction_now(event: EventRow, now: datetime, baseline_kw: float) -> float:

@@ -98,6 +98,11 @@ class Fleet:
             repo.saw_node(s, node_id=health.node_id, url=address, at=self.clock.now())
             s.commit()
 
+    @property
+    def last(self) -> Telemetry | None:
+        """The last round of telemetry, without asking for a new one."""
+        return self._last
+
     def stop(self) -> None:
         if self._round is not None:
             self._round.cancel()

@@ -15,7 +15,7 @@ from flexmodel.jobs import JobMix, parse_job_mix
 from flexmodel.quote import quote
 from gateway.clock import Clock
 from gateway.errors import InvalidRequestError, NotFoundError
-from gateway.settings import GatewaySettings
+from gateway.services.overhead import Overhead, OverheadModel
 from gateway.store import repo
 from gateway.store.db import Store
 
@@ -23,14 +23,14 @@ from gateway.store.db import Store
 QUOTE_CACHE = 256
 
 
-def site_mix(jobs: list[dict[str, Any]], settings: GatewaySettings) -> JobMix:
-    """These jobs with the site's overhead settings, validated by flexmodel."""
+def site_mix(jobs: list[dict[str, Any]], overhead: OverheadModel) -> JobMix:
+    """These jobs with the site's overhead in force, validated by flexmodel."""
     try:
         return parse_job_mix(
             {
-                "overhead_factor": settings.overhead_factor,
-                "overhead_factor_stderr": settings.overhead_factor_stderr,
-                "static_load_kw": settings.static_load_kw,
+                "overhead_factor": overhead.k,
+                "overhead_factor_stderr": overhead.k_stderr,
+                "static_load_kw": overhead.static_kw,
                 "jobs": jobs,
             }
         )
@@ -39,8 +39,9 @@ def site_mix(jobs: list[dict[str, Any]], settings: GatewaySettings) -> JobMix:
 
 
 class JobBook:
-    def __init__(self, settings: GatewaySettings, store: Store, clock: Clock) -> None:
-        self.settings, self.store, self.clock = settings, store, clock
+    def __init__(self, store: Store, clock: Clock, overhead: Overhead) -> None:
+        self.store, self.clock, self.overhead = store, clock, overhead
+        overhead.subscribe(self._forget)
         self._mix: JobMix | None = None
         self._quotes: dict[tuple[float | None, float, float] | bytes, bytes] = {}
         self._listeners: list[Callable[[], Awaitable[None]]] = []
@@ -55,12 +56,12 @@ class JobBook:
 
     def mix(self) -> JobMix:
         if self._mix is None:
-            self._mix = site_mix(self.docs(), self.settings)
+            self._mix = site_mix(self.docs(), self.overhead.current())
             self._quotes.clear()
         return self._mix
 
     async def replace(self, docs: list[dict[str, Any]], actor: str) -> JobMix:
-        mix = site_mix(docs, self.settings)  # refused whole, before anything is stored
+        mix = site_mix(docs, self.overhead.current())  # refused whole, before anything is stored
         with self.store.session() as s:
             repo.replace_jobs(s, docs=docs)
             self._audit(s, actor, "jobs.replace", {"jobs": len(docs)})
@@ -73,7 +74,7 @@ class JobBook:
         docs = self.docs()
         new = doc["id"] not in {d.get("id") for d in docs}
         merged = [*docs, doc] if new else [doc if d.get("id") == doc["id"] else d for d in docs]
-        mix = site_mix(merged, self.settings)  # refused whole, before anything is stored
+        mix = site_mix(merged, self.overhead.current())  # refused whole, before anything is stored
         with self.store.session() as s:
             repo.put_job(s, doc=doc)
             self._audit(s, actor, "jobs.put", {"id": doc["id"]})
@@ -88,6 +89,10 @@ class JobBook:
             self._audit(s, actor, "jobs.delete", {"id": job_id})
             s.commit()
         await self._changed(None)
+
+    def _forget(self) -> None:
+        """The overhead in force changed: the mix is rebuilt with it when next asked for."""
+        self._mix, self._quotes = None, {}
 
     def _audit(self, session: Any, actor: str, action: str, detail: dict[str, Any]) -> None:
         repo.audit(session, actor=actor, action=action, detail=detail, at=self.clock.now())

@@ -1,19 +1,32 @@
 """The site's power at the meter: what it draws now, what it would draw uncapped, the shed.
 
-Facility power is modelled from the agents' GPU power: `static_load_kw + k * gpu_kw`, with
-`k` the overhead factor (MODEL.md section 4). Baselines count the placed jobs only: a job
-without a placement can be neither measured nor capped.
+Every meter period the site is sampled: the placed jobs' GPU power from the agents, and the
+facility power from the meter when one is configured (`FLEXGATE_METER_URL`), else the
+estimate `static_kw + k * gpu_kw` (labelled `estimated`). A meter that stops answering or
+answers nonsense is flagged, not believed (`gateway.meter`): its readings leave the history,
+so the site loop holds and figures fall back to the estimate, and `/health` says why.
+Baselines count the placed jobs only: a job without a placement can be neither measured nor
+capped. The overhead model in force (`Overhead`) gives `k` and the static load.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.clock import Clock
 from gateway.meter import MeterFeed, open_meter
 from gateway.services.fleet import Fleet, placed_gpu_kw
 from gateway.services.jobbook import JobBook
+from gateway.services.overhead import Overhead
 from gateway.settings import GatewaySettings
+
+log = logging.getLogger("flexgate.gateway")
+ESTIMATE = "estimate"
 
 
 def open_feed(
@@ -36,30 +49,125 @@ def open_feed(
     )
 
 
+@dataclass(frozen=True)
+class Sample:
+    at_s: float  #: monotonic
+    gpu_kw: float  #: the placed jobs' GPUs, measured by the agents
+    facility_kw: float | None  #: at the meter (or the estimate); None while the meter faults
+
+
 class SitePower:
-    def __init__(self, settings: GatewaySettings, fleet: Fleet, book: JobBook) -> None:
-        self.settings, self.fleet, self.book = settings, fleet, book
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        clock: Clock,
+        fleet: Fleet,
+        book: JobBook,
+        overhead: Overhead,
+        feed: MeterFeed | None = None,
+    ) -> None:
+        self.settings, self.clock, self.fleet, self.book = settings, clock, fleet, book
+        self.overhead, self.feed = overhead, feed
+        self.history: deque[Sample] = deque(maxlen=4096)
+        self._listeners: list[Callable[[], Awaitable[None]]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def source(self) -> str:
+        return self.feed.meter.source if self.feed is not None else ESTIMATE
+
+    def subscribe(self, listener: Callable[[], Awaitable[None]]) -> None:
+        """`listener()` is awaited after every sample of the site."""
+        self._listeners.append(listener)
+
+    def start(self) -> None:
+        if self.feed is not None:
+            self._tasks.append(asyncio.create_task(self.feed.run()))
+        self._tasks.append(asyncio.create_task(self._sample_forever()))
+
+    def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
 
     def facility_kw(self, gpu_kw: float) -> float:
         """The facility power the overhead model puts on this GPU power [kW]."""
-        return self.settings.static_load_kw + self.settings.overhead_factor * gpu_kw
+        return self.overhead.current().facility_kw(gpu_kw)
 
     def envelope(self) -> tuple[float, float]:
         """(baseline facility kW, maximum facility kW): uncapped, and every GPU at its limit."""
         baseline_kw, max_kw = placed_gpu_kw(self.book.mix())
         return self.facility_kw(baseline_kw), self.facility_kw(max_kw)
 
+    async def _sample_forever(self) -> None:
+        period_s = self.settings.meter_period_s
+        while True:
+            started_s = self.clock.monotonic()
+            try:
+                await self.sample()
+            except Exception:  # the next period tries again
+                log.exception("sampling the site failed")
+            await self.clock.sleep(period_s - (self.clock.monotonic() - started_s))
+
+    async def sample(self) -> Sample:
+        """One sample of the site; the overhead calibration and the listeners see it."""
+        gpu_kw = (await self.fleet.power(self.book.mix())).gpu_kw
+        if self.feed is None:
+            facility_kw: float | None = self.facility_kw(gpu_kw)
+        else:
+            facility_kw = self.feed.believed_kw()
+            self.overhead.record(gpu_kw, facility_kw, self.source)
+        sample = Sample(self.clock.monotonic(), gpu_kw, facility_kw)
+        self.history.append(sample)
+        for listener in self._listeners:
+            await listener()
+        return sample
+
+    def filtered_kw(self, window_s: float) -> float | None:
+        """The facility power averaged over the last `window_s` [kW]: the site loop's
+        measurement; None while the meter faults or before a whole window was seen."""
+        if not self.history or self.history[-1].facility_kw is None:
+            return None
+        since_s = self.clock.monotonic() - window_s
+        window = [s for s in self.history if s.at_s > since_s]
+        if any(s.facility_kw is None for s in window) or self.history[0].at_s > since_s:
+            return None
+        return sum(s.facility_kw for s in window if s.facility_kw is not None) / len(window)
+
+    def meter_doc(self, gpu_kw: float) -> dict[str, Any]:
+        """The `meter` object of `GET /v1/site`: the real meter's state, or the estimate."""
+        if self.feed is not None:
+            return dict(self.feed.state())
+        return {
+            "source": ESTIMATE,
+            "facility_power_kw": self.facility_kw(gpu_kw),
+            "measured_at": self.clock.now(),
+            "age_s": 0.0,
+            "estimated": True,
+            "fault": None,
+        }
+
+    @property
+    def meter_fault(self) -> str | None:
+        return None if self.feed is None else self.feed.state()["fault"]
+
     async def doc(self) -> dict[str, Any]:
-        """The site now: GPU power measured by the agents, at the meter by the model."""
+        """The site now: GPU power measured by the agents, facility power at the meter (or
+        estimated when there is none or it faults), and what each figure is computed from."""
         power = await self.fleet.power(self.book.mix())
-        k = self.settings.overhead_factor
+        model = self.overhead.current()
+        meter = self.meter_doc(power.gpu_kw)
+        metered = meter["facility_power_kw"] if meter["fault"] is None else None
         return {
             "gpu_power_kw": power.gpu_kw,
-            "facility_power_kw": self.facility_kw(power.gpu_kw),
+            "facility_power_kw": (
+                metered if metered is not None else model.facility_kw(power.gpu_kw)
+            ),
             "baseline_gpu_kw": power.baseline_gpu_kw,
-            "baseline_facility_kw": self.facility_kw(power.baseline_gpu_kw),
-            "shed_facility_kw": k * (power.baseline_gpu_kw - power.gpu_kw),
-            "overhead_factor": k,
-            "overhead_factor_stderr": self.settings.overhead_factor_stderr,
+            "baseline_facility_kw": model.facility_kw(power.baseline_gpu_kw),
+            "shed_facility_kw": model.k * (power.baseline_gpu_kw - power.gpu_kw),
+            "overhead_factor": model.k,
+            "overhead_factor_stderr": model.k_stderr,
             "nodes_reporting": power.nodes_reporting,
+            "meter": meter,
+            "overhead": model.doc(),
         }

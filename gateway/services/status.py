@@ -9,6 +9,7 @@ from sqlalchemy.exc import OperationalError
 from gateway.services.events import Events
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
+from gateway.services.site import SitePower
 from gateway.services.targets import Targets
 from gateway.settings import GatewaySettings
 
@@ -19,22 +20,30 @@ class Status:
         settings: GatewaySettings,
         fleet: Fleet,
         book: JobBook,
+        power: SitePower,
         targets: Targets,
         events: Events,
     ) -> None:
-        self.settings, self.fleet, self.book = settings, fleet, book
+        self.settings, self.fleet, self.book, self.power = settings, fleet, book, power
         self.targets, self.events = targets, events
 
     def health(self) -> dict[str, Any]:
-        """`status` ok when the store answers, unhealthy (with the reason) when it does not."""
+        """`status` ok when the store answers, unhealthy (with the reason) when it does not;
+        degraded, with the reasons, when the gateway works on less than it should (a meter
+        that faults: the site loop holds and figures are estimated)."""
         try:
             self.events.active()
             store = "ok"
         except OperationalError as exc:
             store = f"unreachable: {type(exc.orig).__name__}"
         grid = self.events.grid
+        fault = self.power.meter_fault
+        degraded = [f"meter {self.power.source}: {fault}"] if fault else []
+        status = "unhealthy" if store != "ok" else "degraded" if degraded else "ok"
         return {
-            "status": "ok" if store == "ok" else "unhealthy",
+            "status": status,
+            "degraded": degraded,
+            "meter": {"source": self.power.source, "fault": fault},
             "store": store,
             "scheduler": self.events.scheduler.running,
             "agents_configured": len(self.settings.agent_urls),
@@ -54,4 +63,25 @@ class Status:
             ("flexgate_jobs", "gauge", len(self.book.mix().jobs)),
         ]
         lines = [f"# TYPE {name} {kind}\n{name} {value}" for name, kind, value in gauges]
+        lines += self._meter_lines()
         return "\n".join(lines) + "\n"
+
+    def _meter_lines(self) -> list[str]:
+        feed = self.power.feed
+        if feed is None:
+            return []
+        rejected = [
+            f'flexgate_meter_rejected_total{{reason="{reason}"}} {count}'
+            for reason, count in feed.rejected.items()
+        ]
+        reading = feed.state()["facility_power_kw"]
+        return [
+            f"# TYPE flexgate_meter_readings_total counter\nflexgate_meter_readings_total "
+            f"{feed.readings}",
+            "# TYPE flexgate_meter_rejected_total counter",
+            *rejected,
+            f"# TYPE flexgate_meter_fault gauge\nflexgate_meter_fault "
+            f"{int(self.power.meter_fault is not None)}",
+            f"# TYPE flexgate_meter_power_kw gauge\nflexgate_meter_power_kw "
+            f"{reading if reading is not None else 'NaN'}",
+        ]

@@ -56,7 +56,9 @@ class Targets:
         self.plan_id: str | None = None
         self.down: set[str] = set()  #: nodes whose last command failed
         self.fan_outs = 0  #: desired states sent to every node, since start
-        self._target: tuple[float, str | None] | None = None  #: (facility kW, event id)
+        self.last_plan: dict[str, Any] | None = None  #: the plan last sent
+        #: (facility kW, event id, the site loop's state) last planned
+        self._target: tuple[float, str | None, dict[str, Any] | None] | None = None
         self._lock = asyncio.Lock()
         self._ramp: asyncio.Task[None] | None = None
 
@@ -68,13 +70,16 @@ class Targets:
     def recovering(self) -> bool:
         return self._ramp is not None and not self._ramp.done()
 
-    async def hold(self, facility_kw: float, event_id: str) -> None:
-        """Deliver this target from now on (a recovery under way is called off)."""
+    async def hold(
+        self, facility_kw: float, event_id: str, tracking: dict[str, Any] | None = None
+    ) -> None:
+        """Deliver this target from now on (a recovery under way is called off); `tracking`,
+        the site loop's state, is kept with the plan."""
         if self._ramp is not None:
             self._ramp.cancel()
             self._ramp = None
         async with self._lock:
-            await self._plan_and_send(facility_kw, event_id)
+            await self._plan_and_send(facility_kw, event_id, tracking)
 
     def release(self) -> None:
         """No target any more: step the caps back (once; a release under way goes on)."""
@@ -105,11 +110,13 @@ class Targets:
             await self._plan_and_send(0.0, None)
             self.desired, self.generation, self._target = {}, None, None  # nothing to renew
 
-    async def _plan_and_send(self, facility_kw: float, event_id: str | None) -> None:
+    async def _plan_and_send(
+        self, facility_kw: float, event_id: str | None, tracking: dict[str, Any] | None = None
+    ) -> None:
         """Plan the target onto the nodes that answer and send it; once more when a node went
         down or came back meanwhile."""
         await self.fleet.discover()
-        self._target = (facility_kw, event_id)
+        self._target = (facility_kw, event_id, tracking)
         for _ in range(2):
             doc = plan(
                 self.book.mix(),
@@ -118,6 +125,9 @@ class Targets:
                 self.settings,
                 frozenset(self.down),
             )
+            if tracking is not None:
+                doc["tracking"] = tracking
+            self.last_plan = doc
             with self.store.session() as s:
                 generation = repo.next_generation(s)
                 row = PlanRow(

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from gateway.services.jobbook import site_mix
+from gateway.services.overhead import OverheadModel
 from gateway.services.planner import plan
 from gateway.settings import GatewaySettings
 from tests.conftest import EXAMPLES
@@ -12,11 +13,14 @@ from tests.conftest import EXAMPLES
 SETTINGS = GatewaySettings(api_token="planner-api-token-0123", agent_token="planner-agent-0123")
 JOBS = json.loads((EXAMPLES / "site.json").read_text())["jobs"]
 NODES = {p["node"] for j in JOBS for p in j["placement"]}
+OVERHEAD = OverheadModel(
+    SETTINGS.overhead_factor, SETTINGS.overhead_factor_stderr, SETTINGS.static_load_kw, "configured"
+)
 
 
 @pytest.mark.parametrize("facility_kw", [1e6, 1e300, 1.7e308])
 def test_a_target_beyond_the_site_is_delivered_at_its_most(facility_kw):
-    mix = site_mix(JOBS, SETTINGS)
+    mix = site_mix(JOBS, OVERHEAD)
     most = plan(mix, 1e5, NODES, SETTINGS)
     doc = plan(mix, facility_kw, NODES, SETTINGS)
     assert doc["feasible"] is False
@@ -26,7 +30,7 @@ def test_a_target_beyond_the_site_is_delivered_at_its_most(facility_kw):
 
 
 def test_a_node_down_gets_no_caps_and_its_jobs_give_nothing():
-    mix = site_mix(JOBS, SETTINGS)
+    mix = site_mix(JOBS, OVERHEAD)
     doc = plan(mix, 30.0, NODES, SETTINGS, down=frozenset({"node-09"}))
     assert doc["unreachable_nodes"] == ["node-09"]
     assert doc["unplaced_jobs"] == ["gpt-oss-20b-ft-x8"]

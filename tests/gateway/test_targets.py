@@ -17,6 +17,7 @@ from gateway.agentclient.memory import InMemoryAgentClient
 from gateway.clock import SteppedClock
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
+from gateway.services.overhead import Overhead
 from gateway.services.site import SitePower
 from gateway.services.targets import Targets
 from gateway.settings import GatewaySettings
@@ -49,8 +50,9 @@ class Site:
         )
         self.store = Store(settings.database_url)
         self.fleet = Fleet(settings, self.store, self.clock, self.client)
-        self.book = JobBook(settings, self.store, self.clock)
-        power = SitePower(settings, self.fleet, self.book)
+        overhead = Overhead(settings, self.store, self.clock)
+        self.book = JobBook(self.store, self.clock, overhead)
+        power = SitePower(settings, self.clock, self.fleet, self.book, overhead)
         self.targets = Targets(
             settings, self.store, self.clock, self.client, self.fleet, self.book, power
         )

@@ -17,6 +17,7 @@ async def site(services: ServicesDep) -> dict[str, Any]:
     return {
         **await services.power.doc(),
         "active_event_id": strictest[0].id if strictest else None,
+        "tracking": services.tracker.doc(),
     }
 
 

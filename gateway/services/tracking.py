@@ -1,0 +1,292 @@
+"""The closed site loop: during an event, the meter's reading is held at the event's target.
+
+The planner's caps come from the declared job mix and the overhead model; the meter sees
+the truth. Every sample of the site (`SitePower`, each meter period) the loop compares the
+facility power, averaged over its window, with the target level and integrates the error into
+a correction of the requested reduction, re-planned through the same allocator:
+
+    error = measured - target level            [kW at the meter; > 0: shed more]
+    correction += k_i * period * error         (held while the meter faults)
+    requested = event's reduction + correction, within [0, the site's most]
+
+- The target level is the event's level (a setpoint), or the facility power just before the
+  event (averaged over the window; the model's baseline when the meter had no whole window
+  yet) less its reduction, moved by the model's baseline when the job mix changes.
+- `k_i = loop_gain / delay`, the delay being the loop's own: the meter's age and lag, the
+  plan and dispatch of the last correction, the agents' actuation, half the window and half
+  the sample period. `loop_gain` 0.5 rad leaves about 60 degrees of phase margin.
+- Anti-windup: the correction stops growing while the plan is short (every job at its floor)
+  and stops falling while nothing is requested; it is bounded by `loop_max_correction` of the
+  reduction.
+- The window averages the site's power over at least four of the longest capped iteration
+  periods, so the loop barely sees the jobs' own swings. Before the loop acts, and whenever the
+  capped periods or the measured delay move, its configuration (delay, window, sample-and-hold,
+  integral gain, at the gain the jobs' rate per watt gives it) goes through the sync analysis
+  (`flexmodel.sync`) for every significant harmonic. A configuration it rejects is refused
+  with the reason and the loop runs a safe one (a longer window, a lower gain), or holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flexmodel.jobs import JobMix
+from flexmodel.loops import ControlLoop
+from flexmodel.sync import LoopResponse, rate_coupling_per_s, worst_verdict
+from gateway.clock import Clock
+from gateway.services.fleet import Fleet, job_readings, placed_gpu_kw
+from gateway.services.jobbook import JobBook
+from gateway.services.site import SitePower
+from gateway.services.targets import Targets
+from gateway.settings import GatewaySettings
+
+log = logging.getLogger("flexgate.gateway")
+#: The loop averages the site's power over at least this many of the longest periods.
+WINDOW_PERIODS = 4.0
+#: A correction smaller than this share of the reduction (or 0.05 kW) is not re-planned.
+DEADBAND = 0.002
+#: Safe configurations tried, in order, when one is refused: the window doubled, the gain halved.
+ADJUSTMENTS = 4
+
+
+@dataclass
+class Pursuit:
+    event_id: str
+    reduction_kw: float  #: the event's target now, by the model [kW]
+    level_kw: float | None  #: the event's level at the meter, for a setpoint [kW]
+    start_facility_kw: float | None  #: the meter before the event, averaged over the window
+    start_baseline_gpu_kw: float  #: the model's baseline when the event began [kW]
+    correction_kw: float = 0.0
+    planned_kw: float = 0.0
+    measured_kw: float | None = None
+    target_kw: float | None = None
+
+
+class Tracker:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        clock: Clock,
+        site: SitePower,
+        targets: Targets,
+        book: JobBook,
+        fleet: Fleet,
+    ) -> None:
+        self.settings, self.clock, self.site = settings, clock, site
+        self.targets, self.book, self.fleet = targets, book, fleet
+        self.pursuit: Pursuit | None = None
+        self.window_s = settings.loop_window_s or 0.0
+        self.gain = settings.loop_gain
+        self.delay_s = 0.0
+        self.verdict: str | None = None
+        self.reason: str | None = None  #: why the loop was adjusted, held or refused
+        self._checked: tuple[float, float] | None = None  #: (longest period, delay) checked
+        self._plan_s = 0.0  #: how long the last re-plan took to be acked [s]
+
+    @property
+    def period_s(self) -> float:
+        return self.settings.meter_period_s
+
+    @property
+    def integral_gain_per_s(self) -> float:
+        return self.gain / self._loop_delay_s()
+
+    def _loop_delay_s(self) -> float:
+        return max(self.delay_s + self.window_s / 2 + self.period_s / 2, 1e-3)
+
+    async def pursue(self, event_id: str, reduction_kw: float, level_kw: float | None) -> None:
+        """Deliver this event's target at the meter from now on (the open-loop plan first)."""
+        mix = self.book.mix()
+        known = self.pursuit if self.pursuit and self.pursuit.event_id == event_id else None
+        if known is None:
+            self._choose(mix)
+            known = Pursuit(
+                event_id,
+                reduction_kw,
+                level_kw,
+                self.site.filtered_kw(self.window_s) if self.settings.tracking else None,
+                placed_gpu_kw(mix)[0],
+            )
+            self.pursuit = known
+        known.reduction_kw, known.level_kw = reduction_kw, level_kw
+        await self._plan(known)
+
+    def release(self) -> None:
+        self.pursuit = None
+
+    async def _plan(self, pursuit: Pursuit) -> None:
+        requested = max(pursuit.reduction_kw + pursuit.correction_kw, 0.0)
+        started_s = self.clock.monotonic()
+        await self.targets.hold(requested, pursuit.event_id, self.doc())
+        self._plan_s = self.clock.monotonic() - started_s
+        pursuit.planned_kw = requested
+
+    def _target_level_kw(self, pursuit: Pursuit, mix: JobMix) -> float | None:
+        if pursuit.level_kw is not None:
+            return pursuit.level_kw
+        if pursuit.start_facility_kw is None:
+            return None
+        moved_kw = self.site.facility_kw(placed_gpu_kw(mix)[0]) - self.site.facility_kw(
+            pursuit.start_baseline_gpu_kw
+        )
+        return pursuit.start_facility_kw + moved_kw - pursuit.reduction_kw
+
+    async def step(self) -> None:
+        """One sample of the loop (after every sample of the site)."""
+        pursuit = self.pursuit
+        if pursuit is None or not self.settings.tracking:
+            return
+        mix = self.book.mix()
+        self._measure_delay()
+        self._check(mix)
+        if pursuit.start_facility_kw is None and pursuit.level_kw is None:
+            # No whole window of the meter before the event: the model's baseline stands in.
+            pursuit.start_facility_kw = self.site.facility_kw(pursuit.start_baseline_gpu_kw)
+        measured = self.site.filtered_kw(self.window_s)
+        target = self._target_level_kw(pursuit, mix)
+        pursuit.measured_kw, pursuit.target_kw = measured, target
+        if measured is None or target is None or self.verdict == "held":
+            return  # a faulted meter: the correction is held, the plan is the model's
+        error_kw = measured - target
+        plan = self.targets.last_plan or {}
+        short = float(plan.get("shortfall_kw", 0.0)) > 1e-6
+        if (error_kw > 0 and short) or (error_kw < 0 and pursuit.planned_kw <= 0.0):
+            return  # anti-windup: at the fleet's limit the correction does not grow
+        bound_kw = self.settings.loop_max_correction * max(pursuit.reduction_kw, 1.0)
+        correction = pursuit.correction_kw + self.integral_gain_per_s * self.period_s * error_kw
+        correction = min(max(correction, -bound_kw), bound_kw)
+        most_kw = float(plan.get("max_facility_kw", math.inf))
+        correction = min(correction, most_kw - pursuit.reduction_kw)
+        moved = abs(correction - pursuit.correction_kw)
+        pursuit.correction_kw = correction
+        if moved > max(DEADBAND * pursuit.reduction_kw, 0.05):
+            await self._plan(pursuit)
+
+    # --- the loop's configuration, checked ----------------------------------------------
+
+    def _measure_delay(self) -> None:
+        """The loop's measured delay: meter age and lag, plan and dispatch, actuation."""
+        meter = self.site.meter_doc(0.0)
+        age_s = float(meter["age_s"] or 0.0) if not meter["estimated"] else 0.0
+        lag_s = self.site.overhead.current().lag_s or 0.0
+        actuation = [
+            r.actuation_delay.p50_s
+            for r in (self.fleet.last or {}).values()
+            if r.actuation_delay.p50_s is not None
+        ]
+        self.delay_s = age_s + lag_s + self._plan_s + max(actuation, default=0.0)
+
+    def _choose(self, mix: JobMix) -> None:
+        """The window from the jobs' periods (unless set), and the gain configured."""
+        periods, _ = self._waving(mix)
+        longest = float(periods.max()) if periods.size else 0.0
+        chosen = max(WINDOW_PERIODS * longest, 2.0 * self.period_s)
+        self.window_s = self.settings.loop_window_s or chosen
+        self.gain = self.settings.loop_gain
+        self._checked = None
+        self._check(mix)
+
+    def _check(self, mix: JobMix) -> None:
+        """The sync analysis on the loop as it is; on a refusal, a safe configuration."""
+        periods, duties = self._waving(mix)
+        key = (float(periods.max()) if periods.size else 0.0, round(self.delay_s, 2))
+        if self._checked is not None and _close(key, self._checked):
+            return
+        self._checked = key
+        verdict, why = self._verdict(mix, periods, duties)
+        if verdict == "safe":
+            self.verdict, self.reason = verdict, None
+            return
+        refused = f"window {self.window_s:g} s, gain {self.gain:g}: {why}"
+        for _ in range(ADJUSTMENTS):
+            self.window_s, self.gain = 2.0 * self.window_s, self.gain / 2.0
+            verdict, why = self._verdict(mix, periods, duties)
+            if verdict == "safe":
+                self.verdict = "safe"
+                self.reason = (
+                    f"refused {refused}; adjusted to window {self.window_s:g} s, gain {self.gain:g}"
+                )
+                log.warning("site loop: %s", self.reason)
+                return
+        self.verdict, self.reason = "held", f"refused {refused}; no safe configuration: held"
+        log.warning("site loop: %s", self.reason)
+
+    def _verdict(self, mix: JobMix, periods: np.ndarray, duties: np.ndarray) -> tuple[str, str]:
+        if not periods.size:
+            return "safe", ""
+        loop = ControlLoop(
+            "site",
+            LoopResponse(
+                delay_s=self.delay_s,
+                window_s=self.window_s,
+                hold_s=self.period_s,
+                proportional_gain=0.0,
+                integral_gain_per_s=self.integral_gain_per_s,
+            ),
+            couples_jobs=True,
+        )
+        result = loop.evaluate(periods, duties, gain_per_s=self._unit_coupling(mix, periods))
+        verdict = worst_verdict([result["verdict"]])
+        return verdict, f"the sync analysis says {verdict}"
+
+    def _waving(self, mix: JobMix) -> tuple[np.ndarray, np.ndarray]:
+        """The capped periods (measured where the agents resolve them) and duties of the
+        placed jobs that swing (0 < duty < 1)."""
+        measured = {
+            j.job_id: j for j in job_readings(self.fleet.last or {}) if j.period_s is not None
+        }
+        periods, duties = [], []
+        for job in mix.jobs:
+            if job.placement and 0.0 < job.duty < 1.0:
+                seen = measured.get(job.id)
+                periods.append(seen.period_s if seen and seen.period_s else job.period_s)
+                duties.append(seen.duty if seen and seen.duty else job.duty)
+        return np.array(periods, dtype=float), np.array(duties, dtype=float)
+
+    def _unit_coupling(self, mix: JobMix, periods: np.ndarray) -> np.ndarray:
+        """Each job's coupling per unit of loop response, at its worst: its whole swing read
+        at the meter, and the whole correction on its own caps (its relative throughput loss
+        per watt at the facility, from its curve's steepest part: 1 / power at the cap)."""
+        k = self.site.overhead.current().k
+        swing, rate = [], []
+        for job in mix.jobs:
+            if job.placement and 0.0 < job.duty < 1.0:
+                compute_w = job.power_w / (job.duty + (1 - job.duty) * job.comm_power_fraction)
+                swing.append(k * job.gpus * compute_w * (1 - job.comm_power_fraction))
+                rate.append(1.0 / (k * job.gpus * max(job.min_cap_w, 1.0)))
+        duties = np.array(
+            [j.duty for j in mix.jobs if j.placement and 0.0 < j.duty < 1.0], dtype=float
+        )
+        return rate_coupling_per_s(periods, duties, swing_w=np.array(swing), rate_per_w=rate)
+
+    def doc(self) -> dict[str, Any]:
+        """The loop's state for `GET /v1/site` and the event's plan (`tracking`)."""
+        pursuit = self.pursuit
+        measured = pursuit.measured_kw if pursuit else None
+        target = pursuit.target_kw if pursuit else None
+        return {
+            "active": pursuit is not None and self.settings.tracking,
+            "event_id": pursuit.event_id if pursuit else None,
+            "source": self.site.source,
+            "target_facility_kw": target,
+            "measured_facility_kw": measured,
+            "error_kw": None if measured is None or target is None else measured - target,
+            "requested_reduction_kw": pursuit.reduction_kw if pursuit else None,
+            "correction_kw": pursuit.correction_kw if pursuit else 0.0,
+            "period_s": self.period_s,
+            "window_s": self.window_s,
+            "delay_s": self.delay_s,
+            "integral_gain_per_s": self.integral_gain_per_s,
+            "verdict": self.verdict,
+            "reason": self.reason,
+        }
+
+
+def _close(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Periods and delays within 5% (or 10 ms) of those last checked need no new check."""
+    return all(abs(x - y) <= max(0.05 * abs(y), 0.01) for x, y in zip(a, b, strict=True))
