@@ -30,7 +30,7 @@ from agents.simulated import SimulatedBackend
 from flexgate.mockvtn import MockVtn
 from flexgate.plots import plot_lab
 from flexgate.serve import ServerThread, free_port
-from flexmodel.jobs import parse_job_mix
+from flexmodel.jobmix import parse_job_mix
 from flexmodel.workload import MAIN_TYPES, POWER_W
 from gateway.app import create_app
 from gateway.settings import LAB_API_TOKEN, GatewaySettings

@@ -16,7 +16,8 @@ import numpy as np
 
 from flexmodel.allocate import allocate, allocation_dict
 from flexmodel.errors import FlexModelError
-from flexmodel.jobs import JobMix, parse_job_mix
+from flexmodel.jobmix import parse_job_mix
+from flexmodel.jobs import JobMix
 from flexmodel.loops import site_loops
 from flexmodel.sync import worst_verdict
 from gateway.errors import InvalidRequestError

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexmodel.errors import FlexModelError
-from flexmodel.jobs import parse_job_mix
+from flexmodel.jobmix import parse_job_mix
 from flexmodel.loops import ControlLoop, scatter, site_loops
 from flexmodel.sync import analyse, harmonic_power, window_gain
 
