@@ -88,7 +88,7 @@ def run_lab(
     logging.getLogger("openleadr").setLevel(logging.ERROR)
     jobs = lab_jobs(nodes, gpus_per_node)
     mix = parse_job_mix({"overhead_factor": OVERHEAD_FACTOR, "jobs": jobs})
-    attributable = OVERHEAD_FACTOR * sum(j.gpus * j.power_w for j in mix.jobs) / 1000.0
+    attributable = mix.overhead_factor * mix.baseline_gpu_kw
     requested = round(reduction * attributable, 1)
     tmp = Path(tempfile.mkdtemp(prefix="flexgate-lab-"))
     names = [f"node-{i + 1:02d}" for i in range(nodes)]

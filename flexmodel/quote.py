@@ -51,7 +51,9 @@ def quote(
     """
     _check(window_s, confidence, reduction_kw, points)
     k = mix.overhead_factor
-    counted = np.array([j.remaining_s is None or j.remaining_s >= window_s for j in mix.jobs])
+    counted = np.array(
+        [j.remaining_s is None or j.remaining_s >= window_s for j in mix.jobs], dtype=bool
+    )
     problem = mix.problem.excluding(~counted)
     max_cut = problem.max_cut_w
     shed_w = float(max_cut.sum())
