@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
 import uvicorn
 
 from agents.backend import GpuBackend
 from agents.service import AgentNode, create_app
 from agents.settings import AgentSettings
 from agents.simulated import SimulatedBackend
-from flexmodel.jobs import JobMix, parse_job_mix
+from flexmodel.jobmix import parse_job_mix_json
+from flexmodel.jobs import JobMix
 
 
 def build_node(settings: AgentSettings) -> AgentNode:
@@ -35,7 +34,8 @@ def build_node(settings: AgentSettings) -> AgentNode:
 def read_mix(settings: AgentSettings) -> JobMix | None:
     if settings.agent_job_mix is None:
         return None
-    return parse_job_mix(json.loads(settings.agent_job_mix.read_text(encoding="utf-8")))
+    path = settings.agent_job_mix
+    return parse_job_mix_json(path.read_text(encoding="utf-8"), source=str(path))
 
 
 def jobs_on_node(mix: JobMix | None, node_id: str, gpus: int) -> dict[str, list[int]]:

@@ -27,7 +27,8 @@ import numpy as np
 from agents.backend import Constraints
 from agents.errors import BackendError
 from flexmodel.curves import Curves, operating_point, waveform_levels
-from flexmodel.jobs import Job, JobMix, parse_job_mix
+from flexmodel.jobmix import parse_job_mix
+from flexmodel.jobs import Job, JobMix
 
 MIN_W, MAX_W, DEFAULT_W = 200.0, 700.0, 700.0
 IDLE_W = 80.0
@@ -66,7 +67,6 @@ class _Gpu:
     limit_w: float = DEFAULT_W
     previous_w: float = DEFAULT_W
     changed_at: float = -math.inf
-    lost: bool = False
     job: _Job | None = field(default=None, repr=False)
 
 
@@ -184,10 +184,7 @@ class SimulatedBackend:
     def _gpu(self, index: int) -> _Gpu:
         if not 0 <= index < len(self._gpus):
             raise BackendError(f"no GPU {index} on this node ({len(self._gpus)} GPUs)")
-        gpu = self._gpus[index]
-        if gpu.lost:
-            raise BackendError(f"GPU {index} is lost")
-        return gpu
+        return self._gpus[index]
 
     def count(self) -> int:
         return len(self._gpus)
@@ -237,10 +234,6 @@ class SimulatedBackend:
         return None
 
     # --- for the lab and tests -------------------------------------------------------------
-
-    def lose(self, index: int) -> None:
-        """Make a GPU fall off the bus (fault injection)."""
-        self._gpus[index].lost = True
 
     def job_throughput(self) -> dict[str, float]:
         """Each job's throughput at the present caps [tokens/s]."""

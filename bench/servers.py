@@ -16,11 +16,15 @@ from fastapi import FastAPI, Response
 
 from agents.service import AgentNode, create_app
 from agents.simulated import SimulatedBackend
-from flexmodel.jobs import parse_job_mix
+from flexmodel.jobmix import parse_job_mix_json
 
 
 def farm(port: int, count: int, token: str, mix_path: str | None) -> None:
-    mix = parse_job_mix(json.loads(Path(mix_path).read_text())) if mix_path else None
+    mix = (
+        parse_job_mix_json(Path(mix_path).read_text(encoding="utf-8"), source=mix_path)
+        if mix_path
+        else None
+    )
     state = Path(tempfile.mkdtemp(prefix="farm-"))
     nodes = [
         AgentNode(

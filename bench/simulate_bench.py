@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flexmodel.jobs import parse_job_mix
+from flexmodel.jobmix import parse_job_mix
 from flexmodel.quote import quote
 from flexmodel.simulate import simulate
 

@@ -30,7 +30,7 @@ from agents.simulated import SimulatedBackend
 from flexgate.mockvtn import MockVtn
 from flexgate.plots import plot_lab
 from flexgate.serve import ServerThread, free_port
-from flexmodel.jobs import parse_job_mix
+from flexmodel.jobmix import parse_job_mix
 from flexmodel.workload import MAIN_TYPES, POWER_W
 from gateway.app import create_app
 from gateway.settings import LAB_API_TOKEN, GatewaySettings
@@ -88,7 +88,7 @@ def run_lab(
     logging.getLogger("openleadr").setLevel(logging.ERROR)
     jobs = lab_jobs(nodes, gpus_per_node)
     mix = parse_job_mix({"overhead_factor": OVERHEAD_FACTOR, "jobs": jobs})
-    attributable = OVERHEAD_FACTOR * sum(j.gpus * j.power_w for j in mix.jobs) / 1000.0
+    attributable = mix.overhead_factor * mix.baseline_gpu_kw
     requested = round(reduction * attributable, 1)
     tmp = Path(tempfile.mkdtemp(prefix="flexgate-lab-"))
     names = [f"node-{i + 1:02d}" for i in range(nodes)]

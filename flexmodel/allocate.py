@@ -22,74 +22,25 @@ Every answer reports `optimality_gap_bound`: the optimum on the hulls (an upper 
 optimum) minus the answer's objective. It is 0 for `optimal` on concave curves and measures what
 `equal` and `pfi` leave on the table.
 
-Bounds (`power_bounds`): the GPU's minimum cap, the QoS floor `min_throughput_fraction`, and
-`protected` jobs that give nothing.
+The problem and its bounds are in `flexmodel.problem`; `allocate_mix` is the entry point for a
+job mix (the command line and the gateway's planner).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from functools import cached_property
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flexmodel.curves import (
-    Array,
-    Curves,
-    cap_for_power,
-    interp_rows,
-    operating_point,
-    power_for_throughput,
-    throughput_at_power,
-)
+from flexmodel.curves import Array, cap_for_power, throughput_at_power
 from flexmodel.errors import FlexModelError
 from flexmodel.facility import gpu_reduction_kw
+from flexmodel.jobs import JobMix
+from flexmodel.problem import TOLERANCE, AllocationProblem, CutSpace
 
-Strategy = Literal["equal", "pfi", "optimal", "oracle"]
-Objective = Literal["throughput", "gpu_fraction"]
 STRATEGIES: tuple[str, ...] = ("equal", "pfi", "optimal", "oracle")
-OBJECTIVES: tuple[str, ...] = ("throughput", "gpu_fraction")
-#: Relative tolerance on watts and on throughput when comparing curve values.
-_TOL = 1e-9
-
-
-@dataclass(frozen=True)
-class Problem:
-    """What every strategy needs: curves, GPU counts, weights and power bounds per job."""
-
-    curves: Curves
-    gpus: Array  #: (J,) GPUs per job
-    weights: Array  #: (J,) objective weight per unit of whole-job throughput
-    lo_w: Array  #: (J,) lowest allowed mean power per GPU [W]
-    pfi: Array  #: (J,) PFI per job, for the `pfi` strategy
-
-    @property
-    def hi_w(self) -> Array:
-        return self.curves.uncapped_power_w
-
-    @property
-    def max_cut_w(self) -> Array:
-        """Largest reduction each job can give, whole job [W]."""
-        return self.gpus * (self.hi_w - self.lo_w)
-
-    @cached_property
-    def cut_space(self) -> _CutSpace:
-        """The curves seen from uncapped down, with their hulls (built once per problem)."""
-        return _cut_space(self)
-
-    def excluding(self, gone: ArrayLike) -> Problem:
-        """The same problem with the `gone` jobs giving nothing; the hulls are reused."""
-        out = replace(self, lo_w=np.where(gone, self.hi_w, self.lo_w))
-        space = self.cut_space
-        rows = np.asarray(gone, dtype=bool)[:, None]
-        out.__dict__["cut_space"] = _CutSpace(  # what cached_property would compute, cheaper
-            cut=np.where(rows, 0.0, space.cut),
-            loss=np.where(rows, 0.0, space.loss),
-            hull=np.where(rows, 0.0, space.hull),
-        )
-        return out
 
 
 @dataclass(frozen=True)
@@ -111,34 +62,8 @@ class Allocation:
     optimality_gap_bound: float  #: how far `value` can be below the optimum (objective units)
 
 
-def power_bounds(
-    curves: Curves,
-    *,
-    min_cap_w: ArrayLike,
-    min_throughput_fraction: ArrayLike,
-    protected: ArrayLike,
-) -> Array:
-    """Lowest allowed mean power per GPU [W]: minimum cap, QoS floor, protection."""
-    hi = curves.uncapped_power_w
-    at_min_cap = operating_point(curves, min_cap_w)[0]
-    floor = np.asarray(min_throughput_fraction, dtype=float) * curves.uncapped_throughput
-    at_floor = power_for_throughput(curves, floor)
-    lo = np.maximum(at_min_cap, at_floor)
-    return np.minimum(np.where(np.asarray(protected, dtype=bool), hi, lo), hi)
-
-
-def objective_weights(objective: str, weights: ArrayLike, gpus: Array, throughput: Array) -> Array:
-    """Per-job weight on whole-job throughput for an objective."""
-    w = np.asarray(weights, dtype=float)
-    if objective == "throughput":
-        return w * np.ones_like(gpus)
-    if objective == "gpu_fraction":
-        return w * gpus / throughput
-    raise FlexModelError(f"unknown objective '{objective}' (choose from {', '.join(OBJECTIVES)})")
-
-
 def allocate(
-    problem: Problem, reduction_w: float, strategy: str, objective: str = "throughput"
+    problem: AllocationProblem, reduction_w: float, strategy: str, objective: str = "throughput"
 ) -> Allocation:
     """Per-job operating points that cut `reduction_w` [W] of GPU power with `strategy`.
 
@@ -149,7 +74,7 @@ def allocate(
     if not np.isfinite(reduction_w) or reduction_w < 0:
         raise FlexModelError(f"reduction {reduction_w!r} W must be a finite number of at least 0")
     max_w = float(problem.max_cut_w.sum())
-    feasible = reduction_w <= max_w * (1 + _TOL)
+    feasible = reduction_w <= max_w * (1 + TOLERANCE)
     target = min(reduction_w, max_w)
     space = problem.cut_space
     cut, hull_loss = _hull_cut(space, target)
@@ -216,99 +141,16 @@ def _proportional_fill(share: Array, max_cut: Array, target: float) -> Array:
     return np.minimum(cut, max_cut)
 
 
-@dataclass(frozen=True)
-class _CutSpace:
-    """Each job's curve seen as (watts cut, weighted throughput lost), from uncapped down."""
-
-    cut: Array  #: (J, K) whole-job watts cut at each point, ascending from 0
-    loss: Array  #: (J, K) weighted throughput lost at each point (the real curve)
-    hull: Array  #: (J, K) the lower convex hull of `loss`, at the same points
-
-    def loss_at(self, cut: Array, *, hull: bool) -> Array:
-        return interp_rows(self.cut, self.hull if hull else self.loss, cut)
-
-
-def _cut_space(problem: Problem) -> _CutSpace:
-    curves = problem.curves
-    lo = problem.lo_w[:, None]
-    power, thr = curves.power_w, curves.throughput
-    if np.any(power < lo):  # points below a job's bound collapse onto the bound
-        x_lo = throughput_at_power(curves, problem.lo_w)[:, None]
-        power, thr = np.maximum(power, lo), np.where(power < lo, x_lo, thr)
-    n, w = problem.gpus[:, None], problem.weights[:, None]
-    cut = n * (curves.uncapped_power_w[:, None] - power[:, ::-1])
-    loss = w * (curves.uncapped_throughput[:, None] - thr[:, ::-1])
-    cut = np.maximum.accumulate(np.maximum(cut, 0.0), axis=1)
-    return _CutSpace(cut=cut, loss=loss, hull=_lower_hull(cut, loss))
-
-
-def _lower_hull(cut: Array, loss: Array) -> Array:
-    """The lower convex hull of each row's points, evaluated at the same points.
-
-    Rows that are already convex are returned as they are. On the others, every point above the
-    chord of its neighbouring vertices is dropped, round after round, until none is (a point
-    above a chord of two real points is never on the hull, so dropping them together is safe).
-    """
-    d_cut, d_loss = np.diff(cut, axis=1), np.diff(loss, axis=1)
-    flat = d_cut <= _TOL * np.maximum(cut[:, -1:], 1.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        slope = d_loss / d_cut
-    # A flat segment is neutral unless the loss jumps there; a slope below an earlier one bends.
-    slope[flat] = np.where(d_loss[flat] > _TOL * (1.0 + np.abs(loss[:, 1:][flat])), np.inf, -np.inf)
-    highest = np.maximum.accumulate(slope, axis=1)
-    later = slope[:, 1:]
-    bent = ~flat[:, 1:] & (later < highest[:, :-1] - _TOL * (1.0 + np.abs(later)))
-    rows = np.flatnonzero(bent.any(axis=1) | np.isposinf(slope).any(axis=1))
-    hull = loss.copy()
-    if rows.size == 0:
-        return hull
-    c, l_ = cut[rows], loss[rows]
-    k = c.shape[1]
-    idx = np.arange(k)
-    rr = np.arange(len(rows))[:, None]
-    # Losses never fall along a row, so a point at the cut of the one before it is not below it.
-    vertex = np.concatenate(
-        [np.ones((len(rows), 1), bool), np.diff(c, axis=1) > _TOL * np.maximum(c[:, -1:], 1.0)],
-        axis=1,
-    )
-    live = np.arange(len(rows))  # rows that dropped a vertex in the last round
-    while live.size:  # drop every vertex above the chord of its neighbours, round after round
-        v, cl, ll = vertex[live], c[live], l_[live]
-        at = np.arange(live.size)[:, None]
-        before = np.maximum.accumulate(np.where(v, idx, -1), axis=1)
-        after = np.minimum.accumulate(np.where(v, idx, k)[:, ::-1], axis=1)[:, ::-1]
-        p = np.concatenate([np.full((live.size, 1), -1), before[:, :-1]], axis=1)
-        n = np.concatenate([after[:, 1:], np.full((live.size, 1), k)], axis=1)
-        inner = v & (p >= 0) & (n < k)
-        p, n = np.where(inner, p, 0), np.where(inner, n, k - 1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            slope_in = (ll - ll[at, p]) / (cl - cl[at, p])
-            slope_out = (ll[at, n] - ll) / (cl[at, n] - cl)
-        above = inner & (slope_in > slope_out + _TOL * (1.0 + np.abs(slope_out)))
-        vertex[live] = v & ~above
-        live = live[above.any(axis=1)]
-    # Interpolate the hull between consecutive vertices at every point.
-    prev_v = np.maximum.accumulate(np.where(vertex, idx, 0), axis=1)
-    next_v = np.minimum.accumulate(np.where(vertex, idx, k - 1)[:, ::-1], axis=1)[:, ::-1]
-    c0, c1 = c[rr, prev_v], c[rr, next_v]
-    l0, l1 = l_[rr, prev_v], l_[rr, next_v]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(c1 > c0, (c - c0) / (c1 - c0), 0.0)
-    # Points past the last vertex (flat tail) take the last vertex's loss.
-    hull[rows] = np.minimum(l0 + np.clip(t, 0.0, 1.0) * (l1 - l0), l_)
-    return hull
-
-
-def _equal_cut(problem: Problem, target: float) -> Array:
+def _equal_cut(problem: AllocationProblem, target: float) -> Array:
     return _proportional_fill(problem.gpus * problem.hi_w, problem.max_cut_w, target)
 
 
-def _pfi_cut(problem: Problem, target: float) -> Array:
+def _pfi_cut(problem: AllocationProblem, target: float) -> Array:
     share = problem.gpus * problem.hi_w * problem.pfi / problem.curves.uncapped_throughput
     return _proportional_fill(share, problem.max_cut_w, target)
 
 
-def _segments(space: _CutSpace) -> tuple[Array, Array]:
+def _segments(space: CutSpace) -> tuple[Array, Array]:
     """Every hull segment's width [W] and cost (weighted throughput lost per W)."""
     width = np.diff(space.cut, axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -316,7 +158,7 @@ def _segments(space: _CutSpace) -> tuple[Array, Array]:
     return width, cost
 
 
-def _hull_cut(space: _CutSpace, target: float) -> tuple[Array, Array]:
+def _hull_cut(space: CutSpace, target: float) -> tuple[Array, Array]:
     """Cuts [W] optimal on the hulls, and each job's hull loss (in sum, a bound on any answer)."""
     width, cost = _segments(space)
     cut = _take_cheapest(cost, width, target)
@@ -332,7 +174,7 @@ def _take_cheapest(cost: Array, width: Array, amount: float) -> Array:
     return _take(np.argsort(cost, axis=None), width, amount)
 
 
-def hull_cuts(problem: Problem, reductions_w: ArrayLike) -> Array:
+def hull_cuts(problem: AllocationProblem, reductions_w: ArrayLike) -> Array:
     """Per-job whole-job cuts [W] (P, J) optimal on the hulls, at each of P reductions.
 
     One sort serves every point: a segment taken whole at one reduction is taken at every
@@ -358,9 +200,9 @@ def hull_cuts(problem: Problem, reductions_w: ArrayLike) -> Array:
     return cuts
 
 
-def _bridged(space: _CutSpace, cut: Array, hull: Array) -> NDArray[np.intp]:
+def _bridged(space: CutSpace, cut: Array, hull: Array) -> NDArray[np.intp]:
     """Jobs whose cut ends where the hull loss `hull` lies below the real curve's."""
-    return np.flatnonzero(space.loss_at(cut, hull=False) > hull + _TOL * (1.0 + np.abs(hull)))
+    return np.flatnonzero(space.loss_at(cut, hull=False) > hull + TOLERANCE * (1.0 + np.abs(hull)))
 
 
 def _take(order: NDArray[np.intp], width: Array, amount: float) -> Array:
@@ -371,7 +213,7 @@ def _take(order: NDArray[np.intp], width: Array, amount: float) -> Array:
     return np.asarray(per_job, dtype=float)
 
 
-def _repairs(space: _CutSpace, cut: Array, job: int) -> list[Array]:
+def _repairs(space: CutSpace, cut: Array, job: int) -> list[Array]:
     """Allocations that move `job` to either end of its bridged hull stretch.
 
     The difference is given back by (or taken from) the other jobs' most (least) expensive
@@ -380,7 +222,7 @@ def _repairs(space: _CutSpace, cut: Array, job: int) -> list[Array]:
     width, cost = _segments(space)
     order = np.argsort(cost, axis=None)
     row = space.cut[job]
-    vertex = np.isclose(space.hull[job], space.loss[job], rtol=_TOL, atol=0.0)
+    vertex = np.isclose(space.hull[job], space.loss[job], rtol=TOLERANCE, atol=0.0)
     deeper = row[vertex & (row >= cut[job])]
     shallower = row[vertex & (row <= cut[job])]
     held = np.clip(cut[:, None] - space.cut[:, :-1], 0.0, width)
@@ -389,41 +231,14 @@ def _repairs(space: _CutSpace, cut: Array, job: int) -> list[Array]:
     if deeper.size:
         extra = float(deeper.min() - cut[job])
         back = _take(others[::-1], held, extra)
-        if back.sum() >= extra * (1 - _TOL):
+        if back.sum() >= extra * (1 - TOLERANCE):
             out.append(np.where(np.arange(len(cut)) == job, deeper.min(), cut - back))
     if shallower.size:
         short = float(cut[job] - shallower.max())
         more = _take(others, width - held, short)
-        if more.sum() >= short * (1 - _TOL):
+        if more.sum() >= short * (1 - TOLERANCE):
             out.append(np.where(np.arange(len(cut)) == job, shallower.max(), cut + more))
     return out
-
-
-def build_problem(
-    jobs_curves: Curves,
-    *,
-    gpus: ArrayLike,
-    min_cap_w: ArrayLike,
-    min_throughput_fraction: ArrayLike,
-    protected: ArrayLike,
-    weights: ArrayLike,
-    pfi: ArrayLike,
-    objective: str = "throughput",
-) -> Problem:
-    """Assemble a `Problem` from per-job arrays."""
-    n = np.asarray(gpus, dtype=float)
-    return Problem(
-        curves=jobs_curves,
-        gpus=n,
-        weights=objective_weights(objective, weights, n, jobs_curves.uncapped_throughput),
-        lo_w=power_bounds(
-            jobs_curves,
-            min_cap_w=min_cap_w,
-            min_throughput_fraction=min_throughput_fraction,
-            protected=protected,
-        ),
-        pfi=np.asarray(pfi, dtype=float),
-    )
 
 
 def allocation_dict(
@@ -466,3 +281,34 @@ def allocation_dict(
             )
         ],
     }
+
+
+def allocate_mix(
+    mix: JobMix,
+    facility_kw: float,
+    *,
+    strategy: str = "optimal",
+    objective: str = "throughput",
+    excluded: ArrayLike | None = None,
+) -> dict[str, Any]:
+    """Per-job caps that shed `facility_kw` at the meter, as the JSON of CONTRACT.md.
+
+    `excluded` jobs (one flag per job) give nothing, as the jobs a site cannot reach now; the
+    mix's hulls are reused for them.
+    """
+    if not np.isfinite(facility_kw) or facility_kw < 0:
+        raise FlexModelError(f"reduction {facility_kw!r} kW must be a finite number of at least 0")
+    problem = mix.problem if objective == "throughput" else mix.problem_for(objective)
+    if excluded is not None:
+        problem = problem.excluding(excluded)
+    # Beyond twice what can be cut, a target is as infeasible (and stays finite: 1e308 kW
+    # overflows in watts).
+    limit_w = 2.0 * float(problem.max_cut_w.sum()) + 1.0
+    gpu_w = min(gpu_reduction_kw(facility_kw, mix.overhead_factor) * 1000.0, limit_w)
+    result = allocate(problem, gpu_w, strategy, objective)
+    return allocation_dict(
+        result,
+        job_ids=[j.id for j in mix.jobs],
+        overhead_factor=mix.overhead_factor,
+        requested_facility_kw=facility_kw,
+    )

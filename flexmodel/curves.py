@@ -112,76 +112,123 @@ def throughput_fraction(clock: ArrayLike, insensitive_share: ArrayLike) -> Array
     return np.asarray(1.0 / (m + (1.0 - m) / np.asarray(clock, dtype=float)), dtype=float)
 
 
-def family_point(
-    cap_w: ArrayLike,
-    *,
-    compute_w: ArrayLike,
-    comm_w: ArrayLike,
-    duty: ArrayLike,
-    insensitive_share: ArrayLike,
-    static_share: ArrayLike = STATIC_SHARE,
-    exponent: ArrayLike = EXPONENT,
-) -> tuple[Array, Array]:
-    """Mean power [W] and throughput fraction of a family job under a per-GPU cap [W].
+@dataclass(frozen=True)
+class FamilyShape:
+    """The fleet family's view of J jobs: their two-level waveform, cap range and clock model.
 
-    Broadcasts over every argument. The throughput fraction is also the inverse of the
-    iteration period's stretch.
+    Everything a family curve needs except the clock-insensitive share `m` (solved from each
+    job's PFI) and its scale (uncapped throughput, iteration period). Arrays of shape (J,);
+    build one from each job's mean uncapped power with `FamilyShape.of`.
+    """
+
+    compute_w: Array  #: compute-phase power level [W]
+    comm_w: Array  #: communication-phase power level [W]
+    duty: Array  #: share of each iteration spent computing
+    min_cap_w: Array  #: lowest cap the curve is tabulated at [W]
+    max_cap_w: Array  #: the GPU's limit: the uncapped end of the curve [W]
+    static_share: Array  #: `s` of q(f)
+    exponent: Array  #: `a` of q(f)
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        power_w: ArrayLike,
+        duty: ArrayLike,
+        comm_power_fraction: ArrayLike,
+        min_cap_w: ArrayLike,
+        max_cap_w: ArrayLike,
+        static_share: ArrayLike = STATIC_SHARE,
+        exponent: ArrayLike = EXPONENT,
+    ) -> FamilyShape:
+        """The shape of jobs of mean uncapped power `power_w` [W] (all arguments broadcast)."""
+        p, d, rho, lo, hi, s, a = np.broadcast_arrays(
+            *(
+                np.atleast_1d(np.asarray(v, dtype=float))
+                for v in (
+                    power_w,
+                    duty,
+                    comm_power_fraction,
+                    min_cap_w,
+                    max_cap_w,
+                    static_share,
+                    exponent,
+                )
+            )
+        )
+        compute, comm = waveform_levels(p, d, rho, hi)
+        # Copies: broadcast views are read-only and share memory between jobs.
+        return cls(
+            compute_w=compute,
+            comm_w=comm,
+            duty=d.copy(),
+            min_cap_w=lo.copy(),
+            max_cap_w=hi.copy(),
+            static_share=s.copy(),
+            exponent=a.copy(),
+        )
+
+    def __len__(self) -> int:
+        return int(self.compute_w.shape[0])
+
+    def select(self, index: slice | NDArray[np.intp]) -> FamilyShape:
+        """The shape of the jobs picked by `index`."""
+        return FamilyShape(
+            compute_w=self.compute_w[index],
+            comm_w=self.comm_w[index],
+            duty=self.duty[index],
+            min_cap_w=self.min_cap_w[index],
+            max_cap_w=self.max_cap_w[index],
+            static_share=self.static_share[index],
+            exponent=self.exponent[index],
+        )
+
+
+def family_point(
+    cap_w: ArrayLike, shape: FamilyShape, insensitive_share: ArrayLike
+) -> tuple[Array, Array]:
+    """Mean power [W] and throughput fraction of family jobs under per-GPU caps [W].
+
+    Row j of `cap_w` (J, K) holds caps for job j of `shape`; `insensitive_share` has one value
+    per job. The throughput fraction is also the inverse of the iteration period's stretch.
     """
     cap = np.asarray(cap_w, dtype=float)
-    compute = np.asarray(compute_w, dtype=float)
-    d = np.asarray(duty, dtype=float)
+    compute = shape.compute_w[:, None]
+    d = shape.duty[:, None]
     compute_level = np.minimum(cap, compute)
-    f = clock_fraction(compute_level / compute, static_share, exponent)
+    f = clock_fraction(
+        compute_level / compute, shape.static_share[:, None], shape.exponent[:, None]
+    )
+    m = np.asarray(insensitive_share, dtype=float).reshape(-1, 1)
     # An unclipped compute phase runs at full clock whatever the family says at q = 1.
-    y = np.where(cap >= compute, 1.0, throughput_fraction(f, insensitive_share))
+    y = np.where(cap >= compute, 1.0, throughput_fraction(f, m))
     stretch = d / y + (1.0 - d)
-    mean = (compute_level * d / y + np.minimum(cap, comm_w) * (1.0 - d)) / stretch
+    mean = (compute_level * d / y + np.minimum(cap, shape.comm_w[:, None]) * (1.0 - d)) / stretch
     return mean, 1.0 / stretch
 
 
 def family_curves(
-    *,
-    power_w: ArrayLike,
-    throughput: ArrayLike,
-    min_cap_w: ArrayLike,
-    max_cap_w: ArrayLike,
-    duty: ArrayLike,
-    comm_power_fraction: ArrayLike,
+    shape: FamilyShape,
     insensitive_share: ArrayLike,
+    *,
+    throughput: ArrayLike,
     period_s: ArrayLike,
-    static_share: ArrayLike = STATIC_SHARE,
-    exponent: ArrayLike = EXPONENT,
 ) -> Curves:
-    """Tabulate fleet-family curves for J jobs (all arguments broadcast to shape (J,))."""
-    p, x, lo, hi, d, rho, m, t, s, a = (
-        np.atleast_1d(np.asarray(v, dtype=float))
-        for v in (
-            power_w,
-            throughput,
-            min_cap_w,
-            max_cap_w,
-            duty,
-            comm_power_fraction,
-            insensitive_share,
-            period_s,
-            static_share,
-            exponent,
-        )
+    """Tabulate the fleet-family curves of the jobs of `shape`.
+
+    `insensitive_share`, the uncapped whole-job `throughput` [tokens/s] and iteration
+    `period_s` [s] broadcast to one value per job.
+    """
+    j = len(shape)
+    m, x, t = (
+        np.broadcast_to(np.asarray(v, dtype=float), (j,))
+        for v in (insensitive_share, throughput, period_s)
     )
-    p, x, lo, hi, d, rho, m, t, s, a = np.broadcast_arrays(p, x, lo, hi, d, rho, m, t, s, a)
-    compute, comm = waveform_levels(p, d, rho, hi)
-    grid = lo[:, None] + (hi - lo)[:, None] * np.linspace(0.0, 1.0, FAMILY_POINTS)
-    kinks = np.clip(np.stack([compute, comm], axis=1), lo[:, None], hi[:, None])
+    lo, hi = shape.min_cap_w[:, None], shape.max_cap_w[:, None]
+    grid = lo + (hi - lo) * np.linspace(0.0, 1.0, FAMILY_POINTS)
+    kinks = np.clip(np.stack([shape.compute_w, shape.comm_w], axis=1), lo, hi)
     caps = np.sort(np.concatenate([grid, kinks], axis=1), axis=1)
-    mean, frac = family_point(
-        caps,
-        compute_w=compute[:, None],
-        comm_w=comm[:, None],
-        duty=d[:, None],
-        insensitive_share=m[:, None],
-        static_share=s[:, None],
-        exponent=a[:, None],
-    )
+    mean, frac = family_point(caps, shape, m)
     return Curves(cap_w=caps, power_w=mean, throughput=frac * x[:, None], period_s=t.copy())
 
 

@@ -13,14 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flexmodel.curves import (
-    EXPONENT,
-    INSENSITIVE_SHARE_RANGE,
-    STATIC_SHARE,
-    Array,
-    family_point,
-    waveform_levels,
-)
+from flexmodel.curves import INSENSITIVE_SHARE_RANGE, Array, FamilyShape, family_point
 from flexmodel.errors import InvalidJobError, InvalidSweepError
 
 #: The study's grids: 8-GPU jobs were swept on six caps, larger jobs on four.
@@ -92,40 +85,18 @@ def pfi_rows(grid_w: Array, power_w: Array, throughput: Array) -> Array:
         return np.where(count > 0, ratio.sum(axis=1) / count, np.nan)
 
 
-def family_pfi(
-    grid_w: Array,
-    *,
-    compute_w: ArrayLike,
-    comm_w: ArrayLike,
-    duty: ArrayLike,
-    insensitive_share: ArrayLike,
-    static_share: ArrayLike = STATIC_SHARE,
-    exponent: ArrayLike = EXPONENT,
-) -> Array:
+def family_pfi(grid_w: Array, shape: FamilyShape, insensitive_share: ArrayLike) -> Array:
     """Eq. 1 for family jobs on their grids (J, G), NaN-padded (see `pfi_rows`)."""
     grid = np.asarray(grid_w, dtype=float)
-    power, frac = family_point(
-        np.nan_to_num(grid, nan=0.0),
-        compute_w=_column(compute_w),
-        comm_w=_column(comm_w),
-        duty=_column(duty),
-        insensitive_share=_column(insensitive_share),
-        static_share=_column(static_share),
-        exponent=_column(exponent),
-    )
+    power, frac = family_point(np.nan_to_num(grid, nan=0.0), shape, insensitive_share)
     return pfi_rows(grid, power, frac)
 
 
 def solve_insensitive_share(
     pfi: ArrayLike,
     grid_w: Array,
+    shape: FamilyShape,
     *,
-    power_w: ArrayLike,
-    max_cap_w: ArrayLike,
-    duty: ArrayLike,
-    comm_power_fraction: ArrayLike,
-    static_share: ArrayLike = STATIC_SHARE,
-    exponent: ArrayLike = EXPONENT,
     names: list[str] | None = None,
     clip: bool = False,
 ) -> Array:
@@ -138,21 +109,11 @@ def solve_insensitive_share(
     family reaches (for noisy estimates, such as predicted PFIs).
     """
     target = np.atleast_1d(np.asarray(pfi, dtype=float))
-    compute, comm = waveform_levels(power_w, duty, comm_power_fraction, max_cap_w)
-    compute, comm, d = (np.broadcast_to(v, target.shape) for v in (compute, comm, duty))
-    shape = {"static_share": static_share, "exponent": exponent}
-    s, a = (np.broadcast_to(np.asarray(v, dtype=float), target.shape) for v in shape.values())
+    if len(shape) == 1:  # one shape for every job
+        shape = shape.select(np.zeros(target.size, dtype=np.intp))
 
     def pfi_at(m: Array, rows: slice | NDArray[np.intp] = slice(None)) -> Array:
-        return family_pfi(
-            grid_w[rows],
-            compute_w=compute[rows],
-            comm_w=comm[rows],
-            duty=d[rows],
-            insensitive_share=m,
-            static_share=s[rows],
-            exponent=a[rows],
-        )
+        return family_pfi(grid_w[rows], shape.select(rows), m)
 
     lo = np.full(target.shape, INSENSITIVE_SHARE_RANGE[0])
     hi = np.full(target.shape, INSENSITIVE_SHARE_RANGE[1])
@@ -201,10 +162,6 @@ def grid_matrix(grids: list[tuple[float, ...]]) -> Array:
     for j, g in enumerate(grids):
         out[j, : len(g)] = sorted(g)
     return out
-
-
-def _column(values: ArrayLike) -> Array:
-    return np.asarray(values, dtype=float).reshape(-1, 1)
 
 
 def _grid_text(row: Array) -> str:

@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from flexmodel.allocate import Problem, allocate, hull_cuts
+from flexmodel.allocate import allocate, hull_cuts
 from flexmodel.curves import throughput_at_power
 from flexmodel.errors import FlexModelError
 from flexmodel.jobs import JobMix
+from flexmodel.problem import AllocationProblem
 
 DEFAULT_WINDOW_S = 3600.0
 DEFAULT_CONFIDENCE = 0.9
@@ -50,8 +51,10 @@ def quote(
     """
     _check(window_s, confidence, reduction_kw, points)
     k = mix.overhead_factor
-    counted = np.array([j.remaining_s is None or j.remaining_s >= window_s for j in mix.jobs])
-    problem = mix.problem if counted.all() else mix.problem.excluding(~counted)
+    counted = np.array(
+        [j.remaining_s is None or j.remaining_s >= window_s for j in mix.jobs], dtype=bool
+    )
+    problem = mix.problem.excluding(~counted)
     max_cut = problem.max_cut_w
     shed_w = float(max_cut.sum())
     levels = np.linspace(0.0, shed_w, points)
@@ -107,7 +110,7 @@ def quote(
 
 
 def _requested(
-    problem: Problem, reduction_kw: float, asked_w: float, shed_w: float
+    problem: AllocationProblem, reduction_kw: float, asked_w: float, shed_w: float
 ) -> dict[str, Any]:
     """Feasibility and cost of a requested reduction (`asked_w` of GPU power), from `optimal`."""
     answer = allocate(problem, min(asked_w, shed_w), "optimal")

@@ -25,10 +25,17 @@ from typing import Any
 
 import numpy as np
 
-from flexmodel.allocate import Problem, allocate
-from flexmodel.curves import Curves, family_curves, operating_point, throughput_at_power
+from flexmodel.allocate import allocate
+from flexmodel.curves import (
+    Curves,
+    FamilyShape,
+    family_curves,
+    operating_point,
+    throughput_at_power,
+)
 from flexmodel.errors import FlexModelError
 from flexmodel.pfi import solve_insensitive_share
+from flexmodel.problem import AllocationProblem
 from flexmodel.workload import Workloads, generate
 
 STRATEGIES = ("equal", "pfi", "optimal", "oracle")
@@ -119,31 +126,21 @@ def per_job_tokens(
 
 def model_curves(sample: Workloads, pfi: np.ndarray) -> Curves:
     """What a planner that knows only each job's PFI (and its waveform) believes."""
-    m = solve_insensitive_share(
-        pfi,
-        sample.grid_w,
+    shape = FamilyShape.of(
         power_w=sample.power_w,
-        max_cap_w=MAX_CAP_W,
         duty=sample.duty,
         comm_power_fraction=sample.comm_power_fraction,
-        clip=True,
-    )
-    return family_curves(
-        power_w=sample.power_w,
-        throughput=sample.throughput,
         min_cap_w=MIN_CAP_W,
         max_cap_w=MAX_CAP_W,
-        duty=sample.duty,
-        comm_power_fraction=sample.comm_power_fraction,
-        insensitive_share=m,
-        period_s=sample.period_s,
     )
+    m = solve_insensitive_share(pfi, sample.grid_w, shape, clip=True)
+    return family_curves(shape, m, throughput=sample.throughput, period_s=sample.period_s)
 
 
 def _problem(
     curves: Curves, sample: Workloads, rows: slice, lo: np.ndarray, pfi: np.ndarray
-) -> Problem:
-    return Problem(
+) -> AllocationProblem:
+    return AllocationProblem(
         curves=curves,
         gpus=sample.gpus[rows],
         weights=np.ones(sample.jobs),

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from flexmodel.curves import Array, Curves, family_curves, operating_point
+from flexmodel.curves import Array, Curves, FamilyShape, family_curves, operating_point
 from flexmodel.errors import FlexModelError
 from flexmodel.pfi import (
     COARSE_GRID_W,
@@ -250,29 +250,17 @@ def generate(workloads: int, jobs: int, *, mix: str = "production", seed: int = 
     a = rng.uniform(*EXPONENT, n)
     grid = table["grid"][index]
     target = table["pfi"][index] * np.exp(rng.normal(0.0, PFI_SPREAD, n))
-    m = solve_insensitive_share(
-        target,
-        grid,
+    shape = FamilyShape.of(
         power_w=power,
-        max_cap_w=700.0,
         duty=duty,
         comm_power_fraction=rho,
-        static_share=s,
-        exponent=a,
-        clip=True,
-    )
-    exact = family_curves(
-        power_w=power,
-        throughput=throughput,
         min_cap_w=200.0,
         max_cap_w=700.0,
-        duty=duty,
-        comm_power_fraction=rho,
-        insensitive_share=m,
-        period_s=period,
         static_share=s,
         exponent=a,
     )
+    m = solve_insensitive_share(target, grid, shape, clip=True)
+    exact = family_curves(shape, m, throughput=throughput, period_s=period)
     truth = _with_noise(exact, rng)
     measured = measured_pfi(truth, grid)
     feature = dram_copy_product(measured, rng)

@@ -175,3 +175,19 @@ def test_imports_point_one_way():
 def test_the_rules_catch_what_they_should(package, name, imported, expected):
     problem = rule(package, name, imported, imported.split(".")[0])
     assert (problem is None) if expected is None else (expected in problem)
+
+
+def test_flexmodel_decodes_json_in_its_job_mix_reader_only():
+    decoders = [module_name(p) for p in modules("flexmodel") if "json" in imports_of(p)]
+    assert decoders == ["flexmodel.jobmix"]
+
+
+def test_job_mix_text_goes_through_the_one_reader():
+    """A decoder of its own would accept NaN and Infinity (Python's json does)."""
+    own = [
+        module_name(path)
+        for package in (*PACKAGES, "bench")
+        for path in modules(package)
+        if "parse_job_mix(json." in path.read_text(encoding="utf-8")
+    ]
+    assert own == []

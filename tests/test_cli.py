@@ -62,7 +62,8 @@ def test_allocate_json_follows_the_contract():
 
 
 def test_reduction_fraction_is_of_gpu_attributable_facility_power(tmp_path):
-    path = write(tmp_path, "mix.json", mix_with())
+    # Placed: the fraction counts the placed jobs' GPU power only (docs/cli.md).
+    path = write(tmp_path, "mix.json", mix_with(placement=[{"node": "n1", "gpus": list(range(8))}]))
     doc = json.loads(flexgate("allocate", path, "--reduction-fraction", "0.1", "--json").stdout)
     assert doc["requested_facility_kw"] == pytest.approx(0.1 * 1.3 * 8 * 600.0 / 1000.0)
     assert doc["reduction_fraction"] == 0.1

@@ -51,15 +51,6 @@ def mean_power_w(gpu: GpuPower) -> float | None:
     return sum(gpu.power_w) / len(gpu.power_w) if gpu.power_w else None
 
 
-def placed_gpu_kw(mix: JobMix) -> tuple[float, float]:
-    """(uncapped, every GPU at its maximum limit) GPU power of the placed jobs [kW]."""
-    placed = [j for j in mix.jobs if j.placement]
-    return (
-        sum(j.gpus * j.power_w for j in placed) / 1000.0,
-        sum(j.gpus * j.max_cap_w for j in placed) / 1000.0,
-    )
-
-
 def job_readings(telemetry: Telemetry) -> list[JobTelemetry]:
     """One reading per job (a job spanning nodes is reported by each: the first counts)."""
     seen: dict[str, JobTelemetry] = {}
@@ -137,8 +128,7 @@ class Fleet:
                 report = telemetry.get(where.node)
                 gpus = {g.index: mean_power_w(g) for g in report.gpus} if report else {}
                 measured_w += sum(gpus.get(g) or 0.0 for g in where.gpus)
-        baseline_kw, max_kw = placed_gpu_kw(mix)
-        return FleetPower(measured_w / 1000.0, baseline_kw, max_kw, len(telemetry))
+        return FleetPower(measured_w / 1000.0, mix.baseline_gpu_kw, mix.max_gpu_kw, len(telemetry))
 
     async def watch_phases(self) -> None:
         """The jobs' phases from the agents, and the Rayleigh alarm (three windows held)."""

@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from flexmodel.errors import FlexModelError
-from flexmodel.jobs import JobMix, parse_job_mix
+from flexmodel.jobmix import parse_job_mix
+from flexmodel.jobs import JobMix
 from flexmodel.quote import quote
 from gateway.clock import Clock
 from gateway.errors import InvalidRequestError, NotFoundError

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from flexmodel.allocate import allocate, allocation_dict
+from flexmodel.allocate import allocate_mix
 from flexmodel.jobs import JobMix
 from flexmodel.loops import site_loops
 from flexmodel.sync import worst_verdict
@@ -37,19 +37,10 @@ def plan(
         [bool(job.placement) and all(p.node in up for p in job.placement) for job in mix.jobs],
         dtype=bool,
     )
-    problem = mix.problem if reachable.all() else mix.problem.excluding(~reachable)
-    # Beyond twice what can be cut, a target is as infeasible (and finite: 1e308 kW overflows).
-    limit_w = 2.0 * float(problem.max_cut_w.sum()) + 1.0
-    gpu_w = min(max(facility_kw, 0.0) * 1000.0 / mix.overhead_factor, limit_w)
-    result = allocate(problem, gpu_w, "optimal")
-    doc = allocation_dict(
-        result,
-        job_ids=[j.id for j in mix.jobs],
-        overhead_factor=mix.overhead_factor,
-        requested_facility_kw=facility_kw,
-    )
+    doc = allocate_mix(mix, max(facility_kw, 0.0), strategy="optimal", excluded=~reachable)
     caps: dict[str, list[dict[str, float]]] = defaultdict(list)
-    for job, cap, ok in zip(mix.jobs, result.cap_w, reachable, strict=True):
+    for job, answer, ok in zip(mix.jobs, doc["jobs"], reachable, strict=True):
+        cap = answer["cap_w"]
         if ok and cap < job.max_cap_w - UNCAPPED_MARGIN_W:
             for where in job.placement:
                 caps[where.node] += [{"gpu": g, "cap_w": round(float(cap), 1)} for g in where.gpus]
@@ -63,9 +54,8 @@ def plan(
 
 def loops_report(mix: JobMix, settings: GatewaySettings) -> dict[str, Any]:
     """Each control loop's delay and window against the jobs it touches, and the verdict."""
-    waving = [j for j in mix.jobs if 0.0 < j.duty < 1.0]
-    periods = [j.period_s for j in waving]
-    duties = [j.duty for j in waving]
+    periods = [j.period_s for j in mix.waving]
+    duties = [j.duty for j in mix.waving]
     loops = [
         loop.evaluate(periods, duties)
         for loop in site_loops(

@@ -20,7 +20,7 @@ from typing import Any
 
 from gateway.clock import Clock
 from gateway.meter import MeterFeed, open_meter
-from gateway.services.fleet import Fleet, placed_gpu_kw
+from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.overhead import Overhead
 from gateway.settings import GatewaySettings
@@ -95,8 +95,8 @@ class SitePower:
 
     def envelope(self) -> tuple[float, float]:
         """(baseline facility kW, maximum facility kW): uncapped, and every GPU at its limit."""
-        baseline_kw, max_kw = placed_gpu_kw(self.book.mix())
-        return self.facility_kw(baseline_kw), self.facility_kw(max_kw)
+        mix = self.book.mix()
+        return self.facility_kw(mix.baseline_gpu_kw), self.facility_kw(mix.max_gpu_kw)
 
     async def _sample_forever(self) -> None:
         period_s = self.settings.meter_period_s

@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from flexmodel.jobs import JobMix
+from flexmodel.jobs import Job, JobMix
 from flexmodel.loops import ControlLoop
 from flexmodel.sync import LoopResponse, rate_coupling_per_s, worst_verdict
 from gateway.clock import Clock
-from gateway.services.fleet import Fleet, job_readings, placed_gpu_kw
+from gateway.services.fleet import Fleet, job_readings
 from gateway.services.jobbook import JobBook
 from gateway.services.site import SitePower
 from gateway.services.targets import Targets
@@ -110,7 +110,7 @@ class Tracker:
                 reduction_kw,
                 level_kw,
                 self.site.filtered_kw(self.window_s) if self.settings.tracking else None,
-                placed_gpu_kw(mix)[0],
+                mix.baseline_gpu_kw,
             )
             self.pursuit = known
         known.reduction_kw, known.level_kw = reduction_kw, level_kw
@@ -131,7 +131,7 @@ class Tracker:
             return pursuit.level_kw
         if pursuit.start_facility_kw is None:
             return None
-        moved_kw = self.site.facility_kw(placed_gpu_kw(mix)[0]) - self.site.facility_kw(
+        moved_kw = self.site.facility_kw(mix.baseline_gpu_kw) - self.site.facility_kw(
             pursuit.start_baseline_gpu_kw
         )
         return pursuit.start_facility_kw + moved_kw - pursuit.reduction_kw
@@ -241,11 +241,10 @@ class Tracker:
             j.job_id: j for j in job_readings(self.fleet.last or {}) if j.period_s is not None
         }
         periods, duties = [], []
-        for job in mix.jobs:
-            if job.placement and 0.0 < job.duty < 1.0:
-                seen = measured.get(job.id)
-                periods.append(seen.period_s if seen and seen.period_s else job.period_s)
-                duties.append(seen.duty if seen and seen.duty else job.duty)
+        for job in self._swinging(mix):
+            seen = measured.get(job.id)
+            periods.append(seen.period_s if seen and seen.period_s else job.period_s)
+            duties.append(seen.duty if seen and seen.duty else job.duty)
         return np.array(periods, dtype=float), np.array(duties, dtype=float)
 
     def _unit_coupling(self, mix: JobMix, periods: np.ndarray) -> np.ndarray:
@@ -253,16 +252,18 @@ class Tracker:
         at the meter, and the whole correction on its own caps (its relative throughput loss
         per watt at the facility, from its curve's steepest part: 1 / power at the cap)."""
         k = self.site.overhead.current().k
-        swing, rate = [], []
-        for job in mix.jobs:
-            if job.placement and 0.0 < job.duty < 1.0:
-                compute_w = job.power_w / (job.duty + (1 - job.duty) * job.comm_power_fraction)
-                swing.append(k * job.gpus * compute_w * (1 - job.comm_power_fraction))
-                rate.append(1.0 / (k * job.gpus * max(job.min_cap_w, 1.0)))
-        duties = np.array(
-            [j.duty for j in mix.jobs if j.placement and 0.0 < j.duty < 1.0], dtype=float
-        )
+        swing, rate, duties = [], [], []
+        for job in self._swinging(mix):
+            compute_w = job.power_w / (job.duty + (1 - job.duty) * job.comm_power_fraction)
+            swing.append(k * job.gpus * compute_w * (1 - job.comm_power_fraction))
+            rate.append(1.0 / (k * job.gpus * max(job.min_cap_w, 1.0)))
+            duties.append(job.duty)
         return rate_coupling_per_s(periods, duties, swing_w=np.array(swing), rate_per_w=rate)
+
+    @staticmethod
+    def _swinging(mix: JobMix) -> list[Job]:
+        """The placed jobs whose power swings: the ones this loop can lock."""
+        return [j for j in mix.waving if j.placement]
 
     def doc(self) -> dict[str, Any]:
         """The loop's state for `GET /v1/site` and the event's plan (`tracking`)."""

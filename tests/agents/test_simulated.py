@@ -4,7 +4,7 @@ import pytest
 from agents.simulated import SimulatedBackend
 from agents.telemetry import Sampler
 from flexmodel.curves import operating_point
-from flexmodel.jobs import parse_job_mix
+from flexmodel.jobmix import parse_job_mix
 
 
 class Clock:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
-from flexmodel.allocate import Problem, build_problem
 from flexmodel.curves import stack, sweep_curve
+from flexmodel.problem import AllocationProblem, build_problem
 
 
-def pwl_problem(jobs: list[tuple[int, list[float], list[float]]], weights=None) -> Problem:
+def pwl_problem(
+    jobs: list[tuple[int, list[float], list[float]]], weights=None
+) -> AllocationProblem:
     """Jobs given as (gpus, powers ascending, throughputs ascending); cap = power."""
     curves = stack(
         [

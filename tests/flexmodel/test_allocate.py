@@ -3,9 +3,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from flexmodel.allocate import allocate
+from flexmodel.allocate import allocate, allocate_mix
 from flexmodel.errors import FlexModelError
-from flexmodel.jobs import allocate_mix, mix_problem, parse_job_mix
+from flexmodel.jobmix import parse_job_mix
 from tests.flexmodel.helpers import lp_min_loss, milp_min_loss, pwl_problem
 
 # Two linear jobs: A (2 GPUs, 600 W, 1000 tok/s, PFI 10/9) and B (1 GPU, 400 W, 2000, PFI 1).
@@ -175,7 +175,7 @@ def test_job_bounds_are_respected(docs, share, strategy):
     jobs = [{"id": f"j{i}", **d} for i, d in enumerate(docs)]
     assume(all(d.get("min_cap_w", 200.0) < d["power_w"] for d in docs))
     mix = parse_job_mix({"overhead_factor": 1.25, "jobs": jobs})
-    problem = mix_problem(mix)
+    problem = mix.problem_for()
     facility_kw = share * 1.25 * float(problem.max_cut_w.sum()) / 1000.0
     out = allocate_mix(mix, facility_kw, strategy=strategy)
     assert out["feasible"] == (facility_kw <= out["max_facility_kw"] * (1 + 1e-9))
@@ -259,3 +259,29 @@ def test_many_identical_jobs_tie_without_harm():
         loss = result.value_before - result.value
         assert loss == pytest.approx(lp_min_loss(jobs, reduction), abs=_tolerance(jobs))
         assert result.achieved_w == pytest.approx(reduction, rel=1e-12)
+
+
+def test_excluded_jobs_give_nothing_and_the_others_give_it_all():
+    jobs = [{"id": i, "gpus": 8, "power_w": 600.0, "throughput": 2e4, "pfi": 1.5} for i in "abc"]
+    mix = parse_job_mix({"overhead_factor": 1.25, "jobs": jobs})
+    whole = allocate_mix(mix, 1.0)
+    out = allocate_mix(mix, 1.0, excluded=[False, True, False])
+    assert out["jobs"][1]["cap_w"] == pytest.approx(mix.jobs[1].max_cap_w)
+    assert out["jobs"][1]["throughput_fraction"] == 1.0
+    assert out["achieved_facility_kw"] == pytest.approx(1.0)
+    assert out["max_facility_kw"] == pytest.approx(whole["max_facility_kw"] * 2 / 3)
+    assert allocate_mix(mix, 1.0, excluded=[False] * 3) == whole
+
+
+def test_a_target_too_large_for_watts_is_infeasible_not_an_error():
+    mix = parse_job_mix({"jobs": [{"id": "a", "gpus": 8, "power_w": 600.0, "throughput": 2e4}]})
+    out = allocate_mix(mix, 1e308)
+    assert out["feasible"] is False
+    assert out["achieved_facility_kw"] == pytest.approx(out["max_facility_kw"])
+
+
+@pytest.mark.parametrize("facility_kw", [-1.0, float("nan"), float("inf")])
+def test_a_reduction_that_is_not_a_finite_amount_is_refused(facility_kw):
+    mix = parse_job_mix({"jobs": [{"id": "a", "gpus": 8, "power_w": 600.0, "throughput": 2e4}]})
+    with pytest.raises(FlexModelError, match="must be a finite number of at least 0"):
+        allocate_mix(mix, facility_kw)

@@ -4,6 +4,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flexmodel.curves import (
+    EXPONENT,
+    STATIC_SHARE,
+    FamilyShape,
     cap_for_power,
     family_curves,
     family_point,
@@ -15,6 +18,12 @@ from flexmodel.curves import (
     waveform_levels,
 )
 from flexmodel.errors import InvalidSweepError
+
+
+def _shape(compute_w, comm_w, duty, static_share=STATIC_SHARE, exponent=EXPONENT):
+    """The shape of one job whose waveform levels are given."""
+    levels = (compute_w, comm_w, duty, 200.0, 700.0, static_share, exponent)
+    return FamilyShape(*(np.atleast_1d(np.asarray(v, dtype=float)) for v in levels))
 
 
 def test_waveform_levels_keep_the_mean():
@@ -33,24 +42,14 @@ def test_a_compute_level_above_the_limit_moves_into_the_comm_phase():
 def test_constant_power_job_follows_the_family_formulas():
     # duty 1: mean power is the clipped level, throughput is y(f) exactly.
     s, a, m = 0.15, 1.6, 0.3
-    power, frac = family_point(
-        400.0,
-        compute_w=600.0,
-        comm_w=600.0,
-        duty=1.0,
-        insensitive_share=m,
-        static_share=s,
-        exponent=a,
-    )
+    power, frac = family_point(400.0, _shape(600.0, 600.0, 1.0, s, a), m)
     f = ((400 / 600 - s) / (1 - s)) ** (1 / a)
     assert power == pytest.approx(400.0)
     assert frac == pytest.approx(1 / (m + (1 - m) / f))
 
 
 def test_a_cap_above_the_compute_level_changes_nothing():
-    power, frac = family_point(
-        690.0, compute_w=650.0, comm_w=300.0, duty=0.6, insensitive_share=0.2
-    )
+    power, frac = family_point(690.0, _shape(650.0, 300.0, 0.6), 0.2)
     assert power == pytest.approx(0.6 * 650 + 0.4 * 300)
     assert frac == 1.0
 
@@ -64,7 +63,7 @@ def test_a_cap_above_the_compute_level_changes_nothing():
 )
 def test_caps_are_not_mean_power(cap, power, duty, rho, m):
     compute, comm = waveform_levels(power, duty, rho, 700.0)
-    mean, frac = family_point(cap, compute_w=compute, comm_w=comm, duty=duty, insensitive_share=m)
+    mean, frac = family_point(cap, _shape(compute, comm, duty), m)
     assert mean <= min(cap, power) + 1e-9
     assert 0 < frac <= 1.0
     if comm * (1 + 1e-6) < cap < compute * (1 - 1e-6) and duty < 1:
@@ -72,16 +71,14 @@ def test_caps_are_not_mean_power(cap, power, duty, rho, m):
 
 
 def _curves():
-    return family_curves(
+    shape = FamilyShape.of(
         power_w=[650.0, 500.0],
-        throughput=[1000.0, 4000.0],
-        min_cap_w=200.0,
-        max_cap_w=700.0,
         duty=[0.8, 0.6],
         comm_power_fraction=0.5,
-        insensitive_share=[0.0, 0.5],
-        period_s=[2.0, 1.0],
+        min_cap_w=200.0,
+        max_cap_w=700.0,
     )
+    return family_curves(shape, [0.0, 0.5], throughput=[1000.0, 4000.0], period_s=[2.0, 1.0])
 
 
 def test_operating_point_uncapped_and_period_stretch():

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from flexmodel.errors import InvalidJobError
-from flexmodel.jobs import DEFAULT_DUTY, parse_job_mix
+from flexmodel.jobmix import parse_job_mix
+from flexmodel.jobs import DEFAULT_DUTY
 from flexmodel.pfi import COARSE_GRID_W, DEFAULT_PFI, DEFAULT_PFI_STDERR, FINE_GRID_W
 
 BASE = {
@@ -147,3 +148,28 @@ def test_a_sweep_job_is_ranked_by_its_own_pfi():
         [(1 - 300 / 600) / (1 - 12000 / 20000), (1 - 480 / 600) / (1 - 18000 / 20000)]
     )
     assert mix.jobs[0].pfi_value == pytest.approx(expected)
+
+
+def _placed(gpus: int) -> list[dict]:
+    return [{"node": "n1", "gpus": list(range(gpus))}]
+
+
+def test_site_power_counts_placed_jobs_only():
+    doc = copy.deepcopy(BASE)
+    doc["jobs"][0]["placement"] = _placed(8)
+    doc["jobs"][0]["max_cap_w"] = 650.0
+    mix = parse_job_mix(doc)
+    assert mix.placed == (mix.jobs[0],)
+    assert mix.baseline_gpu_kw == pytest.approx(8 * 600.0 / 1000.0)  # not job b's 16 x 640 W
+    assert mix.max_gpu_kw == pytest.approx(8 * 650.0 / 1000.0)
+
+
+def test_no_placed_job_is_no_site_power():
+    mix = parse_job_mix(BASE)
+    assert (mix.baseline_gpu_kw, mix.max_gpu_kw) == (0.0, 0.0)
+
+
+def test_only_two_level_waveforms_wave():
+    mix = parse_job_mix(with_job(duty=1.0))  # job b keeps the default duty
+    assert [j.id for j in mix.waving] == ["b"]
+    assert [j.id for j in parse_job_mix(with_job(duty=0.5)).waving] == ["a", "b"]

@@ -3,7 +3,7 @@ import csv
 import numpy as np
 import pytest
 
-from flexmodel.curves import waveform_levels
+from flexmodel.curves import FamilyShape
 from flexmodel.errors import InvalidJobError, InvalidSweepError
 from flexmodel.pfi import (
     COARSE_GRID_W,
@@ -53,41 +53,31 @@ def test_default_grids_follow_the_study():
     assert default_grid_w(16) == COARSE_GRID_W
 
 
-def _levels(power_w=650.0, duty=0.8, rho=0.5):
-    return waveform_levels(power_w, duty, rho, 700.0)
+def _shape(power_w=650.0, duty=0.8, rho=0.5):
+    return FamilyShape.of(
+        power_w=power_w, duty=duty, comm_power_fraction=rho, min_cap_w=200.0, max_cap_w=700.0
+    )
 
 
 @pytest.mark.parametrize("target", [1.10, 1.27, 1.43, 2.10, 2.67])
 @pytest.mark.parametrize("grid", [FINE_GRID_W, COARSE_GRID_W])
 def test_solved_share_reproduces_the_pfi(target, grid):
     g = grid_matrix([grid])
-    m = solve_insensitive_share(
-        [target], g, power_w=650.0, max_cap_w=700.0, duty=0.8, comm_power_fraction=0.5
-    )
-    compute, comm = _levels()
-    got = family_pfi(g, compute_w=compute, comm_w=comm, duty=0.8, insensitive_share=m)
+    m = solve_insensitive_share([target], g, _shape())
+    got = family_pfi(g, _shape(), m)
     assert got[0] == pytest.approx(target, rel=1e-9)
 
 
 def test_family_pfi_rises_with_the_insensitive_share():
-    compute, comm = _levels()
     m = np.linspace(-1.0, 0.9, 40)
     g = grid_matrix([FINE_GRID_W] * len(m))
-    pfi = family_pfi(g, compute_w=compute, comm_w=comm, duty=0.8, insensitive_share=m)
+    pfi = family_pfi(g, _shape(), m)
     assert np.all(np.diff(pfi) > 0)
 
 
 def test_a_pfi_the_family_cannot_reach_names_the_job():
     with pytest.raises(InvalidJobError, match=r"job 'x'.*outside what the fleet family"):
-        solve_insensitive_share(
-            [0.2],
-            grid_matrix([FINE_GRID_W]),
-            power_w=650.0,
-            max_cap_w=700.0,
-            duty=0.8,
-            comm_power_fraction=0.5,
-            names=["x"],
-        )
+        solve_insensitive_share([0.2], grid_matrix([FINE_GRID_W]), _shape(), names=["x"])
 
 
 def test_table_pfis_map_to_the_documented_shares(shared):
@@ -98,10 +88,7 @@ def test_table_pfis_map_to_the_documented_shares(shared):
     m = solve_insensitive_share(
         [float(r["pfi"]) for r in rows],
         grid_matrix(grids),
-        power_w=650.0,
-        max_cap_w=700.0,
-        duty=0.8,
-        comm_power_fraction=0.5,
+        _shape(),
         names=[r["job"] for r in rows],
     )
     group = {r["job"]: (r["architecture"], r["task"]) for r in rows}

@@ -4,8 +4,9 @@ import json
 import numpy as np
 import pytest
 
+from flexmodel.allocate import allocate_mix
 from flexmodel.errors import FlexModelError
-from flexmodel.jobs import allocate_mix, parse_job_mix
+from flexmodel.jobmix import parse_job_mix
 from flexmodel.quote import quote
 from tests.conftest import EXAMPLES
 

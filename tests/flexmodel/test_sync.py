@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexmodel.errors import FlexModelError
-from flexmodel.jobs import parse_job_mix
+from flexmodel.jobmix import parse_job_mix
 from flexmodel.loops import ControlLoop, required_spread, scatter, site_loops
 from flexmodel.sync import (
     LoopResponse,

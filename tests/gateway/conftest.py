@@ -17,7 +17,7 @@ from agents.service import AgentNode
 from agents.service import create_app as agent_app
 from agents.simulated import SimulatedBackend
 from flexgate.serve import ServerThread
-from flexmodel.jobs import parse_job_mix
+from flexmodel.jobmix import parse_job_mix
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from tests.conftest import EXAMPLES, wait_for

@@ -12,7 +12,7 @@ import pytest
 
 from agents.service import AgentNode
 from agents.simulated import SimulatedBackend
-from flexmodel.jobs import parse_job_mix
+from flexmodel.jobmix import parse_job_mix
 from gateway.agentclient.memory import InMemoryAgentClient
 from gateway.clock import SteppedClock
 from gateway.services.fleet import Fleet

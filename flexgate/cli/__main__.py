@@ -1,0 +1,7 @@
+"""`python -m flexgate.cli`."""
+
+import sys
+
+from flexgate.cli import main
+
+sys.exit(main())

@@ -1,0 +1,284 @@
+"""The `flexgate` commands: each takes the parsed arguments and returns its exit code.
+
+Inputs come through `flexgate.cli.readers`, answers go out through `flexgate.cli.output`;
+what a command computes is flexmodel's (or, for the services, their own packages').
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from flexgate.cli import output
+from flexgate.cli.readers import BadInputError, read_job_mix, read_sweep
+from flexmodel.allocate import allocate_mix
+from flexmodel.jobs import JobMix
+from flexmodel.pfi import pfi_of_sweep
+from flexmodel.quote import quote
+from flexmodel.simulate import simulate
+from flexmodel.sync import VERDICTS, analyse, finite_or_none, worst_verdict
+from flexmodel.syncsim import simulate_sync
+
+
+def run_pfi(args: argparse.Namespace) -> int:
+    points = read_sweep(args.sweep)
+    result = pfi_of_sweep(points, name=str(args.sweep))
+    doc = {"pfi": result.pfi, "grid_w": list(result.grid_w), "points": result.points}
+    if args.json:
+        output.print_json(doc)
+    else:
+        grid = ", ".join(f"{c:g}" for c in result.grid_w)
+        Console().print(
+            f"PFI [bold]{result.pfi:.3f}[/] over {result.points} points on caps {{{grid}}} W "
+            f"(uncapped: {max(result.grid_w):g} W)"
+        )
+    return 0
+
+
+def run_allocate(args: argparse.Namespace) -> int:
+    mix = read_job_mix(args.jobs)
+    if args.reduction_kw is not None:
+        if args.reduction_kw < 0:
+            raise BadInputError(f"--reduction-kw must be at least 0, got {args.reduction_kw:g}")
+        facility_kw = args.reduction_kw
+    else:
+        if args.reduction_fraction < 0:
+            raise BadInputError(
+                f"--reduction-fraction must be at least 0, got {args.reduction_fraction:g}"
+            )
+        # Of the placed jobs only: the site can neither measure nor cap the others.
+        facility_kw = args.reduction_fraction * mix.overhead_factor * mix.baseline_gpu_kw
+    doc = allocate_mix(mix, facility_kw, strategy=args.strategy, objective=args.objective)
+    if args.reduction_fraction is not None:
+        doc["reduction_fraction"] = args.reduction_fraction
+    if args.json:
+        output.print_json(doc)
+    else:
+        output.show_allocation(doc, mix)
+    return 0
+
+
+def run_quote(args: argparse.Namespace) -> int:
+    mix = read_job_mix(args.jobs)
+    doc = quote(
+        mix, window_s=args.window_s, confidence=args.confidence, reduction_kw=args.reduction_kw
+    )
+    if args.json:
+        output.print_json(doc)
+    else:
+        output.show_quote(doc)
+    return 0
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    _check_plot(args.plot)
+    with _progress("simulating", MofNCompleteColumn()) as bar:
+        task = bar.add_task("workloads", total=args.workloads)
+        doc = simulate(
+            workloads=args.workloads,
+            jobs=args.jobs,
+            mix=args.mix,
+            reductions=args.reductions,
+            pfi_source=args.pfi_source,
+            seed=args.seed,
+            progress=lambda done, _total: bar.update(task, completed=done),
+        )
+    return _finish(args, doc, "plot_simulation", doc, output.show_simulation)
+
+
+def run_sync_check(args: argparse.Namespace) -> int:
+    loop = {
+        "delay_s": args.delay_s,
+        "window_s": args.window_s,
+        "spread": args.spread,
+        "gain_per_s": args.gain_per_s,
+    }
+    if args.job_mix is None:
+        if args.period_s is None or args.duty is None:
+            raise BadInputError("--period-s and --duty are required without --job-mix")
+        doc = analyse(args.period_s, args.duty, **loop).job_dict(0)
+    else:
+        doc = fleet_check(read_job_mix(args.job_mix), **loop)
+    if args.json:
+        output.print_json(doc)
+    else:
+        output.show_sync_check(doc)
+    return 0
+
+
+def fleet_check(mix: JobMix, **loop: float) -> dict[str, Any]:
+    """Every job's verdict under one loop; the top level describes the worst job."""
+    waving = mix.waving
+    if not waving:
+        raise BadInputError("no job of the mix has a two-level waveform (every duty is 1)")
+    result = analyse([j.period_s for j in waving], [j.duty for j in waving], **loop)
+    verdicts = result.verdict
+    index = {j.id: i for i, j in enumerate(waving)}
+    worst = max(
+        range(len(waving)), key=lambda i: (VERDICTS.index(verdicts[i]), -result.max_safe_delay_s[i])
+    )
+    doc = result.job_dict(worst)
+    doc["worst_job"] = waving[worst].id
+    doc["verdict"] = worst_verdict(verdicts)
+    doc["jobs"] = [
+        {"id": j.id, "verdict": "safe", "worst_m": None, "max_safe_delay_s": None}
+        if j.id not in index
+        else {
+            "id": j.id,
+            "verdict": verdicts[index[j.id]],
+            "worst_m": int(result.worst_m[index[j.id]]),
+            "max_safe_delay_s": finite_or_none(result.max_safe_delay_s[index[j.id]]),
+        }
+        for j in mix.jobs
+    ]
+    return doc
+
+
+def run_sync_simulate(args: argparse.Namespace) -> int:
+    _check_plot(args.plot)
+    with _progress("integrating") as bar:
+        task = bar.add_task("run", total=1.0)
+        run = simulate_sync(
+            jobs=args.jobs,
+            period_s=args.period_s,
+            duty=args.duty,
+            delay_s=args.delay_s,
+            window_s=args.window_s,
+            gain_per_s=args.gain_per_s,
+            spread=args.spread,
+            duration_s=args.duration_s,
+            seed=args.seed,
+            noise=args.noise,
+            throttle=args.throttle,
+            progress=lambda done: bar.update(task, completed=done),
+        )
+    return _finish(args, run.as_dict(), "plot_sync", run, output.show_sync_run)
+
+
+def _finish(
+    args: argparse.Namespace,
+    doc: dict[str, Any],
+    plotter: str,
+    data: Any,
+    show: Callable[[dict[str, Any]], None],
+) -> int:
+    """Draw the plot when asked, then print the document (JSON or for people)."""
+    if args.plot is not None:
+        from flexgate import plots  # matplotlib costs 0.2 s: load it when asked
+
+        getattr(plots, plotter)(data, args.plot)
+        doc["plot"] = str(args.plot)
+    if args.json:
+        output.print_json(doc)
+    else:
+        show(doc)
+    return 0
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from agents.run import run_agent
+    from agents.settings import AgentSettings
+
+    given = {
+        "agent_backend": args.backend,
+        "agent_host": args.host,
+        "agent_port": args.port,
+        "agent_node_id": args.node_id,
+        "agent_state_dir": args.state_dir,
+        "agent_gpus": args.gpus,
+        "agent_job_mix": args.job_mix,
+    }
+    overrides = {k: v for k, v in given.items() if v is not None}
+    if args.lab:
+        overrides["lab"] = True
+    try:
+        settings = AgentSettings(**overrides)
+    except ValidationError as exc:
+        raise BadInputError(_first_error(exc)) from None
+    if settings.agent_job_mix is not None:
+        read_job_mix(settings.agent_job_mix)  # bad input is said before anything starts
+    run_agent(settings)
+    return 0
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from gateway.run import run_gateway
+    from gateway.settings import GatewaySettings
+
+    given = {"host": args.host, "port": args.port, "lab": True if args.lab else None}
+    try:
+        settings = GatewaySettings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        raise BadInputError(_first_error(exc)) from None
+    run_gateway(settings)
+    return 0
+
+
+def run_lab(args: argparse.Namespace) -> int:
+    from flexgate.lab import run_lab
+
+    return run_lab(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        reduction=args.reduction,
+        duration_s=args.duration,
+        out=args.out,
+    )
+
+
+def run_mock_vtn(args: argparse.Namespace) -> int:
+    import time
+
+    from flexgate.mockvtn import DEFAULT_SCENARIO, MockVtn, read_scenario
+
+    try:
+        scenario = read_scenario(args.scenario) if args.scenario else DEFAULT_SCENARIO
+    except FileNotFoundError:
+        raise BadInputError(f"{args.scenario}: no such file") from None
+    except (ValueError, OSError) as exc:
+        raise BadInputError(f"{args.scenario}: {exc}") from None
+    vtn = MockVtn(
+        scenario, host=args.host, port=args.port, say=lambda line: print(line, flush=True)
+    ).start()
+    print(f"mock VTN at {vtn.url}; waiting for a VEN (Ctrl-C stops)", file=sys.stderr)
+    try:
+        while True:
+            time.sleep(1)
+    finally:
+        vtn.stop()
+
+
+def _first_error(exc: Any) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(p) for p in error.get("loc", ()) if p != "__root__")
+    message = str(error.get("msg", exc)).removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
+def _progress(label: str, *columns: Any) -> Progress:
+    """A progress bar on stderr, shown only when stderr is a terminal."""
+    console = Console(stderr=True)
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        *columns,
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
+
+
+def _check_plot(path: Path | None) -> None:
+    if path is not None and not path.parent.is_dir():
+        raise BadInputError(f"--plot: folder {path.parent} does not exist")

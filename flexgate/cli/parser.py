@@ -1,0 +1,260 @@
+"""The `flexgate` argument parser: every command, its options and their checks.
+
+Options are checked as they are parsed (`_finite`, `_fraction`, ...), so a command starts only
+with values it can use; a bad one exits 2 with argparse's one-line message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any, NoReturn
+
+from flexgate.cli import commands
+from flexmodel.problem import OBJECTIVES
+from flexmodel.quote import DEFAULT_CONFIDENCE, DEFAULT_WINDOW_S
+from flexmodel.simulate import DEFAULT_REDUCTIONS, PFI_SOURCES
+from flexmodel.sync import DEFAULT_GAIN_PER_S
+from flexmodel.syncsim import THROTTLES
+from flexmodel.workload import MIX_NAMES
+
+DESCRIPTION = 'The `flexgate` command line (CONTRACT.md, "Command line").'
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="flexgate", description=DESCRIPTION)
+    sub = parser.add_subparsers(required=True, metavar="COMMAND", parser_class=_Parser)
+
+    pfi = sub.add_parser("pfi", help="PFI of a measured sweep (CSV or JSON)")
+    pfi.add_argument("sweep", type=Path, metavar="SWEEP")
+    pfi.add_argument("--json", action="store_true", help="print one JSON document")
+    pfi.set_defaults(command=commands.run_pfi, name="pfi")
+
+    alloc = sub.add_parser("allocate", help="per-job caps for a facility-level reduction")
+    alloc.add_argument("jobs", type=Path, metavar="JOBS", help="job-mix JSON file")
+    amount = alloc.add_mutually_exclusive_group(required=True)
+    amount.add_argument("--reduction-kw", type=_finite, metavar="R", help="at the meter [kW]")
+    amount.add_argument(
+        "--reduction-fraction",
+        type=_finite,
+        metavar="F",
+        help="fraction of the mix's GPU-attributable facility power (k x baseline GPU kW of the "
+        "placed jobs)",
+    )
+    alloc.add_argument(
+        "--strategy",
+        choices=("equal", "pfi", "optimal"),
+        default="optimal",
+        help="how the cut is divided (default: optimal)",
+    )
+    alloc.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="throughput",
+        help="what optimal maximises: summed tokens/s (default) or GPU-weighted fractions",
+    )
+    alloc.add_argument("--json", action="store_true", help="print one JSON document")
+    alloc.set_defaults(command=commands.run_allocate, name="allocate")
+
+    quote = sub.add_parser("quote", help="supply curve, achievable and firm kW of a job mix")
+    quote.add_argument("jobs", type=Path, metavar="JOBS", help="job-mix JSON file")
+    quote.add_argument(
+        "--reduction-kw", type=_finite, metavar="R", help="price this reduction [kW]"
+    )
+    quote.add_argument(
+        "--window-s",
+        type=_finite,
+        default=DEFAULT_WINDOW_S,
+        metavar="S",
+        help="how long the reduction must hold [s] (default 3600)",
+    )
+    quote.add_argument(
+        "--confidence",
+        type=_finite,
+        default=DEFAULT_CONFIDENCE,
+        metavar="C",
+        help="probability that firm kW can be delivered (default 0.9)",
+    )
+    quote.add_argument("--json", action="store_true", help="print one JSON document")
+    quote.set_defaults(command=commands.run_quote, name="quote")
+
+    sim = sub.add_parser("simulate", help="the PFI study's scheduling experiment, all strategies")
+    sim.add_argument("--workloads", type=_positive_int, default=500, metavar="W")
+    sim.add_argument("--jobs", type=_positive_int, default=100, metavar="N")
+    sim.add_argument("--mix", choices=MIX_NAMES, default="production")
+    sim.add_argument(
+        "--reductions",
+        type=_fractions,
+        default=list(DEFAULT_REDUCTIONS),
+        metavar="LIST",
+        help="comma-separated fractions in [0, 1) (default 0,0.1,0.2,0.3,0.4)",
+    )
+    sim.add_argument("--pfi-source", choices=PFI_SOURCES, default="predicted")
+    sim.add_argument("--seed", type=_seed, default=1, metavar="N")
+    sim.add_argument("--plot", type=Path, metavar="FILE", help="write a PNG of the results")
+    sim.add_argument("--json", action="store_true", help="print one JSON document")
+    sim.set_defaults(command=commands.run_simulate, name="simulate")
+    _add_sync(sub)
+
+    agent = sub.add_parser("agent", help="run a GPU node agent (FLEXGATE_AGENT_* settings)")
+    agent.add_argument("--backend", choices=("sim", "nvml"), help="simulated GPUs or NVML")
+    agent.add_argument("--host", help="address to bind (default 127.0.0.1: loopback only)")
+    agent.add_argument("--port", type=int, help="port (default 9100)")
+    agent.add_argument("--node-id", help="this node's name in the job mix (default: hostname)")
+    agent.add_argument("--state-dir", type=Path, help="where original limits are saved")
+    agent.add_argument("--gpus", type=_positive_int, help="simulated GPUs (default 8)")
+    agent.add_argument("--job-mix", type=Path, help="job mix placing jobs on this node")
+    agent.add_argument(
+        "--lab", action="store_true", help="lab mode: a placeholder token is allowed"
+    )
+    agent.set_defaults(command=commands.run_agent, name="agent")
+
+    gateway = sub.add_parser("gateway", help="run the gateway service (FLEXGATE_* settings)")
+    gateway.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    gateway.add_argument("--port", type=int, help="port (default 8000)")
+    gateway.add_argument("--lab", action="store_true", help="lab mode: placeholder tokens allowed")
+    gateway.set_defaults(command=commands.run_gateway, name="gateway")
+
+    lab = sub.add_parser("lab", help="the whole chain on loopback: mock VTN, gateway, agents")
+    lab.add_argument("--nodes", type=_positive_int, default=4, metavar="N")
+    lab.add_argument("--gpus-per-node", type=_positive_int, default=8, metavar="G")
+    lab.add_argument(
+        "--reduction",
+        type=_fraction,
+        default=0.25,
+        metavar="F",
+        help="share of the GPU-attributable facility power the VTN asks for (default 0.25)",
+    )
+    lab.add_argument("--duration", type=_positive, default=40.0, metavar="S", help="event length")
+    lab.add_argument("--out", type=Path, default=Path("out"), help="where the plot goes")
+    lab.set_defaults(command=commands.run_lab, name="lab")
+
+    vtn = sub.add_parser("mock-vtn", help="an OpenADR 2.0b VTN (openleadr) issuing a scenario")
+    vtn.add_argument("--scenario", type=Path, metavar="FILE", help="events to issue (JSON)")
+    vtn.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    vtn.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    vtn.set_defaults(command=commands.run_mock_vtn, name="mock-vtn")
+    return parser
+
+
+def _add_sync(sub: Any) -> None:
+    sync = sub.add_parser("sync", help="phase-locking: analysis and simulation")
+    verbs = sync.add_subparsers(required=True, metavar="VERB", parser_class=_Parser)
+    check = verbs.add_parser("check", help="coupling per harmonic, critical coupling, verdict")
+    check.add_argument("--period-s", type=_positive, metavar="T", help="iteration period [s]")
+    check.add_argument("--duty", type=_fraction, metavar="D", help="compute share, in (0, 1)")
+    check.add_argument("--delay-s", type=_non_negative, required=True, metavar="TAU")
+    check.add_argument(
+        "--window-s",
+        type=_non_negative,
+        default=0.0,
+        metavar="W",
+        help="the loop's moving-average window [s] (default 0)",
+    )
+    check.add_argument(
+        "--spread",
+        type=_non_negative,
+        default=0.0,
+        metavar="F",
+        help="half-width of the jobs' rate spread, as a fraction of the rate",
+    )
+    check.add_argument(
+        "--gain-per-s",
+        type=_non_negative,
+        default=DEFAULT_GAIN_PER_S,
+        metavar="K",
+        help=f"coupling at the fundamental [rad/s] (default {DEFAULT_GAIN_PER_S})",
+    )
+    check.add_argument("--job-mix", type=Path, metavar="FILE", help="analyse every job of a mix")
+    check.add_argument("--json", action="store_true", help="print one JSON document")
+    check.set_defaults(command=commands.run_sync_check, name="sync check")
+
+    run = verbs.add_parser("simulate", help="integrate the delayed-throttle model")
+    run.add_argument("--jobs", type=_positive_int, required=True, metavar="N")
+    run.add_argument("--period-s", type=_positive, required=True, metavar="T")
+    run.add_argument("--duty", type=_fraction, required=True, metavar="D")
+    run.add_argument("--delay-s", type=_non_negative, required=True, metavar="TAU")
+    run.add_argument("--window-s", type=_non_negative, default=0.0, metavar="W")
+    run.add_argument("--spread", type=_non_negative, default=0.0, metavar="F")
+    run.add_argument("--gain-per-s", type=_non_negative, default=DEFAULT_GAIN_PER_S, metavar="K")
+    run.add_argument("--duration-s", type=_positive, default=600.0, metavar="S")
+    run.add_argument(
+        "--noise",
+        type=_non_negative,
+        default=0.0,
+        metavar="SIGMA",
+        help="phase noise [cycles per sqrt(s)]",
+    )
+    run.add_argument("--throttle", choices=THROTTLES, default="linear")
+    run.add_argument("--seed", type=_seed, default=1, metavar="N")
+    run.add_argument("--plot", type=Path, metavar="FILE", help="aggregate power and r1 over time")
+    run.add_argument("--json", action="store_true", help="print one JSON document")
+    run.set_defaults(command=commands.run_sync_simulate, name="sync simulate")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
+    return value
+
+
+def _fractions(text: str) -> list[float]:
+    values = [_finite(part) for part in text.split(",") if part.strip()]
+    if not values or any(not 0.0 <= v < 1.0 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"expected fractions in [0, 1) separated by commas, got {text!r}"
+        )
+    return values
+
+
+def _positive(text: str) -> float:
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _finite(text)
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(
+            f"expected a number strictly between 0 and 1, got {text!r}"
+        )
+    return value
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value

@@ -1,0 +1,86 @@
+"""What the `flexgate` commands read: job mixes and sweeps, from files.
+
+A file that cannot be read, or does not hold what it should, is a `BadInputError` naming the
+file (and the row or field): the command exits 2 with that one line. Job mixes go through
+flexmodel's one reader (`flexmodel.jobmix`), as the agent's and the gateway's do.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+from flexmodel.jobmix import parse_job_mix_json, parse_json
+from flexmodel.jobs import JobMix
+
+
+class BadInputError(Exception):
+    """Input the user can fix: exit 2 with the message."""
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInputError(f"{path}: no such file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise BadInputError(f"{path}: cannot read: {exc}") from None
+
+
+def read_json(path: Path) -> Any:
+    """A strict JSON document (no NaN or Infinity) from a file."""
+    return parse_json(read_text(path), source=str(path))
+
+
+def read_job_mix(path: Path) -> JobMix:
+    return parse_job_mix_json(read_text(path), source=str(path))
+
+
+def read_sweep(path: Path) -> list[tuple[float, float, float]]:
+    """A sweep from CSV (`cap_w,power_w,throughput`) or JSON (`{"points": [...]}`)."""
+    if path.suffix.lower() == ".json":
+        doc = read_json(path)
+        if (
+            not isinstance(doc, dict)
+            or set(doc) != {"points"}
+            or not isinstance(doc["points"], list)
+        ):
+            raise BadInputError(
+                f'{path}: expected {{"points": [{{"cap_w", "power_w", "throughput"}}, ...]}}'
+            )
+        rows = doc["points"]
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict) or set(row) != {"cap_w", "power_w", "throughput"}:
+                raise BadInputError(
+                    f"{path}: points[{i}] must have exactly cap_w, power_w, throughput"
+                )
+        return [_point(row, f"{path}: points[{i}]") for i, row in enumerate(rows)]
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            header = [h.strip() for h in (reader.fieldnames or [])]
+            if header != ["cap_w", "power_w", "throughput"]:
+                raise BadInputError(
+                    f"{path}: CSV header must be cap_w,power_w,throughput, got {','.join(header)}"
+                )
+            return [_point(row, f"{path}: line {i + 2}") for i, row in enumerate(reader)]
+    except FileNotFoundError:
+        raise BadInputError(f"{path}: no such file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError, csv.Error) as exc:
+        raise BadInputError(f"{path}: cannot read: {exc}") from None
+
+
+def _point(row: dict[str, Any], where: str) -> tuple[float, float, float]:
+    values = []
+    for name in ("cap_w", "power_w", "throughput"):
+        raw = row.get(name)
+        try:
+            value = float(raw) if not isinstance(raw, bool) and raw is not None else math.nan
+        except (TypeError, ValueError):
+            value = math.nan
+        if not math.isfinite(value) or value < 0 or (value == 0 and name != "throughput"):
+            raise BadInputError(f"{where}: {name} must be a finite positive number, got {raw!r}")
+        values.append(value)
+    return values[0], values[1], values[2]
