@@ -397,3 +397,30 @@ def test_sync_check_with_no_delay_limit_is_valid_json():
         "sync", "check", "--period-s", "2", "--duty", "0.5", "--delay-s", "1", "--window-s", "6"
     )
     assert "safe at any delay" in human.stdout
+
+
+def test_sync_check_takes_the_loops_controller():
+    """An integrating loop attracts at 0.45 T, where the proportional throttle repels: the
+    quarter-period lag of integral action (docs/sync.md)."""
+    common = ("sync", "check", "--period-s", "2", "--duty", "0.5", "--delay-s", "0.9", "--json")
+    proportional = json.loads(flexgate(*common).stdout)
+    integral = json.loads(
+        flexgate(*common, "--proportional-gain", "0", "--integral-gain-per-s", "0.2").stdout
+    )
+    assert not proportional["harmonics"][0]["attractive"]
+    assert integral["harmonics"][0]["attractive"]
+    assert integral["verdict"] == "unsafe"
+    refused = flexgate(
+        "sync",
+        "check",
+        "--period-s",
+        "2",
+        "--duty",
+        "0.5",
+        "--delay-s",
+        "1",
+        "--hold-s",
+        "-1",
+        check=False,
+    )
+    assert refused.returncode == 2

@@ -96,6 +96,9 @@ def run_sync_check(args: argparse.Namespace) -> int:
     loop = {
         "delay_s": args.delay_s,
         "window_s": args.window_s,
+        "hold_s": args.hold_s,
+        "proportional_gain": args.proportional_gain,
+        "integral_gain_per_s": args.integral_gain_per_s,
         "spread": args.spread,
         "gain_per_s": args.gain_per_s,
     }
@@ -150,6 +153,9 @@ def run_sync_simulate(args: argparse.Namespace) -> int:
             duty=args.duty,
             delay_s=args.delay_s,
             window_s=args.window_s,
+            hold_s=args.hold_s,
+            proportional_gain=args.proportional_gain,
+            integral_gain_per_s=args.integral_gain_per_s,
             gain_per_s=args.gain_per_s,
             spread=args.spread,
             duration_s=args.duration_s,

@@ -143,6 +143,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_controller(verb: Any) -> None:
+    """The loop's controller: sample-and-hold, proportional and integral gains."""
+    verb.add_argument(
+        "--hold-s",
+        type=_non_negative,
+        default=0.0,
+        metavar="TS",
+        help="the loop acts every TS seconds, holding its output between (default 0)",
+    )
+    verb.add_argument(
+        "--proportional-gain",
+        type=_non_negative,
+        default=1.0,
+        metavar="KP",
+        help="proportional part of the controller, relative to --gain-per-s (default 1)",
+    )
+    verb.add_argument(
+        "--integral-gain-per-s",
+        type=_non_negative,
+        default=0.0,
+        metavar="KI",
+        help="integral part [1/s] (default 0: a proportional throttle; 0 with KP 0 is no loop)",
+    )
+
+
 def _add_sync(sub: Any) -> None:
     sync = sub.add_parser("sync", help="phase-locking: analysis and simulation")
     verbs = sync.add_subparsers(required=True, metavar="VERB", parser_class=_Parser)
@@ -171,6 +196,7 @@ def _add_sync(sub: Any) -> None:
         metavar="K",
         help=f"coupling at the fundamental [rad/s] (default {DEFAULT_GAIN_PER_S})",
     )
+    _add_controller(check)
     check.add_argument("--job-mix", type=Path, metavar="FILE", help="analyse every job of a mix")
     check.add_argument("--json", action="store_true", help="print one JSON document")
     check.set_defaults(command=commands.run_sync_check, name="sync check")
@@ -183,6 +209,7 @@ def _add_sync(sub: Any) -> None:
     run.add_argument("--window-s", type=_non_negative, default=0.0, metavar="W")
     run.add_argument("--spread", type=_non_negative, default=0.0, metavar="F")
     run.add_argument("--gain-per-s", type=_non_negative, default=DEFAULT_GAIN_PER_S, metavar="K")
+    _add_controller(run)
     run.add_argument("--duration-s", type=_positive, default=600.0, metavar="S")
     run.add_argument(
         "--noise",
