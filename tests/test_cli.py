@@ -421,6 +421,5 @@ def test_sync_check_takes_the_loops_controller():
         "1",
         "--hold-s",
         "-1",
-        check=False,
     )
     assert refused.returncode == 2
