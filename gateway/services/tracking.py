@@ -48,7 +48,8 @@ from gateway.settings import GatewaySettings
 log = logging.getLogger("flexgate.gateway")
 #: The loop averages the site's power over at least this many of the longest periods.
 WINDOW_PERIODS = 4.0
-#: A correction smaller than this share of the reduction (or 0.05 kW) is not re-planned.
+#: A request that moved less than this share of the reduction (or 0.05 kW) since the last
+#: plan is not re-planned.
 DEADBAND = 0.002
 #: Safe configurations tried, in order, when one is refused: the window doubled, the gain halved.
 ADJUSTMENTS = 4
@@ -162,8 +163,8 @@ class Tracker:
         correction = min(max(correction, -bound_kw), bound_kw)
         most_kw = float(plan.get("max_facility_kw", math.inf))
         correction = min(correction, most_kw - pursuit.reduction_kw)
-        moved = abs(correction - pursuit.correction_kw)
         pursuit.correction_kw = correction
+        moved = abs(max(pursuit.reduction_kw + correction, 0.0) - pursuit.planned_kw)
         if moved > max(DEADBAND * pursuit.reduction_kw, 0.05):
             await self._plan(pursuit)
 
@@ -173,7 +174,7 @@ class Tracker:
         """The loop's measured delay: meter age and lag, plan and dispatch, actuation."""
         meter = self.site.meter_doc(0.0)
         age_s = float(meter["age_s"] or 0.0) if not meter["estimated"] else 0.0
-        lag_s = self.site.overhead.current().lag_s or 0.0
+        lag_s = self.site.overhead.current().lag_s or self.settings.meter_lag_s
         actuation = [
             r.actuation_delay.p50_s
             for r in (self.fleet.last or {}).values()
