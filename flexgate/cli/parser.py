@@ -133,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lab.add_argument("--duration", type=_positive, default=40.0, metavar="S", help="event length")
     lab.add_argument("--out", type=Path, default=Path("out"), help="where the plot goes")
+    lab.add_argument(
+        "--mismatch",
+        action="store_true",
+        help="the agents and the meter run a truth drawn away from the declared mix; the "
+        "event runs open loop, then closed loop at the meter (give it --duration 60 or more)",
+    )
     lab.set_defaults(command=commands.run_lab, name="lab")
 
     vtn = sub.add_parser("mock-vtn", help="an OpenADR 2.0b VTN (openleadr) issuing a scenario")

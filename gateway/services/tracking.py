@@ -17,7 +17,8 @@ a correction of the requested reduction, re-planned through the same allocator:
   the sample period. `loop_gain` 0.5 rad leaves about 60 degrees of phase margin.
 - Anti-windup: the correction stops growing while the plan is short (every job at its floor)
   and stops falling while nothing is requested; it is bounded by `loop_max_correction` of the
-  reduction.
+  reduction; and after each new target the loop waits until the meter's window has seen the
+  whole open-loop step (twice the loop's delay) before it integrates again.
 - The window averages the site's power over at least four of the longest capped iteration
   periods, so the loop barely sees the jobs' own swings. Before the loop acts, and whenever the
   capped periods or the measured delay move, its configuration (delay, window, sample-and-hold,
@@ -64,6 +65,7 @@ class Pursuit:
     start_baseline_gpu_kw: float  #: the model's baseline when the event began [kW]
     correction_kw: float = 0.0
     planned_kw: float = 0.0
+    settled_at_s: float = 0.0  #: the open-loop step is in the whole window from then on
     measured_kw: float | None = None
     target_kw: float | None = None
 
@@ -114,6 +116,10 @@ class Tracker:
                 mix.baseline_gpu_kw,
             )
             self.pursuit = known
+        if known.reduction_kw != reduction_kw or known.level_kw != level_kw or not known.planned_kw:
+            # A new target is a step the model makes: the loop integrates only once the meter's
+            # window has seen all of it, or the step itself winds the correction up.
+            known.settled_at_s = self.clock.monotonic() + self._loop_delay_s() * 2
         known.reduction_kw, known.level_kw = reduction_kw, level_kw
         await self._plan(known)
 
@@ -153,6 +159,8 @@ class Tracker:
         pursuit.measured_kw, pursuit.target_kw = measured, target
         if measured is None or target is None or self.verdict == "held":
             return  # a faulted meter: the correction is held, the plan is the model's
+        if self.clock.monotonic() < pursuit.settled_at_s:
+            return
         error_kw = measured - target
         plan = self.targets.last_plan or {}
         short = float(plan.get("shortfall_kw", 0.0)) > 1e-6
