@@ -141,17 +141,22 @@ def run_lab(
             f"for {requested:.1f} kW ({reduction:.0%} of {attributable:.1f} kW) for "
             f"{duration_s:g} s"
         )
-        trace = watch(api, vtn, duration_s, requested, console)
+        trace = watch(api, duration_s, requested, console)
         return report(api, jobs, requested, trace, out, console)
 
 
 def watch(
-    api: httpx.Client, vtn: MockVtn, duration_s: float, requested: float, console: Console
+    api: httpx.Client,
+    duration_s: float,
+    requested: float,
+    console: Console,
+    start_after_s: float = START_AFTER_S,
 ) -> list[tuple[float, float, float, str]]:
-    """Site power every half second until the event has ended: (t, kW, target, status)."""
+    """Site power every half second until the event, starting `start_after_s` from now, has
+    ended: (t, kW, target, status)."""
     trace: list[tuple[float, float, float, str]] = []
     begin = time.monotonic()
-    deadline = begin + START_AFTER_S + duration_s + 30
+    deadline = begin + start_after_s + duration_s + 30
     with Live(console=console, refresh_per_second=4, transient=True) as live:
         while time.monotonic() < deadline:
             site = api.get("/v1/site").json()
@@ -174,7 +179,7 @@ def watch(
                     table.add_row(f"  {job['id']}", f"cap {job['cap_w']:.0f} W")
             live.update(table)
             if status in ("completed", "cancelled", "opted_out", "failed") and (
-                time.monotonic() - begin > START_AFTER_S + duration_s + 8
+                time.monotonic() - begin > start_after_s + duration_s + 8
             ):
                 break
             time.sleep(0.5)
