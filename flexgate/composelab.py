@@ -54,20 +54,25 @@ class ComposeError(RuntimeError):
     """A docker or docker-compose command failed, or a service never became healthy."""
 
 
-def docker(*args: str, timeout_s: float = 120.0, env: dict[str, str] | None = None) -> str:
-    """Run a docker (or docker-compose, as args[0]) command; its stdout, or ComposeError."""
-    command = list(args) if args[0] == "docker-compose" else ["docker", *args]
+def run(command: list[str], *, timeout_s: float, env: dict[str, str] | None = None) -> str:
+    """Run a docker or docker-compose command; its stdout, or ComposeError with its stderr."""
     try:
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout_s, env=env, check=False
         )
     except subprocess.TimeoutExpired as exc:
         raise ComposeError(f"`{' '.join(command)}` took over {timeout_s:g} s") from exc
+    except FileNotFoundError as exc:
+        raise ComposeError(f"{command[0]} is not installed") from exc
     if done.returncode != 0:
         raise ComposeError(
             f"`{' '.join(command)}` failed ({done.returncode}): {done.stderr.strip()[-2000:]}"
         )
     return done.stdout
+
+
+def docker(*args: str, timeout_s: float = 120.0) -> str:
+    return run(["docker", *args], timeout_s=timeout_s)
 
 
 def build_images(*, postgres: bool = False) -> None:
@@ -83,16 +88,20 @@ def build_images(*, postgres: bool = False) -> None:
             raise ComposeError(f"FLEXGATE_BUILD_CA={ca}: no such file")
         if not BUILD_CA.exists() or BUILD_CA.read_bytes() != source.read_bytes():
             shutil.copyfile(source, BUILD_CA)
-    docker("build", "--quiet", "--force-rm", "-t", IMAGE, str(ROOT), timeout_s=900)
-    if postgres:
-        docker(
-            "build",
-            "--quiet",
-            "--force-rm",
-            "-t",
-            POSTGRES_IMAGE,
-            str(ROOT / "docker" / "postgres"),
-        )
+    builds = [(IMAGE, ROOT)] + (
+        [(POSTGRES_IMAGE, ROOT / "docker" / "postgres")] if postgres else []
+    )
+    for tag, context in builds:
+        docker("build", "--quiet", "--force-rm", "-t", tag, str(context), timeout_s=900)
+
+
+def published_port(text: str | None) -> int:
+    """FLEXGATE_COMPOSE_PORT, or a port free on loopback now when it is unset."""
+    if not text:
+        return free_port()
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise ComposeError(f"FLEXGATE_COMPOSE_PORT={text!r}: not a port number (1 to 65535)")
+    return int(text)
 
 
 class Stack:
@@ -101,7 +110,7 @@ class Stack:
     def __init__(self, project: str = "flexgate-lab", *, postgres: bool = False) -> None:
         self.project = project
         self.postgres = postgres
-        self.port = int(os.environ.get("FLEXGATE_COMPOSE_PORT") or free_port())
+        self.port = published_port(os.environ.get("FLEXGATE_COMPOSE_PORT"))
         self.env = {
             **os.environ,
             **{name: os.environ.get(name) or secrets.token_urlsafe(24) for name in SECRET_NAMES},
@@ -115,17 +124,8 @@ class Stack:
 
     def compose(self, *args: str, timeout_s: float = 120.0) -> str:
         profile = ["--profile", "postgres"] if self.postgres else []
-        return docker(
-            "docker-compose",
-            "-f",
-            str(COMPOSE_FILE),
-            "-p",
-            self.project,
-            *profile,
-            *args,
-            timeout_s=timeout_s,
-            env=self.env,
-        )
+        command = ["docker-compose", "-f", str(COMPOSE_FILE), "-p", self.project, *profile]
+        return run([*command, *args], timeout_s=timeout_s, env=self.env)
 
     def up(self, *services: str, timeout_s: float = 120.0) -> None:
         """Start the services (and what they depend on) and wait until each is healthy."""
@@ -156,6 +156,11 @@ class Stack:
         """SIGKILL, as a crash or the OOM killer would: nothing runs on the way down."""
         docker("kill", "--signal", "KILL", self.container(service))
 
+    def running(self, service: str) -> bool:
+        return (
+            docker("inspect", "-f", "{{.State.Running}}", self.container(service)).strip() == "true"
+        )
+
     def start(self, service: str, timeout_s: float = 120.0) -> None:
         docker("start", self.container(service))
         self.wait_healthy(service, timeout_s=timeout_s)
@@ -177,12 +182,6 @@ class Stack:
     def down(self) -> None:
         """Stop and remove the containers, the network and the named volumes."""
         self.compose("down", "--volumes", "--remove-orphans", "--timeout", "10")
-
-    def volumes(self) -> list[str]:
-        listed = docker(
-            "volume", "ls", "-q", "--filter", f"label=com.docker.compose.project={self.project}"
-        )
-        return listed.split()
 
 
 def start_lab(stack: Stack, jobs: list[dict[str, Any]]) -> None:
@@ -215,9 +214,9 @@ def run_compose_lab(stack: Stack, *, out: Path, console: Console, keep: bool = F
     (event_spec,) = read_scenario(SCENARIO)["events"]
     requested = -float(event_spec["intervals"][0]["value"])
     duration_s = sum(float(iv["duration_s"]) for iv in event_spec["intervals"])
+    console.print(f"compose lab: building images, starting project {stack.project}")
+    build_images(postgres=stack.postgres)
     try:
-        console.print(f"compose lab: building images, starting project {stack.project}")
-        build_images(postgres=stack.postgres)
         start_lab(stack, jobs)
         console.print(
             f"compose lab: {len(AGENTS)} agents, {len(jobs)} jobs, gateway at {stack.url}"

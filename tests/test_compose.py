@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from agents.settings import AgentSettings
+from flexgate.composelab import BUILD_CA, main
 from flexgate.mockvtn import read_scenario
 from gateway.settings import GatewaySettings
 from tests.conftest import EXAMPLES, ROOT
@@ -89,3 +90,23 @@ def test_only_the_gateway_publishes_a_port_on_loopback_and_every_service_has_an_
         assert service.get("init") is True, name
         assert "user" not in service, f"{name}: the image's non-root user is overridden"
         assert not service.get("privileged"), name
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("FLEXGATE_BUILD_CA", "/nonexistent/ca.crt"),
+        ("FLEXGATE_COMPOSE_PORT", "80x"),
+        ("FLEXGATE_COMPOSE_PORT", "70000"),
+    ],
+)
+def test_the_compose_lab_refuses_bad_settings_before_starting_anything(
+    variable, value, monkeypatch, capsys
+):
+    monkeypatch.setenv(variable, value)
+    bundle = BUILD_CA.read_bytes() if BUILD_CA.exists() else None
+    assert main(["--project", "flexgate-never-started"]) == 2
+    said = capsys.readouterr().out
+    assert variable in said
+    assert value in said
+    assert (BUILD_CA.read_bytes() if BUILD_CA.exists() else None) == bundle
