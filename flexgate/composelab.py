@@ -184,18 +184,20 @@ class Stack:
         self.compose("down", "--volumes", "--remove-orphans", "--timeout", "10")
 
 
-def start_lab(stack: Stack, jobs: list[dict[str, Any]]) -> None:
+def start_lab(stack: Stack, jobs: list[dict[str, Any]], *, vtn: bool = True) -> None:
     """Agents and gateway (PostgreSQL first) healthy, the job mix in, then the mock VTN.
 
     The VTN issues its scenario as soon as the VEN registers, and the gateway decides to opt in
     against its job mix: so the mix goes in before the VTN starts (the VEN retries until then).
+    Without the VTN (`vtn=False`) only operator events reach the site.
     """
     if stack.postgres:
         stack.up("postgres")
     stack.up("gateway", *AGENTS)
     with stack.api() as api:
         api.put("/v1/jobs", json={"jobs": jobs}).raise_for_status()
-    stack.up("mock-vtn")
+    if vtn:
+        stack.up("mock-vtn")
 
 
 def wait_for_event(api: httpx.Client, timeout_s: float = 90.0) -> dict[str, Any]:
@@ -250,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             console=console,
             keep=args.keep,
         )
-    except ComposeError as exc:
+    except (ComposeError, httpx.HTTPError) as exc:
         console.print(f"[red]compose lab: {exc}[/]")
         return 2
 

@@ -28,6 +28,7 @@ from flexgate.composelab import (
     build_images,
     docker,
     run_compose_lab,
+    start_lab,
 )
 from tests.conftest import wait_for
 
@@ -71,20 +72,11 @@ def leftovers(project: str) -> list[str]:
     return found
 
 
-def site_without_vtn(stack: Stack) -> None:
-    """Agents and gateway (PostgreSQL first) with the job mix: the tests issue operator events."""
-    if stack.postgres:
-        stack.up("postgres")
-    stack.up("gateway", *AGENTS)
-    with stack.api() as api:
-        api.put("/v1/jobs", json={"jobs": JOBS}).raise_for_status()
-
-
 @pytest.fixture
 def faults_stack():
     stack = Stack(f"flexgate-test-faults-{RUN}")
     try:
-        site_without_vtn(stack)
+        start_lab(stack, JOBS, vtn=False)
         yield stack
     finally:
         stack.down()
@@ -248,7 +240,7 @@ def test_a_killed_agent_restores_its_originals_when_it_restarts(faults_stack):
 def test_restarting_postgresql_mid_event_loses_nothing():
     stack = Stack(f"flexgate-test-postgres-{RUN}", postgres=True)
     try:
-        site_without_vtn(stack)
+        start_lab(stack, JOBS, vtn=False)
         event_id = operator_event(stack)
         wait_status(stack, event_id, "active", 30)
         wait_for(lambda: all_capped(stack), "caps on the agents", 20, every_s=0.5)
