@@ -230,21 +230,25 @@ def run_event(
             )
         )
         api.put("/v1/jobs", json={"jobs": jobs}).raise_for_status()
-        trace = watch(api, duration_s, requested, console)
-        events = api.get("/v1/events").json()["events"]
-        event = events[0] if events else None
-        plan = (
-            api.get(f"/v1/plans/{event['plan_id']}").json() if event and event["plan_id"] else None
-        )
-        return {
-            "tracking": tracking,
-            "trace": trace,
-            "event": event,
-            "plan": plan,
-            "sync": api.get("/v1/sync").json(),
-            "nodes": api.get("/v1/nodes").json()["nodes"],
-            "delivered_kw": delivered_kw(trace),
-        }
+        return read_result(api, watch(api, duration_s, requested, console), tracking)
+
+
+def read_result(
+    api: httpx.Client, trace: list[tuple[float, float, float, str]], tracking: bool
+) -> dict[str, Any]:
+    """What one event did, read from the gateway after it: for `report`."""
+    events = api.get("/v1/events").json()["events"]
+    event = events[0] if events else None
+    plan = api.get(f"/v1/plans/{event['plan_id']}").json() if event and event["plan_id"] else None
+    return {
+        "tracking": tracking,
+        "trace": trace,
+        "event": event,
+        "plan": plan,
+        "sync": api.get("/v1/sync").json(),
+        "nodes": api.get("/v1/nodes").json()["nodes"],
+        "delivered_kw": delivered_kw(trace),
+    }
 
 
 def delivered_kw(trace: list[tuple[float, float, float, str]]) -> float:
@@ -259,13 +263,18 @@ def delivered_kw(trace: list[tuple[float, float, float, str]]) -> float:
 
 
 def watch(
-    api: httpx.Client, duration_s: float, requested: float, console: Console
+    api: httpx.Client,
+    duration_s: float,
+    requested: float,
+    console: Console,
+    start_after_s: float = START_AFTER_S,
 ) -> list[tuple[float, float, float, str]]:
-    """Site power at the meter every half second until the event has ended and the caps are
-    back: (t, kW, target, status); the target is the power before the event less the request."""
+    """Site power at the meter every half second until the event, starting `start_after_s`
+    from now, has ended and the caps are back: (t, kW, target, status); the target is the
+    power before the event less the request."""
     trace: list[tuple[float, float, float, str]] = []
     begin = time.monotonic()
-    deadline = begin + START_AFTER_S + duration_s + 30
+    deadline = begin + start_after_s + duration_s + 30
     with Live(console=console, refresh_per_second=4, transient=True) as live:
         while time.monotonic() < deadline:
             site = api.get("/v1/site").json()
@@ -290,7 +299,7 @@ def watch(
                     table.add_row(f"  {job['id']}", f"cap {job['cap_w']:.0f} W")
             live.update(table)
             if status in ("completed", "cancelled", "opted_out", "failed") and (
-                time.monotonic() - begin > START_AFTER_S + duration_s + 8
+                time.monotonic() - begin > start_after_s + duration_s + 8
             ):
                 break
             time.sleep(0.5)
