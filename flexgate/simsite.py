@@ -25,6 +25,7 @@ import numpy as np
 from agents.service import AgentNode
 from agents.simulated import SimulatedBackend
 from flexmodel.jobmix import parse_job_mix
+from flexmodel.jobs import DEFAULT_MAX_CAP_W
 from gateway.agentclient.memory import InMemoryAgentClient
 from gateway.clock import SteppedClock
 from gateway.errors import MeterError
@@ -62,7 +63,9 @@ def draw_truth(
     """The site as it really is, drawn away from what was declared."""
     jobs = copy.deepcopy(declared)
     for job in jobs:
-        job["power_w"] = round(job["power_w"] * (1 + rng.uniform(-POWER_SPREAD, POWER_SPREAD)), 1)
+        drawn = job["power_w"] * (1 + rng.uniform(-POWER_SPREAD, POWER_SPREAD))
+        # A GPU cannot draw more than its limit on average: the truth stays below it.
+        job["power_w"] = round(min(drawn, 0.98 * job.get("max_cap_w", DEFAULT_MAX_CAP_W)), 1)
         if "pfi" in job:
             job["pfi"] = round(float(np.clip(job["pfi"] + rng.normal(0, PFI_RMSE), 1.05, 3.0)), 3)
         duty = job.get("duty", 0.8) + rng.uniform(-DUTY_SPREAD, DUTY_SPREAD)
@@ -149,8 +152,14 @@ class SimulatedSite:
             for n in names
         ]
         self.nodes = {
+            # No sampling thread (the meter reads the GPUs) and a short window: cheap telemetry.
             f"mem://{b.node_id}": AgentNode(
-                b.node_id, b, self.folder / b.node_id, clock=self.clock.monotonic, sample_hz=0
+                b.node_id,
+                b,
+                self.folder / b.node_id,
+                clock=self.clock.monotonic,
+                sample_hz=0,
+                window_s=1.0,
             )
             for b in self.backends
         }

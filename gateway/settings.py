@@ -53,6 +53,7 @@ class GatewaySettings(BaseSettings):
     ven_cert: Path | None = None
     ven_key: Path | None = None
     opt_policy: Literal["feasible", "always", "never"] = "feasible"
+    opt_confidence: float = Field(default=0.9, gt=0.0, lt=1.0)
     lab: bool = False
     meter_url: str = Field(default="", description="the facility meter; empty: the estimate")
     meter_json_key: str = DEFAULT_JSON_KEY
