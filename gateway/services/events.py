@@ -115,7 +115,10 @@ class Events:
                     "opt": event.opt,
                     "reason": event.reason,
                     "plan_id": event.plan_id,
-                    "feasible": plan.doc["feasible"] if plan else None,
+                    "feasible": plan.doc["feasible"] if plan else event.feasible,
+                    # Caps still stepping back after the event ended or was cancelled.
+                    "recovering": self.targets.recovering
+                    and self.targets.recovering_from == event.id,
                     "test": event.test,
                     "external_id": event.external_id,
                     "modification": event.modification,
@@ -140,7 +143,16 @@ class Events:
         now = self.clock.now()
         if end <= now:
             raise InvalidRequestError(f"the event would end at {end.isoformat()}, in the past")
+        most_kw = self.quotes.firm(duration_s, self.settings.opt_confidence)["achievable_kw"]
+        feasible = reduction_kw <= most_kw * (1 + 1e-9)
         event = EventRow(
+            feasible=feasible,
+            reason=None
+            if feasible
+            else (
+                f"asks for {reduction_kw:g} kW; the site can shed at most {most_kw:.1f} kW now: "
+                "the plan will deliver that and state the shortfall"
+            ),
             intervals=[_interval(Interval(start, end, reduction_kw))],
             id=f"ev-{uuid.uuid4().hex[:12]}",
             source=source,

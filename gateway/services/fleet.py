@@ -17,6 +17,7 @@ import asyncio
 import logging
 import math
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from agents.protocol import GpuPower, JobTelemetry, TelemetryResponse
@@ -66,6 +67,7 @@ class Fleet:
     ) -> None:
         self.settings, self.store, self.clock, self.client = settings, store, clock, client
         self.nodes: dict[str, str] = {}  #: node id -> agent address
+        self.seen: dict[str, datetime] = {}  #: node id -> when it last answered
         self.alarm = RayleighAlarm()
         self.phases: dict[str, float] = {}  #: job id -> phase [rad] at the last watch
         self._last: Telemetry | None = None
@@ -85,6 +87,7 @@ class Fleet:
             log.warning("agent %s did not answer: %s", address, exc)
             return
         self.nodes[health.node_id] = address
+        self.seen[health.node_id] = self.clock.now()
         with self.store.session() as s:
             repo.saw_node(s, node_id=health.node_id, url=address, at=self.clock.now())
             s.commit()
@@ -113,6 +116,7 @@ class Fleet:
     def _keep(self, round_: asyncio.Future[Telemetry]) -> None:
         if not round_.cancelled() and round_.exception() is None:
             self._last, self._last_at = round_.result(), self.clock.monotonic()
+            self.seen.update(dict.fromkeys(self._last, self.clock.now()))
 
     async def _ask_telemetry(self) -> Telemetry:
         nodes = list(self.nodes.items())
@@ -120,15 +124,21 @@ class Fleet:
         return {node: doc for (node, _), doc in zip(nodes, found, strict=True) if doc is not None}
 
     async def power(self, mix: JobMix) -> FleetPower:
-        """What the placed jobs' GPUs draw now, by the agents' recent samples."""
+        """What the placed jobs' GPUs draw now, by the agents' recent samples; the baseline
+        and maximum count only the jobs whose every node reports (a job on a silent node can
+        be neither measured nor capped, so it is not part of what the site sheds from)."""
         telemetry = await self.telemetry()
-        measured_w = 0.0
-        for job in mix.jobs:
-            for where in job.placement or ():
-                report = telemetry.get(where.node)
-                gpus = {g.index: mean_power_w(g) for g in report.gpus} if report else {}
+        measured_w = baseline_w = max_w = 0.0
+        for job in mix.placed:
+            assert job.placement is not None
+            if not all(where.node in telemetry for where in job.placement):
+                continue
+            baseline_w += job.gpus * job.power_w
+            max_w += job.gpus * job.max_cap_w
+            for where in job.placement:
+                gpus = {g.index: mean_power_w(g) for g in telemetry[where.node].gpus}
                 measured_w += sum(gpus.get(g) or 0.0 for g in where.gpus)
-        return FleetPower(measured_w / 1000.0, mix.baseline_gpu_kw, mix.max_gpu_kw, len(telemetry))
+        return FleetPower(measured_w / 1000.0, baseline_w / 1000.0, max_w / 1000.0, len(telemetry))
 
     async def watch_phases(self) -> None:
         """The jobs' phases from the agents, and the Rayleigh alarm (three windows held)."""
@@ -150,7 +160,8 @@ class Fleet:
                     "node": row.node_id,
                     "url": row.url,
                     "reachable": report is not None,
-                    "last_seen": iso(row.last_seen),
+                    # Kept in memory, not stored on every round: the store has the first answer.
+                    "last_seen": iso(self.seen.get(row.node_id, row.last_seen)),
                     "gpus": [
                         {"index": g.index, "power_w": mean_power_w(g)}
                         for g in (report.gpus if report else [])

@@ -168,4 +168,16 @@ class SitePower:
             "nodes_reporting": power.nodes_reporting,
             "meter": meter,
             "overhead": model.doc(),
+            "basis": {
+                "gpu_power_kw": f"measured by the {power.nodes_reporting} agent(s) reporting: "
+                "the mean of each placed GPU's recent samples",
+                "facility_power_kw": (
+                    f"read at the meter ({meter['source']})"
+                    if metered is not None
+                    else f"estimated: static {model.static_kw:g} kW + k {model.k:g} x GPU power"
+                ),
+                "baseline_gpu_kw": "declared uncapped power of the placed jobs whose nodes "
+                "all report",
+                "shed_facility_kw": "k x (baseline GPU power - measured GPU power)",
+            },
         }

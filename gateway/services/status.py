@@ -30,7 +30,9 @@ class Status:
     def health(self) -> dict[str, Any]:
         """`status` ok when the store answers, unhealthy (with the reason) when it does not;
         degraded, with the reasons, when the gateway works on less than it should (a meter
-        that faults: the site loop holds and figures are estimated)."""
+        that faults: the site loop holds and figures are estimated; no agent reporting). A
+        liveness answer still: service managers must not restart a gateway holding events for
+        a dead agent or meter."""
         try:
             self.events.active()
             store = "ok"
@@ -39,6 +41,12 @@ class Status:
         grid = self.events.grid
         fault = self.power.meter_fault
         degraded = [f"meter {self.power.source}: {fault}"] if fault else []
+        last = self.fleet.last
+        if self.settings.agent_urls and last is not None and not last:
+            degraded.append(
+                f"no agent reports (of {len(self.settings.agent_urls)} configured): the site's "
+                "figures are empty and nothing can be capped"
+            )
         status = "unhealthy" if store != "ok" else "degraded" if degraded else "ok"
         return {
             "status": status,

@@ -57,6 +57,7 @@ class Targets:
         self.down: set[str] = set()  #: nodes whose last command failed
         self.fan_outs = 0  #: desired states sent to every node, since start
         self.last_plan: dict[str, Any] | None = None  #: the plan last sent
+        self.recovering_from: str | None = None  #: the event whose caps are stepping back
         #: (facility kW, event id, the site loop's state) last planned
         self._target: tuple[float, str | None, dict[str, Any] | None] | None = None
         self._lock = asyncio.Lock()
@@ -84,6 +85,7 @@ class Targets:
     def release(self) -> None:
         """No target any more: step the caps back (once; a release under way goes on)."""
         if not self.recovering:
+            self.recovering_from = self._target[1] if self._target else None
             self._ramp = asyncio.create_task(self._recover(self._last_target_kw()))
 
     @property

@@ -56,6 +56,7 @@ class EventRow(SQLModel, table=True):
     #: in ISO UTC: the event's schedule (`gateway.services.grid.Interval`)
     intervals: list[dict[str, Any]] = Field(sa_column=Column(JSON, nullable=False))
     baseline_kw: float | None = None  #: the site's baseline facility power when it began
+    feasible: bool | None = None  #: judged when it was accepted, until a plan judges it
     opt: str = "in"
     reason: str | None = None
     plan_id: str | None = None

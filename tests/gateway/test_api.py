@@ -6,7 +6,7 @@ import time
 import pytest
 
 from tests.conftest import EXAMPLES
-from tests.gateway.conftest import API, API_TOKEN, now_iso
+from tests.gateway.conftest import API, API_TOKEN, now_iso, running_site
 
 
 @pytest.fixture(params=["sqlite"])
@@ -176,3 +176,33 @@ def test_the_job_mix_file_the_cli_reads_is_accepted_with_its_site_fields_named(s
     assert doc["jobs"] == 9
     assert any("FLEXGATE_OVERHEAD_FACTOR" in w for w in doc["warnings"])
     assert len(site.api.get("/v1/jobs").json()["jobs"]) == 9
+
+
+def test_with_every_agent_silent_the_site_sheds_nothing_and_health_is_degraded(tmp_path):
+    """The baseline counts only jobs whose nodes report: no phantom shed from agents that are
+    gone; /health stays 200 (a liveness answer) but says degraded, and why."""
+    database = f"sqlite:///{tmp_path / 'gateway.db'}"
+    with running_site(
+        tmp_path, database, agents="http://127.0.0.1:9/nodes/node-01", telemetry_max_age_s=0.0
+    ) as site:
+        doc = site.api.get("/v1/site").json()
+        assert doc["nodes_reporting"] == 0
+        assert doc["baseline_gpu_kw"] == 0.0
+        assert doc["shed_facility_kw"] == 0.0
+        assert "0 agent(s) reporting" in doc["basis"]["gpu_power_kw"]
+        health = site.wait(
+            lambda: (r := site.api.get("/health")).json()["status"] == "degraded" and r,
+            what="degraded health",
+        )
+        assert health.status_code == 200
+        assert "no agent reports" in health.json()["degraded"][0]
+
+
+def test_last_seen_follows_the_agents_answers(site):
+    first = {n["node"]: n["last_seen"] for n in site.api.get("/v1/nodes").json()["nodes"]}
+    site.wait(
+        lambda: all(
+            n["last_seen"] > first[n["node"]] for n in site.api.get("/v1/nodes").json()["nodes"]
+        ),
+        what="last_seen moving on",
+    )

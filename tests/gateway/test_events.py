@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.gateway.conftest import API, now_iso
+from tests.gateway.conftest import API, now_iso, running_site
 
 
 def measured_shed(site, samples=8):
@@ -96,3 +96,31 @@ def test_reconciliation_puts_back_a_limit_changed_under_it(site):
         lambda: site.limits()[node][gpu] == limits[node][gpu],
         what="the reconciliation putting the cap back",
     )
+
+
+def test_a_recovery_in_progress_shows_in_the_site_and_the_event(tmp_path):
+    """After a cancellation the caps step back over the recovery ramp: the site and the event
+    say so until every GPU has its limit back."""
+    database = f"sqlite:///{tmp_path / 'gateway.db'}"
+    with running_site(tmp_path, database, recovery_ramp_s=3.0, recovery_steps=3) as site:
+        body = {"reduction_kw": 5.0, "start": now_iso(), "duration_s": 600}
+        event = site.api.post("/v1/events", json=body, headers=API).json()
+        site.event_caps(event["id"])
+        site.api.delete(f"/v1/events/{event['id']}", headers=API)
+        doc = site.api.get("/v1/site").json()
+        assert doc["active_event_id"] is None
+        assert doc["recovering"] is True
+        assert doc["recovering_from_event_id"] == event["id"]
+        assert site.api.get(f"/v1/events/{event['id']}").json()["recovering"] is True
+        site.wait(lambda: site.api.get("/v1/site").json()["recovering"] is False, what="the end")
+        assert site.api.get(f"/v1/events/{event['id']}").json()["recovering"] is False
+
+
+def test_an_event_beyond_the_site_is_judged_infeasible_when_it_is_created(site):
+    body = {"reduction_kw": 500.0, "start": "2030-01-01T00:00:00Z", "duration_s": 600}
+    event = site.api.post("/v1/events", json=body, headers=API).json()
+    assert event["status"] == "pending"
+    assert event["feasible"] is False
+    assert "can shed at most" in event["reason"]
+    modest = {"reduction_kw": 1.0, "start": "2030-01-01T00:00:00Z", "duration_s": 600}
+    assert site.api.post("/v1/events", json=modest, headers=API).json()["feasible"] is True

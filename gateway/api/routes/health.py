@@ -20,9 +20,10 @@ router = APIRouter()
     responses={503: {"model": Health, "description": "the store is unreachable"}},
 )
 async def health(services: ServicesDep) -> Any:
-    """200 when the store answers; 503 "unhealthy" (with the same fields) when it does not."""
+    """200 when the store answers (`ok`, or `degraded` with the reasons); 503 `unhealthy`
+    (with the same fields) when it does not."""
     doc = services.status.health()
-    return doc if doc["status"] == "ok" else JSONResponse(doc, status_code=503)
+    return JSONResponse(doc, status_code=503) if doc["status"] == "unhealthy" else doc
 
 
 @router.get(

@@ -18,6 +18,10 @@ async def site(services: ServicesDep) -> dict[str, Any]:
         **await services.power.doc(),
         "active_event_id": strictest[0].id if strictest else None,
         "tracking": services.tracker.doc(),
+        "recovering": services.targets.recovering,
+        "recovering_from_event_id": (
+            services.targets.recovering_from if services.targets.recovering else None
+        ),
     }
 
 
