@@ -54,7 +54,7 @@ GATEWAY_LAYERS = {
     "settings": ("gateway.settings",),
     "outside world": ("gateway.agentclient", "gateway.meter"),
     "store": ("gateway.store",),
-    "base": ("gateway.clock", "gateway.errors", "gateway"),
+    "base": ("gateway.clock", "gateway.errors", "gateway.units", "gateway"),
 }
 LAYER_ORDER = list(GATEWAY_LAYERS)
 #: Third-party packages only some gateway layers may import.

@@ -16,6 +16,7 @@ from flexmodel.quote import quote
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.targets import Targets
+from gateway.units import rounded
 
 #: Quotes kept at most (by parameters and by raw request body) before the cache starts over.
 QUOTE_CACHE = 256
@@ -63,7 +64,7 @@ class Quotes:
                 reduction_kw=reduction_kw,
                 left_out=left_out,
             )
-            self._cache[key] = json.dumps(doc, allow_nan=False).encode()
+            self._cache[key] = json.dumps(rounded(doc), allow_nan=False).encode()
         if raw is not None:
             self._cache[raw] = self._cache[key]
         return self._cache[key]

@@ -206,3 +206,26 @@ def test_last_seen_follows_the_agents_answers(site):
         ),
         what="last_seen moving on",
     )
+
+
+def test_physical_figures_are_shown_at_their_resolution(site):
+    body = {"reduction_kw": 5.0, "start": now_iso(), "duration_s": 60}
+    event = site.api.post("/v1/events", json=body, headers=API).json()
+    plan_id = site.wait(lambda: site.api.get(f"/v1/events/{event['id']}").json()["plan_id"])
+    plan = site.acked_plan(plan_id)
+    site_doc = site.api.get("/v1/site").json()
+    quote = site.api.post("/v1/quotes", json={"window_s": 60}).json()
+
+    def figures(doc, key=""):
+        if isinstance(doc, dict):
+            for k, v in doc.items():
+                yield from figures(v, k)
+        elif isinstance(doc, list):
+            for v in doc:
+                yield from figures(v, key)
+        elif isinstance(doc, float) and key.endswith(("_kw", "_w")):
+            yield key, doc
+
+    for key, value in [*figures(plan), *figures(site_doc), *figures(quote)]:
+        step = 1e-3 if key.endswith("_kw") else 0.1
+        assert abs(value / step - round(value / step)) < 1e-6, (key, value)

@@ -7,10 +7,11 @@ from typing import Any
 from agents.protocol import problems
 from gateway.api.deps import ServicesDep, v1_router
 from gateway.api.schemas import Plan
+from gateway.units import rounded
 
 router = v1_router()
 
 
 @router.get("/plans/{plan_id}", response_model=Plan, responses=problems(404, 422))
 async def get_plan(plan_id: str, services: ServicesDep) -> dict[str, Any]:
-    return await services.targets.plan_doc(plan_id)
+    return rounded(await services.targets.plan_doc(plan_id))

@@ -7,6 +7,7 @@ from typing import Any
 from gateway.api.deps import ServicesDep, SettingsDep, v1_router
 from gateway.api.schemas import SiteState, SyncState
 from gateway.services.planner import loops_report
+from gateway.units import rounded
 
 router = v1_router()
 
@@ -14,15 +15,17 @@ router = v1_router()
 @router.get("/site", response_model=SiteState)
 async def site(services: ServicesDep) -> dict[str, Any]:
     strictest = services.events.strictest()
-    return {
-        **await services.power.doc(),
-        "active_event_id": strictest[0].id if strictest else None,
-        "tracking": services.tracker.doc(),
-        "recovering": services.targets.recovering,
-        "recovering_from_event_id": (
-            services.targets.recovering_from if services.targets.recovering else None
-        ),
-    }
+    return rounded(
+        {
+            **await services.power.doc(),
+            "active_event_id": strictest[0].id if strictest else None,
+            "tracking": services.tracker.doc(),
+            "recovering": services.targets.recovering,
+            "recovering_from_event_id": (
+                services.targets.recovering_from if services.targets.recovering else None
+            ),
+        }
+    )
 
 
 @router.get("/nodes")
