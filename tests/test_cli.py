@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -111,7 +112,20 @@ def test_pfi_from_csv_and_json_agree(tmp_path):
             ["NaN is not a number JSON allows"],
         ),
         (mix_with(colour="red"), ["--reduction-kw", "1"], ["job 'a'", "unknown field", "colour"]),
-        (mix_with(power_w=-600.0), ["--reduction-kw", "1"], ["'power_w' must be above 0"]),
+        (mix_with(power_w=-600.0), ["--reduction-kw", "1"], ["'power_w' must be from 50 to"]),
+        (mix_with(power_w=0.662), ["--reduction-kw", "1"], ["0.662 looks like kW: 662 W?"]),
+        (
+            {
+                "jobs": [
+                    {**JOB, "id": job, "placement": [{"node": "n1", "gpus": list(range(8))}]}
+                    for job in ("a", "b")
+                ]
+            },
+            ["--reduction-kw", "1"],
+            ["jobs 'a' and 'b' are both placed on node 'n1' GPU(s) 0, 1, 2, 3, 4, 5, 6, 7"],
+        ),
+        (mix_with(), ["--reduction-fraction", "25"], ["a percentage? 25% is 0.25"]),
+        (mix_with(), ["--reduction-fraction", "-0.1"], ["expected a fraction from 0 to 1"]),
         (mix_with(gpus=0), ["--reduction-kw", "1"], ["'gpus' must be a whole number"]),
         (mix_with(power_w=800.0), ["--reduction-kw", "1"], ["above max_cap_w"]),
         (mix_with(min_cap_w=100.0, max_cap_w=90.0), ["--reduction-kw", "1"], ["min_cap_w"]),
@@ -145,6 +159,40 @@ def test_allocate_bad_input_exits_2_with_one_line(tmp_path, content, args, fragm
 )
 def test_pfi_bad_input_exits_2_with_one_line(tmp_path, name, content, fragments):
     assert_bad_input(flexgate("pfi", write(tmp_path, name, content)), *fragments)
+
+
+SWEEP_ROWS = [("700", "600", "1000"), ("300", "300", "600"), ("500", "450", "900")]
+
+
+def test_a_spreadsheet_csv_with_a_byte_order_mark_is_read(tmp_path):
+    """Excel's "CSV UTF-8" starts the file with a BOM, which used to spoil the first header."""
+    path = tmp_path / "sweep.csv"
+    with path.open("w", encoding="utf-8-sig", newline="") as handle:
+        rows = [("cap_w", "power_w", "throughput"), *SWEEP_ROWS]
+        csv.writer(handle, lineterminator="\r\n").writerows(rows)
+    assert path.read_bytes().startswith(b"\xef\xbb\xbfcap_w")
+    result = flexgate("pfi", path, "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["pfi"] == pytest.approx(1.875)
+
+
+@pytest.mark.parametrize(("delimiter", "name"), [(";", "semicolons"), ("\t", "tabs")])
+def test_a_csv_with_another_delimiter_is_refused_naming_it(tmp_path, delimiter, name):
+    """Semicolon files come with decimal commas (600,5): guessing could read wrong numbers."""
+    path = tmp_path / "sweep.csv"
+    with path.open("w", encoding="utf-8-sig", newline="") as handle:
+        rows = [("cap_w", "power_w", "throughput"), ("700", "600,5", "1000"), *SWEEP_ROWS[1:]]
+        csv.writer(handle, delimiter=delimiter).writerows(rows)
+    assert_bad_input(
+        flexgate("pfi", path), f"columns are separated by {name}, not commas", "'.' for decimals"
+    )
+
+
+def test_a_job_mix_with_a_byte_order_mark_is_read(tmp_path):
+    path = tmp_path / "mix.json"
+    path.write_text(json.dumps(mix_with()), encoding="utf-8-sig")
+    result = flexgate("allocate", path, "--reduction-kw", "1", "--json")
+    assert result.returncode == 0, result.stderr
 
 
 def test_unknown_command_is_bad_input():

@@ -48,10 +48,6 @@ def run_allocate(args: argparse.Namespace) -> int:
             raise BadInputError(f"--reduction-kw must be at least 0, got {args.reduction_kw:g}")
         facility_kw = args.reduction_kw
     else:
-        if args.reduction_fraction < 0:
-            raise BadInputError(
-                f"--reduction-fraction must be at least 0, got {args.reduction_fraction:g}"
-            )
         # Of the placed jobs only: the site can neither measure nor cap the others.
         facility_kw = args.reduction_fraction * mix.overhead_factor * mix.baseline_gpu_kw
     doc = allocate_mix(mix, facility_kw, strategy=args.strategy, objective=args.objective)

@@ -42,10 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     amount.add_argument("--reduction-kw", type=_finite, metavar="R", help="at the meter [kW]")
     amount.add_argument(
         "--reduction-fraction",
-        type=_finite,
+        type=_share,
         metavar="F",
-        help="fraction of the mix's GPU-attributable facility power (k x baseline GPU kW of the "
-        "placed jobs)",
+        help="share in [0, 1] of the mix's GPU-attributable facility power (k x baseline GPU kW "
+        "of the placed jobs); 0.25 is 25%%",
     )
     alloc.add_argument(
         "--strategy",
@@ -272,9 +272,23 @@ def _fraction(text: str) -> float:
     value = _finite(text)
     if not 0.0 < value < 1.0:
         raise argparse.ArgumentTypeError(
-            f"expected a number strictly between 0 and 1, got {text!r}"
+            f"expected a number strictly between 0 and 1, got {text!r}{_percent_hint(value)}"
         )
     return value
+
+
+def _share(text: str) -> float:
+    value = _finite(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(
+            f"expected a fraction from 0 to 1, got {text!r}{_percent_hint(value)}"
+        )
+    return value
+
+
+def _percent_hint(value: float) -> str:
+    """A share typed as a percentage (25 for 0.25) is the usual slip: name the fix."""
+    return f" (a percentage? {value:g}% is {value / 100:g})" if 1.0 < value <= 100.0 else ""
 
 
 def _finite(text: str) -> float:
