@@ -1,4 +1,4 @@
-"""Applying a node's desired caps, with leases, generations and restore (ARCHITECTURE.md).
+"""Applying a node's desired caps, with leases, generations and restore (docs/agents.md).
 
 - A command is the node's whole desired state: GPUs it does not list go back to their
   original limit.

@@ -1,4 +1,4 @@
-"""The agent's HTTP service (CONTRACT.md, "Agent HTTP API"), FastAPI on uvicorn.
+"""The agent's HTTP service (docs/agents.md, "API summary"), FastAPI on uvicorn.
 
 `AgentNode` is one node's composition: its backend, original limits, cap controller, sampler
 and lease watcher. `create_app` serves one node at the root, or several simulated nodes in one

@@ -1,4 +1,4 @@
-"""`flexgate lab`: the whole chain on loopback, and a report (CONTRACT.md, "Command line").
+"""`flexgate lab`: the whole chain on loopback, and a report (docs/openadr.md, "The lab").
 
 Simulated agents (N nodes of G GPUs in one process, under `/nodes/N`), a mock VTN (openleadr's
 VTN) and the gateway with its VEN, each on a free loopback port, with SQLite in a temporary

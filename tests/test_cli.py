@@ -406,6 +406,11 @@ def test_sync_bad_input(args, fragments):
         ({"FLEXGATE_AGENT_TOKEN": "x" * 20}, ["--gpus", "0"], ["expected at least 1"]),
         ({"FLEXGATE_AGENT_TOKEN": "x" * 20}, ["--job-mix", "missing.json"], ["no such file"]),
         ({"FLEXGATE_AGENT_TOKEN": "x" * 20}, ["--backend", "rocm"], ["invalid choice"]),
+        (
+            {"FLEXGATE_AGENT_TOKEN": "x" * 20},
+            ["--gpus", "4", "--job-mix", "examples/site.json", "--node-id", "node-01"],
+            ["is placed on GPU 4 of node-01, which has 4 GPUs", "set --gpus"],
+        ),
     ],
 )
 def test_agent_refuses_bad_settings_before_starting(env, args, fragments):
@@ -471,3 +476,61 @@ def test_sync_check_takes_the_loops_controller():
         "-1",
     )
     assert refused.returncode == 2
+
+
+def _every_parser():
+    """The top-level parser and every sub-command's, found by walking the real parser."""
+    import argparse
+
+    from flexgate.cli.parser import build_parser
+
+    pending = [build_parser()]
+    while pending:
+        parser = pending.pop()
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                pending.extend(action.choices.values())
+
+
+def test_every_option_of_every_command_says_what_it_is():
+    import argparse
+
+    missing = [
+        f"{parser.prog} {action.option_strings or action.dest}"
+        for parser in _every_parser()
+        for action in parser._actions
+        if not action.help and not isinstance(action, argparse._SubParsersAction)
+    ]
+    assert missing == []
+
+
+def test_help_cites_only_pages_users_have():
+    for parser in _every_parser():
+        text = parser.format_help()
+        for word in ("CONTRACT", "shared/design", "MODEL.md"):
+            assert word not in text, (parser.prog, word)
+
+
+@pytest.mark.parametrize(
+    ("command", "words"),
+    [
+        ("agent", ["FLEXGATE_AGENT_TOKEN", "--port 9102", "--lab"]),
+        ("gateway", ["FLEXGATE_API_TOKEN", "FLEXGATE_AGENT_TOKEN", "FLEXGATE_AGENTS"]),
+        ("simulate", ["workloads", "jobs per workload", "random seed"]),
+        ("lab", ["simulated GPU nodes", "GPUs per node", "[s]"]),
+    ],
+)
+def test_service_help_names_what_must_be_set(command, words):
+    result = flexgate(command, "--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    for word in words:
+        assert word in text, word
+
+
+def test_version_is_the_installed_package_version():
+    from importlib.metadata import version
+
+    result = flexgate("--version")
+    assert (result.returncode, result.stdout.strip()) == (0, f"flexgate {version('flexgate')}")

@@ -186,6 +186,7 @@ def _finish(
 def run_agent(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from agents.errors import InvalidSetupError
     from agents.run import run_agent
     from agents.settings import AgentSettings
 
@@ -207,7 +208,12 @@ def run_agent(args: argparse.Namespace) -> int:
         raise BadInputError(_first_error(exc)) from None
     if settings.agent_job_mix is not None:
         read_job_mix(settings.agent_job_mix)  # bad input is said before anything starts
-    run_agent(settings)
+    try:
+        run_agent(settings)
+    except InvalidSetupError as exc:  # raised while the node is built, before it serves
+        raise BadInputError(
+            f"{exc} (set --gpus to the node's GPU count, or fix the job mix's placement)"
+        ) from None
     return 0
 
 
