@@ -282,8 +282,10 @@ def test_sync_check_json_follows_the_contract():
         "in_phase_stable",
         "verdict",
         "max_safe_delay_s",
+        "advice",
     }
     assert doc["verdict"] == "safe"
+    assert doc["advice"] == []
     assert doc["max_safe_delay_s"] == pytest.approx(1 / 3)
     assert set(doc["harmonics"][0]) == {
         "m",
@@ -534,3 +536,22 @@ def test_version_is_the_installed_package_version():
 
     result = flexgate("--version")
     assert (result.returncode, result.stdout.strip()) == (0, f"flexgate {version('flexgate')}")
+
+
+def test_an_unsafe_sync_check_says_which_loop_setting_makes_it_safe():
+    demo = ("sync", "check", "--delay-s", "1.2", "--job-mix", EXAMPLES / "site.json")
+    shown = flexgate(*demo)
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    assert "verdict: unsafe" in text
+    assert "what to do (any one of these makes it safe" in text
+    doc = json.loads(flexgate(*demo, "--json").stdout)
+    delay, window, spread = doc["advice"]
+    assert delay.startswith("a faster loop: --delay-s below 0.25 s")
+    assert "FLEXGATE_RECONCILE_PERIOD_S" in delay
+    assert window.startswith("a loop that averages over whole iteration periods: --window-s 6")
+    assert spread.startswith("--spread 0 means identical jobs")
+    # Each advised setting, applied, gives a safe loop with nothing more to advise.
+    for change in (["--delay-s", "0.24"], ["--window-s", "6"]):
+        again = json.loads(flexgate(*demo, *change, "--json").stdout)
+        assert (again["verdict"], again["advice"]) == ("safe", [])

@@ -101,14 +101,58 @@ def run_sync_check(args: argparse.Namespace) -> int:
     if args.job_mix is None:
         if args.period_s is None or args.duty is None:
             raise BadInputError("--period-s and --duty are required without --job-mix")
-        doc = analyse(args.period_s, args.duty, **loop).job_dict(0)
+        periods = [args.period_s]
+
+        def check(**changed: float) -> dict[str, Any]:
+            return analyse(args.period_s, args.duty, **(loop | changed)).job_dict(0)
     else:
-        doc = fleet_check(read_job_mix(args.job_mix), **loop)
+        mix = read_job_mix(args.job_mix)
+        periods = [j.period_s for j in mix.waving]
+
+        def check(**changed: float) -> dict[str, Any]:
+            return fleet_check(mix, **(loop | changed))
+
+    doc = check()
+    doc["advice"] = loop_advice(check, doc, periods)
     if args.json:
         output.print_json(doc)
     else:
         output.show_sync_check(doc)
     return 0
+
+
+#: Whole periods of a job tried as the loop's window when advising one.
+ADVICE_WINDOW_PERIODS = (1, 2, 3, 4)
+
+
+def loop_advice(
+    check: Callable[..., dict[str, Any]], doc: dict[str, Any], periods: list[float]
+) -> list[str]:
+    """Loop settings that make an unsafe or at-risk loop safe, each checked by `check` (the
+    same analysis with one setting changed): a verdict alone leaves an operator stuck."""
+    if doc["verdict"] == "safe":
+        return []
+    advice = []
+    limits = [j["max_safe_delay_s"] for j in doc.get("jobs", [doc])]
+    limit = min((x for x in limits if x is not None), default=None)
+    if limit is not None and limit > 0 and check(delay_s=0.95 * limit)["verdict"] == "safe":
+        advice.append(
+            f"a faster loop: --delay-s below {limit:.3g} s (the gateway's loop: "
+            "FLEXGATE_RECONCILE_PERIOD_S plus the dispatch time)"
+        )
+    windows = sorted({round(k * p, 6) for p in periods for k in ADVICE_WINDOW_PERIODS})
+    window = next((w for w in windows if check(window_s=w)["verdict"] == "safe"), None)
+    if window is not None:
+        advice.append(
+            f"a loop that averages over whole iteration periods: --window-s {window:g} "
+            "(it no longer sees the jobs' swings)"
+        )
+    if doc["spread"] == 0:
+        advice.append(
+            "--spread 0 means identical jobs, which lock under the weakest pull: give the "
+            "jobs' real rate spread (a fraction, e.g. 0.01) for a verdict that fits them"
+        )
+    return advice
 
 
 def fleet_check(mix: JobMix, **loop: float) -> dict[str, Any]:
