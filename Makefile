@@ -1,10 +1,11 @@
-# flexgate: `make demo`, `make test`, `make bench`, `make lint`. Each creates .venv when missing.
+# flexgate: `make demo`, `make test`, `make bench`, `make lint`, `make compose-lab`. Each creates
+# .venv when missing.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench reliability soak clean
+.PHONY: demo test lint bench reliability soak compose-lab base-images clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "flexgate needs Python 3.11 or newer: set PYTHON=/path/to/python3.11")'
@@ -53,6 +54,14 @@ bench: $(STAMP)
 	$(BIN)/python bench/agent_bench.py
 	$(BIN)/python bench/gateway_bench.py
 	$(BIN)/python bench/ven_bench.py
+
+# The lab in containers (docs/operations.md): needs a Docker engine and docker-compose.
+# COMPOSE_LAB_ARGS=--postgres puts the gateway on PostgreSQL; --keep leaves the stack up.
+compose-lab: $(STAMP)
+	$(BIN)/python -m flexgate.composelab $(COMPOSE_LAB_ARGS)
+
+base-images:  # python:3.11-slim and debian:bookworm-slim made offline (root, debootstrap)
+	scripts/local-base-image.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -60,6 +60,7 @@ class _Job:
     scale: float = 1.0
     throughput: float = 0.0
     stale: bool = True  #: the caps changed since the pace was computed
+    mean_w: float = 0.0  #: per GPU, over an iteration at the present caps
 
 
 @dataclass
@@ -157,6 +158,7 @@ class SimulatedBackend:
             return job
         cap = min(self._gpus[g].limit_w for g in job.gpus)
         mean, thr, period = (float(v[0]) for v in operating_point(job.curve, cap))
+        job.mean_w = mean
         job.rate_hz = 1.0 / period
         job.throughput = thr
         job.compute_share = 1.0 - (1.0 - job.duty) * job.period_s / period
@@ -234,6 +236,13 @@ class SimulatedBackend:
         return None
 
     # --- for the lab and tests -------------------------------------------------------------
+
+    def mean_power_w(self, index: int) -> float:
+        """The GPU's power averaged over its job's iteration at the present cap [W]: what a
+        meter that integrates over seconds reads, without the waveform or the noise."""
+        with self._lock:
+            job = self._gpu(index).job
+            return IDLE_W if job is None else self._pace(job).mean_w
 
     def job_throughput(self) -> dict[str, float]:
         """Each job's throughput at the present caps [tokens/s]."""

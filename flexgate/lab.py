@@ -1,10 +1,18 @@
-"""`flexgate lab`: the whole chain on loopback, and a report (docs/openadr.md, "The lab").
+"""`flexgate lab`: the whole chain on loopback, and a report (docs/cli.md).
 
-Simulated agents (N nodes of G GPUs in one process, under `/nodes/N`), a mock VTN (openleadr's
-VTN) and the gateway with its VEN, each on a free loopback port, with SQLite in a temporary
-folder. The job mix is drawn from the PFI study's job types. The VTN issues a LOAD_DISPATCH
-delta of `reduction` times the site's GPU-attributable facility power; the lab shows site power
-live and ends with a report and a PNG plot. Exit 0 when the site met the target within 5%.
+Simulated agents (N nodes of G GPUs in one process, under `/nodes/N`), a lab facility meter
+(`flexgate.labmeter`: the agents' true GPU power through a static load, an overhead factor, a
+cooling lag and noise), a mock VTN (openleadr's VTN) and the gateway with its VEN, each on a
+free loopback port, with SQLite in a temporary folder. The job mix is drawn from the PFI
+study's job types. The VTN issues a LOAD_DISPATCH delta of `reduction` times the site's
+GPU-attributable facility power; the lab shows site power live and ends with a report and a
+PNG plot. What was delivered is read at the meter: its mean before the event less its mean
+over the settled part of the event.
+
+With `mismatch`, the agents run a truth drawn away from the declared mix and the meter a
+different overhead factor and a static load (`flexgate.simsite.draw_truth`), and the lab runs
+the event twice, open loop (the model's plan alone) and closed loop (the site loop at the
+meter). Exit 0 when the (closed-loop) site met the target within 5%.
 """
 
 from __future__ import annotations
@@ -27,21 +35,29 @@ from rich.table import Table
 from agents.service import AgentNode
 from agents.service import create_app as agent_app
 from agents.simulated import SimulatedBackend
+from flexgate import labmeter
 from flexgate.mockvtn import MockVtn
 from flexgate.plots import plot_lab
 from flexgate.serve import ServerThread, free_port
+from flexgate.simsite import Truth, draw_truth
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.workload import MAIN_TYPES, POWER_W
 from gateway.app import create_app
 from gateway.settings import LAB_API_TOKEN, GatewaySettings
 
 TOLERANCE = 0.05
-START_AFTER_S = 8.0
+#: The event starts this long after the lab: the meter's window fills first [s]
+START_AFTER_S = 18.0
 #: After the event the lab watches until site power is back at the baseline (within
-#: TOLERANCE of the request) for this many samples in a row, or this long at most.
+#: TOLERANCE of the request) for this many samples in a row, or this long at most [s].
 RECOVERED_SAMPLES = 4
 RECOVERY_WAIT_S = 40.0
 OVERHEAD_FACTOR = 1.3
+#: The mismatched truth's static load (the declared site has none) [kW]
+STATIC_KW = 5.0
+METER_PERIOD_S = 0.5
+METER_TIME_CONSTANT_S = 1.0
+METER_NOISE_KW = 0.05
 AGENT_TOKEN = "lab-agent-token-0123"
 
 
@@ -64,7 +80,7 @@ def lab_jobs(nodes: int, gpus_per_node: int, seed: int = 7) -> list[dict[str, An
                     "throughput": round(float(rng.uniform(2e3, 6e3)) * span * gpus_per_node, 1),
                     "pfi": t.pfi,
                     "pfi_stderr": 0.1,
-                    "period_s": round(float(rng.uniform(1.5, 6.0)), 2),
+                    "period_s": round(float(rng.uniform(0.8, 2.5)), 2),
                     "duty": round(float(rng.uniform(0.6, 0.85)), 2),
                     "placement": [
                         {"node": f"node-{node + k + 1:02d}", "gpus": list(range(gpus_per_node))}
@@ -85,21 +101,98 @@ def run_lab(
     reduction: float = 0.25,
     duration_s: float = 40.0,
     out: Path = Path("out"),
+    mismatch: bool = False,
+    seed: int = 7,
     console: Console | None = None,
 ) -> int:
     console = console or Console()
     # openleadr's advice to VTN implementers (ven_lookup, report handlers) is not for lab users.
     logging.getLogger("openleadr").setLevel(logging.ERROR)
-    jobs = lab_jobs(nodes, gpus_per_node)
+    jobs = lab_jobs(nodes, gpus_per_node, seed)
     mix = parse_job_mix({"overhead_factor": OVERHEAD_FACTOR, "jobs": jobs})
     attributable = mix.overhead_factor * mix.baseline_gpu_kw
     requested = round(reduction * attributable, 1)
+    truth = (
+        draw_truth(
+            jobs,
+            overhead_factor=OVERHEAD_FACTOR,
+            static_kw=STATIC_KW,
+            rng=np.random.default_rng(seed),
+        )
+        if mismatch
+        else Truth(jobs, OVERHEAD_FACTOR, 0.0)
+    )
     tmp = Path(tempfile.mkdtemp(prefix="flexgate-lab-"))
     names = [f"node-{i + 1:02d}" for i in range(nodes)]
+    true_mix = parse_job_mix({"jobs": truth.jobs})
     agents = [
-        AgentNode(n, SimulatedBackend(gpus_per_node, mix=mix, node_id=n), tmp / n, sample_hz=20)
+        AgentNode(
+            n, SimulatedBackend(gpus_per_node, mix=true_mix, node_id=n), tmp / n, sample_hz=20
+        )
         for n in names
     ]
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, tmp, ignore_errors=True)  # last: after every server
+        agents_url = stack.enter_context(
+            ServerThread(agent_app(agents, AGENT_TOKEN, prefixed=True))
+        )
+        agent_urls = [f"{agents_url}/nodes/{n}" for n in names]
+        meter = labmeter.LabMeter(
+            agent_urls,
+            static_kw=truth.static_kw,
+            overhead_factor=truth.overhead_factor,
+            noise_kw=METER_NOISE_KW,
+            time_constant_s=METER_TIME_CONSTANT_S,
+            period_s=METER_PERIOD_S / 2,
+            seed=seed,
+        )
+        meter_url = stack.enter_context(ServerThread(labmeter.create_app(meter)))
+        console.print(
+            f"lab: {nodes} nodes x {gpus_per_node} GPUs, {len(jobs)} jobs; the VTN asks "
+            f"for {requested:.1f} kW ({reduction:.0%} of {attributable:.1f} kW) for "
+            f"{duration_s:g} s"
+        )
+        if mismatch:
+            console.print(
+                f"mismatch: the truth's overhead factor {truth.overhead_factor:g} (declared "
+                f"{OVERHEAD_FACTOR:g}), static load {truth.static_kw:g} kW (declared 0), "
+                + ", ".join(
+                    f"{d['id']}: {t['power_w']:g} W (declared {d['power_w']:g}), "
+                    f"duty {t['duty']:g} ({d['duty']:g})"
+                    for d, t in zip(jobs, truth.jobs, strict=True)
+                )
+            )
+        passes = [("open loop", False), ("closed loop", True)] if mismatch else [("", True)]
+        results = []
+        for name, tracking in passes:
+            if name:
+                console.print(f"[bold]{name}[/]")
+            results.append(
+                run_event(
+                    tmp / (name.replace(" ", "-") or "gateway"),
+                    agent_urls,
+                    f"{meter_url}/meter",
+                    jobs,
+                    requested,
+                    duration_s,
+                    tracking,
+                    console,
+                )
+            )
+        return report(results, jobs, requested, out, console)
+
+
+def run_event(
+    folder: Path,
+    agent_urls: list[str],
+    meter_url: str,
+    jobs: list[dict[str, Any]],
+    requested: float,
+    duration_s: float,
+    tracking: bool,
+    console: Console,
+) -> dict[str, Any]:
+    """One event from the mock VTN through a fresh gateway: the trace and what it read."""
     scenario = {
         "vtn_id": "LAB_VTN",
         "poll_s": 1,
@@ -114,24 +207,25 @@ def run_lab(
     }
     vtn = MockVtn(scenario, port=free_port(), say=lambda line: console.print(f"[dim]{line}[/]"))
     with contextlib.ExitStack() as stack:
-        stack.callback(shutil.rmtree, tmp, ignore_errors=True)  # last: after every server
-        agents_url = stack.enter_context(
-            ServerThread(agent_app(agents, AGENT_TOKEN, prefixed=True))
-        )
         stack.callback(vtn.stop)
         vtn.start()
         settings = GatewaySettings(
-            database_url=f"sqlite:///{tmp / 'gateway.db'}",
+            database_url=f"sqlite:///{folder / 'gateway.db'}",
             lab=True,
             agent_token=AGENT_TOKEN,
             overhead_factor=OVERHEAD_FACTOR,
-            agents=",".join(f"{agents_url}/nodes/{n}" for n in names),
+            agents=",".join(agent_urls),
             lease_s=20.0,
             reconcile_period_s=2.0,
             recovery_ramp_s=4.0,
             recovery_steps=2,
             vtn_url=vtn.url,
             ven_name="flexgate-lab",
+            meter_url=meter_url,
+            meter_period_s=METER_PERIOD_S,
+            meter_lag_s=METER_TIME_CONSTANT_S,
+            calibrate=False,
+            tracking=tracking,
         )
         url = stack.enter_context(ServerThread(create_app(settings)))
         api = stack.enter_context(
@@ -140,40 +234,70 @@ def run_lab(
             )
         )
         api.put("/v1/jobs", json={"jobs": jobs}).raise_for_status()
-        console.print(
-            f"lab: {nodes} nodes x {gpus_per_node} GPUs, {len(jobs)} jobs; the VTN asks "
-            f"for {requested:.1f} kW ({reduction:.0%} of {attributable:.1f} kW) for "
-            f"{duration_s:g} s"
-        )
-        trace = watch(api, vtn, duration_s, requested, console)
-        return report(api, jobs, requested, trace, out, console)
+        return read_result(api, watch(api, duration_s, requested, console), tracking)
+
+
+def read_result(
+    api: httpx.Client, trace: list[tuple[float, float, float, str]], tracking: bool
+) -> dict[str, Any]:
+    """What one event did, read from the gateway after it: for `report`."""
+    events = api.get("/v1/events").json()["events"]
+    event = events[0] if events else None
+    plan = api.get(f"/v1/plans/{event['plan_id']}").json() if event and event["plan_id"] else None
+    return {
+        "tracking": tracking,
+        "trace": trace,
+        "event": event,
+        "plan": plan,
+        "sync": api.get("/v1/sync").json(),
+        "nodes": api.get("/v1/nodes").json()["nodes"],
+        "delivered_kw": delivered_kw(trace),
+    }
+
+
+def delivered_kw(trace: list[tuple[float, float, float, str]]) -> float:
+    """What the event shed at the meter: the mean before it less the mean over the settled
+    second half of it (the loop's window and the agents' telemetry have filled by then)."""
+    before = [kw for _, kw, _, status in trace if status in ("pending", "waiting for the VTN")]
+    active = [kw for _, kw, _, status in trace if status == "active"]
+    settled = active[len(active) // 2 :]
+    if not before or not settled:
+        return 0.0
+    return float(np.mean(before[-10:]) - np.mean(settled))
 
 
 def watch(
-    api: httpx.Client, vtn: MockVtn, duration_s: float, requested: float, console: Console
+    api: httpx.Client,
+    duration_s: float,
+    requested: float,
+    console: Console,
+    start_after_s: float = START_AFTER_S,
 ) -> list[tuple[float, float, float, str]]:
-    """Site power every half second until the event has ended and power is back at the
-    baseline (the caps are all released): (t, kW, target, status)."""
+    """Site power at the meter every half second until the event, starting `start_after_s`
+    from now, has ended and power is back at the baseline (the caps are all released):
+    (t, kW, target, status); the target is the power before the event less the request."""
     trace: list[tuple[float, float, float, str]] = []
     begin = time.monotonic()
-    deadline = begin + START_AFTER_S + duration_s + RECOVERY_WAIT_S
+    deadline = begin + start_after_s + duration_s + RECOVERY_WAIT_S
     recovered = 0
     with Live(console=console, refresh_per_second=4, transient=True) as live:
         while time.monotonic() < deadline:
             site = api.get("/v1/site").json()
             events = api.get("/v1/events").json()["events"]
             status = events[0]["status"] if events else "waiting for the VTN"
-            target = (
-                site["baseline_facility_kw"] - requested
-                if status == "active"
-                else site["baseline_facility_kw"]
-            )
+            before = [kw for _, kw, _, s in trace if s in ("pending", "waiting for the VTN")]
+            baseline = float(np.mean(before[-10:])) if before else site["facility_power_kw"]
+            target = baseline - requested if status == "active" else baseline
             trace.append((time.monotonic() - begin, site["facility_power_kw"], target, status))
             table = Table(title="flexgate lab", show_header=False)
             table.add_row("event", status)
-            table.add_row("site power", f"{site['facility_power_kw']:.1f} kW")
+            table.add_row(
+                f"site power ({site['meter']['source']})", f"{site['facility_power_kw']:.1f} kW"
+            )
             table.add_row("target", f"{target:.1f} kW")
-            table.add_row("shed now", f"{site['shed_facility_kw']:.1f} kW of {requested:.1f} kW")
+            tracking = site.get("tracking") or {}
+            if tracking.get("active"):
+                table.add_row("site loop correction", f"{tracking['correction_kw']:+.2f} kW")
             if events and events[0]["plan_id"] and status == "active":
                 plan = api.get(f"/v1/plans/{events[0]['plan_id']}").json()
                 for job in plan["jobs"]:
@@ -189,34 +313,34 @@ def watch(
 
 
 def report(
-    api: httpx.Client,
+    results: list[dict[str, Any]],
     jobs: list[dict[str, Any]],
     requested: float,
-    trace: list[tuple[float, float, float, str]],
     out: Path,
     console: Console,
 ) -> int:
-    events = api.get("/v1/events").json()["events"]
-    if not events:
+    final = results[-1]
+    event, plan = final["event"], final["plan"]
+    if event is None:
         console.print("[red]the VTN's event never reached the gateway[/]")
         return 1
-    event = events[0]
-    active = [row for row in trace if row[3] == "active"]
-    settled = active[len(active) // 2 :]  # the agents' 5 s telemetry window has filled
-    # The target is the baseline less the request, so baseline - power = target + request - power.
-    achieved = float(np.mean([t + requested - kw for _, kw, t, _ in settled])) if settled else 0.0
+    achieved = final["delivered_kw"]
     ok = abs(achieved - requested) <= TOLERANCE * requested
-    plan = api.get(f"/v1/plans/{event['plan_id']}").json() if event["plan_id"] else None
     table = Table(title="flexgate lab report", show_header=False)
     table.add_column(no_wrap=True)
     table.add_column(justify="right", overflow="fold")  # an id is never cut short
     table.add_row("event", event["id"])
     table.add_row("status", f"{event['status']}, opted {event['opt']}")
     table.add_row("requested at the meter", f"{requested:.1f} kW")
-    table.add_row(
-        "achieved (settled mean)",
-        f"{achieved:.1f} kW " + ("[green]within 5%[/]" if ok else "[red]outside 5%[/]"),
-    )
+    for result in results:
+        label = "closed loop" if result["tracking"] else "open loop"
+        delivered = result["delivered_kw"]
+        within = abs(delivered - requested) <= TOLERANCE * requested
+        table.add_row(
+            f"delivered at the meter ({label})" if len(results) > 1 else "achieved (settled mean)",
+            f"{delivered:.2f} kW ({(delivered - requested) / requested:+.1%}) "
+            + ("[green]within 5%[/]" if within else "[red]outside 5%[/]"),
+        )
     if plan:
         before = sum(j["throughput"] / j["throughput_fraction"] for j in plan["jobs"])
         after = sum(j["throughput"] for j in plan["jobs"])
@@ -224,14 +348,14 @@ def report(
         for j in plan["jobs"]:
             table.add_row(f"  {j['id']}", f"{j['throughput_fraction']:.1%} at {j['cap_w']:.0f} W")
     console.print(table)
-    periods = {p["node"]: [] for j in jobs for p in j["placement"]}
+    periods: dict[str, list[float]] = {p["node"]: [] for j in jobs for p in j["placement"]}
     for j in jobs:
         for p in j["placement"]:
             periods[p["node"]].append(j["period_s"])
     loops = Table(title="control delay against T/2")
     for name in ("loop", "delay p99", "shortest T/2", "verdict"):
         loops.add_column(name, justify="right")
-    for node in api.get("/v1/nodes").json()["nodes"]:
+    for node in final["nodes"]:
         delay = (node["actuation_delay"] or {}).get("p99_s")
         half = min(periods.get(node["node"], [float("nan")])) / 2
         loops.add_row(
@@ -240,7 +364,7 @@ def report(
             f"{half:.2f} s",
             "-" if delay is None else ("below T/2" if delay < half else "[red]above T/2[/]"),
         )
-    sync = api.get("/v1/sync").json()
+    sync = final["sync"]
     for loop in sync["loops"]:
         loops.add_row(
             loop["name"],
@@ -254,7 +378,7 @@ def report(
     console.print(f"sync verdict: {sync['verdict']}")
     out.mkdir(parents=True, exist_ok=True)
     path = out / "lab-site-power.png"
-    plot_lab(trace, requested, path, overhead_factor=OVERHEAD_FACTOR)
+    plot_lab(final["trace"], requested, path)
     (out / "lab-report.json").write_text(
         json.dumps(
             {
@@ -264,6 +388,14 @@ def report(
                 "event": event,
                 "plan": plan,
                 "sync": sync,
+                "runs": [
+                    {
+                        "loop": "closed" if r["tracking"] else "open",
+                        "delivered_kw": r["delivered_kw"],
+                        "error": (r["delivered_kw"] - requested) / requested,
+                    }
+                    for r in results
+                ],
             },
             indent=2,
             default=str,

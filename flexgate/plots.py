@@ -113,16 +113,12 @@ def plot_lab(
     trace: list[tuple[float, float, float, str]],
     requested_kw: float,
     path: Path,
-    *,
-    overhead_factor: float,
 ) -> None:
     """Site power over a lab run: the baseline, the event shaded, the target inside it."""
-    _save(lab_figure(trace, requested_kw, overhead_factor=overhead_factor), path)
+    _save(lab_figure(trace, requested_kw), path)
 
 
-def lab_figure(
-    trace: list[tuple[float, float, float, str]], requested_kw: float, *, overhead_factor: float
-) -> Figure:
+def lab_figure(trace: list[tuple[float, float, float, str]], requested_kw: float) -> Figure:
     """`plot_lab`'s figure."""
     fig, ax = plt.subplots(figsize=(10, 5.2), constrained_layout=True)
     if trace:
@@ -152,8 +148,8 @@ def lab_figure(
             color="tab:blue",
             lw=1.5,
             label=(
-                f"site power: GPU power the agents report x k = {overhead_factor:g}\n"
-                "(k: facility kW per GPU kW, for conversion losses and cooling)"
+                "site power at the facility meter (without a meter: the GPU power the agents\n"
+                "report x k, the facility kW per GPU kW for conversion losses and cooling)"
             ),
         )
     ax.set(

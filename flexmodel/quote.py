@@ -1,10 +1,13 @@
 """Flexibility quotes (MODEL.md section 6): how many kW the site can shed, at what cost.
 
 A quote covers a window. Jobs whose `remaining_s` is shorter than the window do not count
-toward what it can hold (they may be gone before it ends), so they give nothing here.
+toward what it can hold (they may be gone before it ends), nor do the jobs the caller leaves
+out (`left_out`: a job with no placement, or on a node that does not answer, cannot be
+capped); they give nothing here, and each says why.
 
-- `supply_curve`: facility kW shed -> tokens/s lost, from 0 to `achievable_kw`, on `optimal`'s
-  cuts (on the hulls of non-concave curves, valued on the real curves), overall and per job;
+- `supply_curve`: facility kW shed -> tokens/s lost, from 0 to `achievable_kw`, at the cuts
+  `optimal` makes for each level (repaired on non-concave curves), so a point of the curve
+  costs exactly what `allocate` costs at that kW, overall and per job;
 - `achievable_kw`: the most the eligible jobs can shed within every bound, at the meter;
 - `firm_kw`: what can be shed with probability `confidence` given the PFI standard errors
   (`pfi_stderr`) and the overhead factor's (`overhead_factor_stderr`). An analytic bound, not
@@ -19,13 +22,13 @@ toward what it can hold (they may be gone before it ends), so they give nothing 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
-from flexmodel.allocate import allocate, hull_cuts
-from flexmodel.curves import throughput_at_power
+from flexmodel.allocate import allocate
 from flexmodel.errors import FlexModelError
 from flexmodel.jobs import JobMix
 from flexmodel.problem import AllocationProblem
@@ -43,29 +46,31 @@ def quote(
     reduction_kw: float | None = None,
     points: int = CURVE_POINTS,
     per_job_curves: bool = True,
+    left_out: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A quote in the JSON shape of CONTRACT.md (`flexgate quote --json`, `POST /v1/quotes`).
+    """A quote in the JSON shape of `flexgate quote --json` and `POST /v1/quotes`.
 
     Without `per_job_curves` each job lists its largest cut but not its own supply curve (for a
     10k-job site those curves are 210k entries, most of the quote's time and size).
+    `left_out` names jobs that give nothing, by id, with the reason.
     """
     _check(window_s, confidence, reduction_kw, points)
     k = mix.overhead_factor
-    counted = np.array(
-        [j.remaining_s is None or j.remaining_s >= window_s for j in mix.jobs], dtype=bool
-    )
+    reasons = {**(left_out or {})}
+    for job in mix.jobs:
+        if job.id not in reasons and job.remaining_s is not None and job.remaining_s < window_s:
+            reasons[job.id] = (
+                f"ends in {job.remaining_s:g} s, before the {window_s:g} s window does"
+            )
+    counted = np.array([j.id not in reasons for j in mix.jobs], dtype=bool)
     problem = mix.problem.excluding(~counted)
     max_cut = problem.max_cut_w
     shed_w = float(max_cut.sum())
     levels = np.linspace(0.0, shed_w, points)
-    cuts = hull_cuts(problem, levels)  # (P, J)
-    before = problem.curves.uncapped_throughput
-    lost = np.stack(
-        [
-            before - throughput_at_power(problem.curves, problem.hi_w - c / problem.gpus)
-            for c in cuts
-        ]
-    )
+    answers = [allocate(problem, level, "optimal") for level in levels]
+    cuts = np.stack([problem.gpus * (problem.hi_w - a.power_w) for a in answers])  # (P, J)
+    lost = np.stack([a.throughput_before - a.throughput for a in answers])
+    before = answers[0].throughput_before
     total = lost.sum(axis=1)
     achievable_kw = k * shed_w / 1000.0
     firm_kw = _firm_kw(mix, counted, shed_w, confidence)
@@ -97,9 +102,11 @@ def quote(
             "id": job.id,
             "counted": bool(counted[j]),
             "max_reduction_w": float(max_cut[j]),
+            **({} if counted[j] else {"reason": reasons[job.id]}),
         }
         for j, job in enumerate(mix.jobs)
     ]
+    doc["left_out"] = [{"id": job_id, "reason": why} for job_id, why in reasons.items()]
     if per_job_curves:
         for j, row in enumerate(doc["jobs"]):
             row["supply_curve"] = [

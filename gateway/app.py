@@ -27,6 +27,7 @@ from gateway.services.events import Events
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.overhead import Overhead
+from gateway.services.quotes import Quotes
 from gateway.services.reconciler import Reconciler
 from gateway.services.site import SitePower, open_feed
 from gateway.services.status import Status
@@ -71,11 +72,12 @@ def create_app(
         targets = Targets(settings, store, clock, client, fleet, book, power)
         tracker = Tracker(settings, clock, power, targets, book, fleet)
         power.subscribe(tracker.step)
-        events = Events(settings, store, clock, book, power, targets, tracker, ven)
+        quotes = Quotes(book, fleet, targets)
+        events = Events(settings, store, clock, book, power, quotes, targets, tracker, ven)
         book.subscribe(events.apply_targets)
         reconciler = Reconciler(settings.reconcile_period_s, clock, fleet, targets, events)
         status = Status(settings, fleet, book, power, targets, events)
-        app.state.services = Services(book, fleet, power, targets, tracker, events, status)
+        app.state.services = Services(book, fleet, power, targets, tracker, quotes, events, status)
         await fleet.discover()
         await events.start()
         reconciler.start()

@@ -53,6 +53,7 @@ class GatewaySettings(BaseSettings):
     ven_cert: Path | None = None
     ven_key: Path | None = None
     opt_policy: Literal["feasible", "always", "never"] = "feasible"
+    opt_confidence: float = Field(default=0.9, gt=0.0, lt=1.0)
     lab: bool = False
     meter_url: str = Field(default="", description="the facility meter; empty: the estimate")
     meter_json_key: str = DEFAULT_JSON_KEY
@@ -60,6 +61,8 @@ class GatewaySettings(BaseSettings):
     meter_timeout_s: float = Field(default=2.0, gt=0.0)
     meter_max_age_s: float | None = Field(default=None, gt=0.0)  #: None: three periods
     meter_max_step_kw: float | None = Field(default=None, gt=0.0)  #: None: no jump check
+    meter_lag_s: float = Field(default=0.0, ge=0.0)  #: until a calibration measures it
+    meter_max_kw: float | None = Field(default=None, gt=0.0)  #: the site's physical maximum
     calibrate: bool = True  #: fit the overhead factor on the meter (a real meter only)
     calibration_window_s: float = Field(default=60.0, gt=0.0)
     calibration_settle_s: float = Field(default=60.0, ge=0.0)
@@ -68,7 +71,7 @@ class GatewaySettings(BaseSettings):
     tracking: bool = True  #: close the site loop at the meter during events
     loop_window_s: float | None = Field(default=None, gt=0.0)  #: None: from the jobs' periods
     loop_gain: float = Field(default=0.5, gt=0.0, le=1.5)  #: integral gain x loop delay [rad]
-    loop_max_correction: float = Field(default=0.5, gt=0.0, le=1.0)
+    loop_max_correction: float = Field(default=1.0, gt=0.0, le=2.0)
 
     @property
     def agent_urls(self) -> list[str]:

@@ -14,13 +14,13 @@ SHARED = ROOT.parent / "shared"
 EXAMPLES = ROOT / "examples"
 
 
-def wait_for(check, what: str, seconds: float = 15.0):
-    """`check()`'s first truthy value, polled every 20 ms; fails naming `what` after
+def wait_for(check, what: str, seconds: float = 15.0, every_s: float = 0.02):
+    """`check()`'s first truthy value, polled every `every_s`; fails naming `what` after
     `seconds`."""
     deadline = time.monotonic() + seconds
     while not (value := check()):
         assert time.monotonic() < deadline, f"{what} did not happen within {seconds} s"
-        time.sleep(0.02)
+        time.sleep(every_s)
     return value
 
 

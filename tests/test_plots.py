@@ -20,15 +20,14 @@ def lab_trace() -> list[tuple[float, float, float, str]]:
     return rows
 
 
-def test_the_lab_figure_shades_the_event_and_names_the_baseline_and_k():
-    (ax,) = lab_figure(lab_trace(), 6.0, overhead_factor=1.3).axes
+def test_the_lab_figure_shades_the_event_and_names_the_baseline_and_what_x_k_means():
+    (ax,) = lab_figure(lab_trace(), 6.0).axes
     labels = _labels(ax)
     assert "event (the VTN's request)" in labels
     assert "target: baseline - 6.0 kW" in labels
     assert "baseline: the site uncapped" in labels
     (power,) = [label for label in labels if label.startswith("site power")]
-    assert "x k = 1.3" in power
-    assert "facility kW per GPU kW" in power  # "x k" said in words
+    assert "x k, the facility kW per GPU kW" in power  # "x k" said in words
     (shade,) = ax.patches  # the event, from its first active sample to its last
     assert shade.get_label() == "event (the VTN's request)"
     assert (shade.get_x(), shade.get_x() + shade.get_width()) == (5.0, 14.5)
@@ -38,7 +37,7 @@ def test_the_lab_figure_shades_the_event_and_names_the_baseline_and_k():
 
 def test_the_lab_plot_is_a_png(tmp_path):
     path = tmp_path / "lab.png"
-    plot_lab(lab_trace(), 6.0, path, overhead_factor=1.3)
+    plot_lab(lab_trace(), 6.0, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

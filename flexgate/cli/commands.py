@@ -285,6 +285,7 @@ def run_lab(args: argparse.Namespace) -> int:
         reduction=args.reduction,
         duration_s=args.duration,
         out=args.out,
+        mismatch=args.mismatch,
     )
 
 

@@ -235,7 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=Path("out"),
         metavar="DIR",
-        help="folder for lab_power.png (default out)",
+        help="folder for the plot and the report (default out)",
+    )
+    lab.add_argument(
+        "--mismatch",
+        action="store_true",
+        help="the agents and the meter run a truth drawn away from the declared mix; the "
+        "event runs open loop, then closed loop at the meter (give it --duration 60 or more)",
     )
     lab.set_defaults(command=commands.run_lab, name="lab")
 

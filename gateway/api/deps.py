@@ -13,6 +13,7 @@ from gateway.errors import UnauthorizedError
 from gateway.services.events import Events
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
+from gateway.services.quotes import Quotes
 from gateway.services.site import SitePower
 from gateway.services.status import Status
 from gateway.services.targets import Targets
@@ -29,6 +30,7 @@ class Services:
     power: SitePower
     targets: Targets
     tracker: Tracker
+    quotes: Quotes
     events: Events
     status: Status
 

@@ -20,11 +20,11 @@ from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from flexmodel.quote import quote
 from gateway.clock import Clock
 from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
 from gateway.services.grid import ExternalEvent, GridProtocol, Interval
 from gateway.services.jobbook import JobBook
+from gateway.services.quotes import Quotes
 from gateway.services.site import SitePower
 from gateway.services.targets import Targets
 from gateway.services.tracking import Tracker
@@ -45,12 +45,13 @@ class Events:
         clock: Clock,
         book: JobBook,
         power: SitePower,
+        quotes: Quotes,
         targets: Targets,
         tracker: Tracker,
         grid: GridProtocol | None = None,
     ) -> None:
         self.settings, self.store, self.clock = settings, store, clock
-        self.book, self.power, self.grid = book, power, grid
+        self.book, self.power, self.quotes, self.grid = book, power, quotes, grid
         self.targets, self.tracker = targets, tracker
         self.scheduler = AsyncIOScheduler(timezone=UTC)
 
@@ -245,16 +246,35 @@ class Events:
         return gone
 
     def _opt(self, external: ExternalEvent) -> tuple[str, str | None]:
-        """Opt in or out: the source's own verdict first, then the site's policy."""
+        """Opt in or out: the source's own verdict first, then the site's policy (`feasible`:
+        in when the site's firm kW over the event covers its largest reduction)."""
         if external.opt_out_reason:
             return "out", external.opt_out_reason
         if self.settings.opt_policy == "never":
             return "out", "the site's policy is never to opt in"
         most = max((i.reduction_kw for i in external.intervals), default=0.0)
-        reachable = self._reachable_kw()
-        if self.settings.opt_policy == "feasible" and most > reachable * (1 + 1e-9):
-            return "out", f"asks for {most:.1f} kW; the site can shed {reachable:.1f} kW"
+        window_s = (
+            (external.end - external.start).total_seconds()
+            if external.start and external.end
+            else 1.0
+        )
+        if self.settings.opt_policy == "feasible":
+            short = self._short_of(most, window_s)
+            if short is not None:
+                return "out", short
         return "in", None
+
+    def _short_of(self, asked_kw: float, window_s: float) -> str | None:
+        """Why the site cannot promise `asked_kw` over `window_s`, or None when it can."""
+        firm = self.quotes.firm(window_s, self.settings.opt_confidence)
+        if asked_kw <= firm["firm_kw"] * (1 + 1e-9):
+            return None
+        left = "; ".join(f"{j['id']} left out: {j['reason']}" for j in firm["left_out"])
+        return (
+            f"asks for {asked_kw:.1f} kW; the site can promise {firm['firm_kw']:.1f} kW "
+            f"(at {self.settings.opt_confidence:.0%} confidence, of {firm['achievable_kw']:.1f} "
+            f"kW achievable)" + (f"; {left}" if left else "")
+        )
 
     async def _revisit(self) -> None:
         """External events opted in whose target (a level follows the load) the site can no
@@ -266,21 +286,20 @@ class Events:
         if not held:
             return
         baseline_kw = self.power.envelope()[0]
-        reachable = self._reachable_kw()
+        now = self.clock.now()
         for event in held:
             began_kw = event.baseline_kw if event.baseline_kw is not None else baseline_kw
             asks = max(
                 (_stored(i).reduction_now_kw(baseline_kw, began_kw) for i in event.intervals),
                 default=0.0,
             )
-            if asks > reachable * (1 + 1e-9):
-                reason = f"now asks for {asks:.1f} kW; the site can shed {reachable:.1f} kW"
+            left_s = (as_utc(event.end) - max(as_utc(event.start), now)).total_seconds()
+            short = self._short_of(asks, left_s)
+            if short is not None:
+                reason = f"the site changed: {short}"
                 log.info("event %s: opting out (%s)", event.id, reason)
                 await self._opt_out_locally(event.id, reason=reason)
                 self._move(event.id, LIVE, "opted_out", actor="site")
-
-    def _reachable_kw(self) -> float:
-        return float(quote(self.book.mix(), window_s=1.0, per_job_curves=False)["achievable_kw"])
 
     # --- the life of an event ------------------------------------------------------------
 

@@ -1,27 +1,22 @@
 """The job book: the site's job mix as stored, validated whole before anything is kept.
 
-It holds the parsed mix and the quotes made on it until the mix changes (a quote depends on
-nothing else), and tells its listeners (the events, which re-plan) after every change.
+It holds the parsed mix until it changes (`version` counts the changes), and tells its
+listeners (the events, which re-plan) after every change.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from flexmodel.errors import FlexModelError
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.jobs import JobMix
-from flexmodel.quote import quote
 from gateway.clock import Clock
 from gateway.errors import InvalidRequestError, NotFoundError
 from gateway.services.overhead import Overhead, OverheadModel
 from gateway.store import repo
 from gateway.store.db import Store
-
-#: Quotes kept at most (by parameters and by raw request body) before the cache starts over.
-QUOTE_CACHE = 256
 
 
 def site_mix(jobs: list[dict[str, Any]], overhead: OverheadModel) -> JobMix:
@@ -44,7 +39,7 @@ class JobBook:
         self.store, self.clock, self.overhead = store, clock, overhead
         overhead.subscribe(self._forget)
         self._mix: JobMix | None = None
-        self._quotes: dict[tuple[float | None, float, float] | bytes, bytes] = {}
+        self.version = 0  #: rises with every change of the mix in force
         self._listeners: list[Callable[[], Awaitable[None]]] = []
 
     def subscribe(self, listener: Callable[[], Awaitable[None]]) -> None:
@@ -58,7 +53,7 @@ class JobBook:
     def mix(self) -> JobMix:
         if self._mix is None:
             self._mix = site_mix(self.docs(), self.overhead.current())
-            self._quotes.clear()
+            self.version += 1
         return self._mix
 
     async def replace(self, docs: list[dict[str, Any]], actor: str) -> JobMix:
@@ -93,37 +88,13 @@ class JobBook:
 
     def _forget(self) -> None:
         """The overhead in force changed: the mix is rebuilt with it when next asked for."""
-        self._mix, self._quotes = None, {}
+        self._mix = None
 
     def _audit(self, session: Any, actor: str, action: str, detail: dict[str, Any]) -> None:
         repo.audit(session, actor=actor, action=action, detail=detail, at=self.clock.now())
 
     async def _changed(self, mix: JobMix | None) -> None:
-        self._mix, self._quotes = mix, {}
+        self._mix = mix
+        self.version += 1
         for listener in self._listeners:
             await listener()
-
-    def quote(
-        self,
-        reduction_kw: float | None,
-        window_s: float,
-        confidence: float,
-        raw: bytes | None = None,
-    ) -> bytes:
-        """A quote as JSON; kept until the job mix changes, by its parameters and by the
-        request's raw body, so a repeated request skips parsing too."""
-        key = (reduction_kw, window_s, confidence)
-        mix = self.mix()
-        if key not in self._quotes:
-            if len(self._quotes) >= QUOTE_CACHE:
-                self._quotes.clear()
-            doc = quote(mix, window_s=window_s, confidence=confidence, reduction_kw=reduction_kw)
-            self._quotes[key] = json.dumps(doc, allow_nan=False).encode()
-        if raw is not None:
-            self._quotes[raw] = self._quotes[key]
-        return self._quotes[key]
-
-    def cached_quote(self, raw: bytes) -> bytes | None:
-        """The answer to exactly this request body, if the mix has not changed since."""
-        self.mix()  # a changed mix clears the cache
-        return self._quotes.get(raw)

@@ -29,11 +29,9 @@ log = logging.getLogger("flexgate.gateway")
 ESTIMATE = "estimate"
 
 
-def open_feed(
-    settings: GatewaySettings, *, clock: Clock, max_kw: float | None = None
-) -> MeterFeed | None:
+def open_feed(settings: GatewaySettings, *, clock: Clock) -> MeterFeed | None:
     """The feed `FLEXGATE_METER_*` describe, or None without a meter URL (the site's estimate
-    stands in, labelled `estimated`). `max_kw` is the site's physical maximum, if known."""
+    stands in, labelled `estimated`)."""
     meter = open_meter(
         settings.meter_url, json_key=settings.meter_json_key, timeout_s=settings.meter_timeout_s
     )
@@ -45,7 +43,7 @@ def open_feed(
         period_s=settings.meter_period_s,
         max_age_s=settings.meter_max_age_s,
         max_step_kw=settings.meter_max_step_kw,
-        max_kw=max_kw,
+        max_kw=settings.meter_max_kw,
     )
 
 

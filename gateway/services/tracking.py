@@ -17,7 +17,8 @@ a correction of the requested reduction, re-planned through the same allocator:
   the sample period. `loop_gain` 0.5 rad leaves about 60 degrees of phase margin.
 - Anti-windup: the correction stops growing while the plan is short (every job at its floor)
   and stops falling while nothing is requested; it is bounded by `loop_max_correction` of the
-  reduction.
+  reduction; and after each new target the loop waits until the meter's window has seen the
+  whole open-loop step (twice the loop's delay) before it integrates again.
 - The window averages the site's power over at least four of the longest capped iteration
   periods, so the loop barely sees the jobs' own swings. Before the loop acts, and whenever the
   capped periods or the measured delay move, its configuration (delay, window, sample-and-hold,
@@ -48,7 +49,8 @@ from gateway.settings import GatewaySettings
 log = logging.getLogger("flexgate.gateway")
 #: The loop averages the site's power over at least this many of the longest periods.
 WINDOW_PERIODS = 4.0
-#: A correction smaller than this share of the reduction (or 0.05 kW) is not re-planned.
+#: A request that moved less than this share of the reduction (or 0.05 kW) since the last
+#: plan is not re-planned.
 DEADBAND = 0.002
 #: Safe configurations tried, in order, when one is refused: the window doubled, the gain halved.
 ADJUSTMENTS = 4
@@ -63,6 +65,7 @@ class Pursuit:
     start_baseline_gpu_kw: float  #: the model's baseline when the event began [kW]
     correction_kw: float = 0.0
     planned_kw: float = 0.0
+    settled_at_s: float = 0.0  #: the open-loop step is in the whole window from then on
     measured_kw: float | None = None
     target_kw: float | None = None
 
@@ -113,6 +116,10 @@ class Tracker:
                 mix.baseline_gpu_kw,
             )
             self.pursuit = known
+        if known.reduction_kw != reduction_kw or known.level_kw != level_kw or not known.planned_kw:
+            # A new target is a step the model makes: the loop integrates only once the meter's
+            # window has seen all of it, or the step itself winds the correction up.
+            known.settled_at_s = self.clock.monotonic() + self._loop_delay_s() * 2
         known.reduction_kw, known.level_kw = reduction_kw, level_kw
         await self._plan(known)
 
@@ -152,6 +159,8 @@ class Tracker:
         pursuit.measured_kw, pursuit.target_kw = measured, target
         if measured is None or target is None or self.verdict == "held":
             return  # a faulted meter: the correction is held, the plan is the model's
+        if self.clock.monotonic() < pursuit.settled_at_s:
+            return
         error_kw = measured - target
         plan = self.targets.last_plan or {}
         short = float(plan.get("shortfall_kw", 0.0)) > 1e-6
@@ -162,8 +171,8 @@ class Tracker:
         correction = min(max(correction, -bound_kw), bound_kw)
         most_kw = float(plan.get("max_facility_kw", math.inf))
         correction = min(correction, most_kw - pursuit.reduction_kw)
-        moved = abs(correction - pursuit.correction_kw)
         pursuit.correction_kw = correction
+        moved = abs(max(pursuit.reduction_kw + correction, 0.0) - pursuit.planned_kw)
         if moved > max(DEADBAND * pursuit.reduction_kw, 0.05):
             await self._plan(pursuit)
 
@@ -173,7 +182,7 @@ class Tracker:
         """The loop's measured delay: meter age and lag, plan and dispatch, actuation."""
         meter = self.site.meter_doc(0.0)
         age_s = float(meter["age_s"] or 0.0) if not meter["estimated"] else 0.0
-        lag_s = self.site.overhead.current().lag_s or 0.0
+        lag_s = self.site.overhead.current().lag_s or self.settings.meter_lag_s
         actuation = [
             r.actuation_delay.p50_s
             for r in (self.fleet.last or {}).values()

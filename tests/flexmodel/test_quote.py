@@ -104,3 +104,31 @@ def test_overhead_uncertainty_alone_gives_the_normal_bound():
 def test_bad_quote_parameters_are_refused(kwargs, message):
     with pytest.raises(FlexModelError, match=message):
         quote(mix(), **kwargs)
+
+
+def test_every_point_of_the_supply_curve_costs_what_allocate_costs_there():
+    """The curve is priced by `optimal`'s own cuts (repaired on non-concave curves), so a
+    trader quoting a point pays what the plan will cost, not the unrepaired hull's price."""
+    site = mix()
+    q = quote(site, window_s=60)
+    for point in q["supply_curve"][1:-1]:
+        answer = allocate_mix(site, point["facility_kw"])
+        cost = answer["throughput_before"] - answer["throughput_after"]
+        assert point["throughput_loss"] == pytest.approx(cost, rel=1e-9, abs=1e-6)
+
+
+def test_jobs_left_out_give_nothing_and_say_why():
+    site = mix()
+    everyone = quote(site, window_s=60)
+    gone = site.jobs[0].id
+    q = quote(site, window_s=3600, left_out={gone: "on node-01, which does not answer"})
+    assert q["achievable_kw"] < everyone["achievable_kw"]
+    why = {entry["id"]: entry["reason"] for entry in q["left_out"]}
+    assert why[gone] == "on node-01, which does not answer"
+    assert why["qwen3-30b-a3b-ft-x8"].startswith("ends in 3000 s, before the 3600 s window")
+    row = next(j for j in q["jobs"] if j["id"] == gone)
+    assert (row["counted"], row["max_reduction_w"], row["reason"]) == (
+        False,
+        0.0,
+        "on node-01, which does not answer",
+    )

@@ -345,3 +345,20 @@ def test_a_setpoint_is_a_level_held_as_the_job_mix_changes(vtn_site):
     plan = site.acked_plan(event["plan_id"])
     assert plan["requested_facility_kw"] == pytest.approx(5.0)
     assert any(w < 700 for ws in site.limits().values() for w in ws)
+
+
+def test_the_site_opts_out_when_the_firm_kw_of_jobs_it_can_cap_falls_short(vtn_site):
+    """Most of the site's power on a node that does not answer: the baseline counts it, but
+    the site cannot cap it, so an event at 40% of the baseline is beyond its firm kW."""
+    site, vtn = vtn_site
+    jobs = site.api.get("/v1/jobs").json()["jobs"]
+    for job in jobs[1:]:
+        for where in job["placement"]:
+            where["node"] = where["node"].replace("node-0", "silent-")
+    assert site.api.put("/v1/jobs", json={"jobs": jobs}, headers=API).status_code == 200
+    event_id = vtn.add_event("simple", "level", 3.0, datetime.now(UTC) + timedelta(seconds=5), 60)
+    site.wait(lambda: vtn.answers.get(event_id) == "optOut", what="the VTN hearing optOut")
+    stored = site.api.get(f"/v1/events/oadr-{event_id}").json()
+    assert stored["status"] == "opted_out"
+    assert "the site can promise" in stored["reason"]
+    assert "which does not answer" in stored["reason"]

@@ -35,11 +35,11 @@ async def quotes(request: Request, services: ServicesDep) -> Response:
     An identical request on an unchanged mix is answered from memory without parsing it again.
     """
     raw = await request.body()
-    content = services.book.cached_quote(raw)
+    content = services.quotes.cached(raw)
     if content is None:
         try:
             body = QuoteRequest.model_validate_json(raw or b"{}")
         except ValidationError as exc:
             raise RequestValidationError(exc.errors()) from None
-        content = services.book.quote(body.reduction_kw, body.window_s, body.confidence, raw=raw)
+        content = services.quotes.quote(body.reduction_kw, body.window_s, body.confidence, raw)
     return Response(content=content, media_type="application/json")

@@ -1,0 +1,234 @@
+"""A whole site in one process, on a stepped clock: for the closed-loop tests and benchmark.
+
+The truth and the belief differ, as on a real site: the simulated agents run the true job mix
+(`truth`), the gateway's services plan on the declared one (`declared`), and a simulated
+facility meter reads the agents' true GPU power through the true static load, overhead factor
+and cooling lag. Nothing waits: every `tick` samples the meter and the site once and steps
+the clock by one meter period, so an hour of an event takes a second or two.
+
+`draw_truth` makes a mismatched truth from a declared mix, by the study's predictor error and
+the spreads a site sees (docs/gateway.md, "The closed site loop").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agents.service import AgentNode
+from agents.simulated import SimulatedBackend
+from flexmodel.jobmix import parse_job_mix
+from flexmodel.jobs import DEFAULT_MAX_CAP_W
+from gateway.agentclient.memory import InMemoryAgentClient
+from gateway.clock import SteppedClock
+from gateway.errors import MeterError
+from gateway.meter import MeterFeed
+from gateway.services.fleet import Fleet
+from gateway.services.jobbook import JobBook
+from gateway.services.overhead import Overhead
+from gateway.services.site import SitePower
+from gateway.services.targets import Targets
+from gateway.services.tracking import Tracker
+from gateway.settings import GatewaySettings
+from gateway.store.db import Store
+
+#: The mismatch `draw_truth` draws (one standard deviation or the bound of a uniform draw).
+PFI_RMSE = 0.27  #: the study's PFI predictor error, 0.24-0.30
+POWER_SPREAD = 0.15  #: uncapped power per GPU, up to +-15% of the declared
+DUTY_SPREAD = 0.1  #: duty, up to +-0.1
+OVERHEAD_SPREAD = 0.15  #: the overhead factor, up to +-0.15
+
+
+@dataclass(frozen=True)
+class Truth:
+    jobs: list[dict[str, Any]]
+    overhead_factor: float
+    static_kw: float
+
+
+def draw_truth(
+    declared: list[dict[str, Any]],
+    *,
+    overhead_factor: float,
+    static_kw: float,
+    rng: np.random.Generator,
+) -> Truth:
+    """The site as it really is, drawn away from what was declared."""
+    jobs = copy.deepcopy(declared)
+    for job in jobs:
+        drawn = job["power_w"] * (1 + rng.uniform(-POWER_SPREAD, POWER_SPREAD))
+        # A GPU cannot draw more than its limit on average: the truth stays below it.
+        job["power_w"] = round(min(drawn, 0.98 * job.get("max_cap_w", DEFAULT_MAX_CAP_W)), 1)
+        if "pfi" in job:
+            job["pfi"] = round(float(np.clip(job["pfi"] + rng.normal(0, PFI_RMSE), 1.05, 3.0)), 3)
+        duty = job.get("duty", 0.8) + rng.uniform(-DUTY_SPREAD, DUTY_SPREAD)
+        job["duty"] = round(float(np.clip(duty, 0.3, 0.95)), 3)
+    k = overhead_factor + rng.uniform(-OVERHEAD_SPREAD, OVERHEAD_SPREAD)
+    return Truth(jobs, max(round(float(k), 3), 1.0), static_kw)
+
+
+class SimulatedMeter:
+    """The facility meter of a simulated site: static load + k * (the GPUs' true mean power,
+    through a first-order cooling lag) + noise; `fault` makes it stop, read NaN or jump."""
+
+    source = "sim://facility"
+
+    def __init__(
+        self,
+        backends: list[SimulatedBackend],
+        clock: SteppedClock,
+        truth: Truth,
+        *,
+        time_constant_s: float,
+        noise_kw: float,
+        seed: int,
+    ) -> None:
+        self.backends, self.clock, self.truth = backends, clock, truth
+        self.time_constant_s, self.noise_kw = time_constant_s, noise_kw
+        self.rng = np.random.default_rng(seed)
+        self.fault: str | None = None  #: None, "stop", "nan" or "jump"
+        self._lagged_kw = self.gpu_kw()
+        self._at_s = clock.monotonic()
+
+    def gpu_kw(self) -> float:
+        watts = (b.mean_power_w(i) for b in self.backends for i in range(b.count()))
+        return sum(watts) / 1000.0
+
+    def true_facility_kw(self) -> float:
+        """The facility power now, without the lag or the noise."""
+        return self.truth.static_kw + self.truth.overhead_factor * self.gpu_kw()
+
+    async def read_kw(self) -> float:
+        now_s = self.clock.monotonic()
+        dt_s, self._at_s = now_s - self._at_s, now_s
+        blend = 1.0 - math.exp(-dt_s / self.time_constant_s) if self.time_constant_s else 1.0
+        self._lagged_kw += blend * (self.gpu_kw() - self._lagged_kw)
+        if self.fault == "stop":
+            raise MeterError("the simulated meter does not answer")
+        if self.fault == "nan":
+            return math.nan
+        reading = self.truth.static_kw + self.truth.overhead_factor * self._lagged_kw
+        reading += float(self.rng.normal(0.0, self.noise_kw)) if self.noise_kw else 0.0
+        return reading * (3.0 if self.fault == "jump" else 1.0)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class SimulatedSite:
+    """Agents, meter and the gateway's services; `await site.start()` before use."""
+
+    def __init__(
+        self,
+        declared: list[dict[str, Any]],
+        truth: Truth,
+        *,
+        declared_overhead_factor: float,
+        tracking: bool = True,
+        meter_period_s: float = 1.0,
+        time_constant_s: float = 3.0,
+        noise_kw: float = 0.0,
+        gpus_per_node: int = 8,
+        seed: int = 0,
+        folder: Path | None = None,
+        **settings: Any,
+    ) -> None:
+        """`settings` override the gateway's (FLEXGATE_ names without the prefix)."""
+        self.clock = SteppedClock()
+        self.folder = folder or Path(tempfile.mkdtemp(prefix="flexgate-simsite-"))
+        mix = parse_job_mix({"jobs": truth.jobs})
+        names = sorted({p.node for j in mix.jobs for p in j.placement or ()})
+        self.backends = [
+            SimulatedBackend(
+                gpus_per_node, mix=mix, node_id=n, clock=self.clock.monotonic, seed=seed
+            )
+            for n in names
+        ]
+        self.nodes = {
+            # No sampling thread (the meter reads the GPUs) and a short window: cheap telemetry.
+            f"mem://{b.node_id}": AgentNode(
+                b.node_id,
+                b,
+                self.folder / b.node_id,
+                clock=self.clock.monotonic,
+                sample_hz=0,
+                window_s=1.0,
+            )
+            for b in self.backends
+        }
+        self.declared, self.truth = declared, truth
+        self.settings = GatewaySettings(
+            database_url=f"sqlite:///{self.folder / 'gateway.db'}",
+            lab=True,
+            agents=",".join(self.nodes),
+            overhead_factor=declared_overhead_factor,
+            meter_period_s=meter_period_s,
+            meter_lag_s=time_constant_s,
+            calibrate=False,
+            tracking=tracking,
+            **settings,
+        )
+        self.meter = SimulatedMeter(
+            self.backends,
+            self.clock,
+            truth,
+            time_constant_s=time_constant_s,
+            noise_kw=noise_kw,
+            seed=seed,
+        )
+        settings, clock = self.settings, self.clock
+        self.client = InMemoryAgentClient(self.nodes, clock)
+        self.store = Store(settings.database_url)
+        self.fleet = Fleet(settings, self.store, clock, self.client)
+        overhead = Overhead(settings, self.store, clock)
+        self.book = JobBook(self.store, clock, overhead)
+        self.feed = MeterFeed(
+            self.meter,
+            clock=clock,
+            period_s=meter_period_s,
+            max_step_kw=settings.meter_max_step_kw,
+            max_kw=settings.meter_max_kw,
+        )
+        self.power = SitePower(settings, clock, self.fleet, self.book, overhead, self.feed)
+        self.targets = Targets(
+            settings, self.store, clock, self.client, self.fleet, self.book, self.power
+        )
+        self.tracker = Tracker(settings, clock, self.power, self.targets, self.book, self.fleet)
+        self.power.subscribe(self.tracker.step)
+
+    async def start(self) -> None:
+        await self.book.replace(self.declared, "simulation")
+        await self.fleet.discover()
+
+    def close(self) -> None:
+        self.store.close()
+
+    async def tick(self) -> float | None:
+        """One meter period: the meter read, the site sampled (the loop steps), time moves on.
+        The meter's believed reading [kW]."""
+        await self.feed.sample()
+        await self.power.sample()
+        reading = self.feed.believed_kw()
+        self.clock.step(self.settings.meter_period_s)
+        await asyncio.sleep(0)
+        return reading
+
+    async def run_for(self, seconds: float) -> list[tuple[float, float | None]]:
+        """Ticks for `seconds`: (time [s], metered kW) at each."""
+        out = []
+        for _ in range(round(seconds / self.settings.meter_period_s)):
+            out.append((self.clock.monotonic(), await self.tick()))
+        return out
+
+    def limits(self) -> dict[str, list[float]]:
+        return {
+            a: [n.backend.enforced_limit_w(g) for g in range(n.backend.count())]
+            for a, n in self.nodes.items()
+        }

@@ -1,0 +1,86 @@
+"""What the site can promise: quotes, and the firm kW an opt-in decision rests on.
+
+Only jobs the gateway can cap count: placed, on nodes that answer, and lasting the window.
+The others are left out, each with the reason (a job with no placement, one on a node that
+does not answer, one that ends before the window does). A quote is kept until the mix or
+the set of jobs left out changes, by its parameters and by the request's raw body, so a
+repeated request skips parsing too.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flexmodel.quote import quote
+from gateway.services.fleet import Fleet
+from gateway.services.jobbook import JobBook
+from gateway.services.targets import Targets
+
+#: Quotes kept at most (by parameters and by raw request body) before the cache starts over.
+QUOTE_CACHE = 256
+
+
+class Quotes:
+    def __init__(self, book: JobBook, fleet: Fleet, targets: Targets) -> None:
+        self.book, self.fleet, self.targets = book, fleet, targets
+        self._cache: dict[tuple[float | None, float, float] | bytes, bytes] = {}
+        self._cached_for: tuple[int, frozenset[tuple[str, str]]] | None = None
+
+    def left_out(self) -> dict[str, str]:
+        """The jobs the site cannot cap now, by id, with the reason."""
+        answering = set(self.fleet.nodes) - self.targets.down
+        out = {}
+        for job in self.book.mix().jobs:
+            if not job.placement:
+                out[job.id] = "no placement: the gateway cannot cap it"
+                continue
+            silent = sorted({p.node for p in job.placement} - answering)
+            if silent:
+                out[job.id] = f"on {', '.join(silent)}, which does not answer"
+        return out
+
+    def _fresh(self) -> dict[str, str]:
+        left_out = self.left_out()
+        key = (self.book.version, frozenset(left_out.items()))
+        if key != self._cached_for:
+            self._cache, self._cached_for = {}, key
+        return left_out
+
+    def quote(
+        self, reduction_kw: float | None, window_s: float, confidence: float, raw: bytes | None
+    ) -> bytes:
+        """A quote as JSON."""
+        left_out = self._fresh()
+        key = (reduction_kw, window_s, confidence)
+        if key not in self._cache:
+            if len(self._cache) >= QUOTE_CACHE:
+                self._cache.clear()
+            doc = quote(
+                self.book.mix(),
+                window_s=window_s,
+                confidence=confidence,
+                reduction_kw=reduction_kw,
+                left_out=left_out,
+            )
+            self._cache[key] = json.dumps(doc, allow_nan=False).encode()
+        if raw is not None:
+            self._cache[raw] = self._cache[key]
+        return self._cache[key]
+
+    def cached(self, raw: bytes) -> bytes | None:
+        """The answer to exactly this request body, if nothing it depends on has changed."""
+        self._fresh()
+        return self._cache.get(raw)
+
+    def firm(self, window_s: float, confidence: float) -> dict[str, Any]:
+        """What the site can shed over `window_s` with probability `confidence`, and the
+        jobs left out: `{"firm_kw", "achievable_kw", "left_out"}`."""
+        doc = quote(
+            self.book.mix(),
+            window_s=max(window_s, 1.0),
+            confidence=confidence,
+            per_job_curves=False,
+            left_out=self._fresh(),
+        )
+        return {k: doc[k] for k in ("firm_kw", "achievable_kw", "left_out")}

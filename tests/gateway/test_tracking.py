@@ -1,0 +1,115 @@
+"""The closed site loop on a simulated site whose truth differs from what was declared.
+
+The agents run the true mix and a simulated meter reads the true static load, overhead factor
+and cooling lag; the gateway plans on the declared mix (`flexgate.simsite`). On a stepped
+clock, so minutes of an event take a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+
+from flexgate.simsite import SimulatedSite, Truth
+from tests.gateway.conftest import site_jobs
+
+REDUCTION_KW = 10.0
+WARM_UP_S = 60.0
+
+
+def mismatched(**changes) -> tuple[list[dict], Truth]:
+    """The example site's jobs declared; the truth draws 15% less per GPU, through a larger
+    overhead factor and a static load the declaration does not know."""
+    declared = site_jobs()
+    truth = copy.deepcopy(declared)
+    for job in truth:
+        job["power_w"] = round(job["power_w"] * 0.85, 1)
+    return declared, Truth(truth, overhead_factor=1.45, static_kw=20.0)
+
+
+async def delivered(site: SimulatedSite, seconds: float, tail_s: float = 30.0) -> float:
+    """What the event sheds at the meter, averaged over its last `tail_s`: the site's power
+    without the event (measured before it) less the metered power."""
+    await site.start()
+    await site.run_for(WARM_UP_S)
+    uncapped = site.meter.true_facility_kw()
+    await site.tracker.pursue("ev-1", REDUCTION_KW, None)
+    trace = await site.run_for(seconds)
+    tail = [kw for _, kw in trace[-round(tail_s / site.settings.meter_period_s) :]]
+    return uncapped - sum(tail) / len(tail)
+
+
+@pytest.fixture
+def sites(tmp_path):
+    made = []
+
+    def make(**options):
+        declared, truth = mismatched()
+        site = SimulatedSite(
+            declared,
+            truth,
+            declared_overhead_factor=1.3,
+            folder=tmp_path / f"site-{len(made)}",
+            **options,
+        )
+        made.append(site)
+        return site
+
+    yield make
+    for site in made:
+        site.close()
+
+
+def test_open_loop_misses_and_the_closed_loop_lands_at_the_meter(sites):
+    open_kw = asyncio.run(delivered(sites(tracking=False), 300))
+    closed_kw = asyncio.run(delivered(sites(tracking=True), 300))
+    assert abs(open_kw - REDUCTION_KW) > 0.10 * REDUCTION_KW  # the model alone misses
+    assert closed_kw == pytest.approx(REDUCTION_KW, rel=0.02)
+
+
+@pytest.mark.parametrize("fault", ["stop", "nan", "jump"])
+def test_a_meter_that_fails_mid_event_holds_the_loop_and_says_so(sites, fault):
+    site = sites(tracking=True, meter_max_step_kw=20.0, meter_max_kw=100.0)
+
+    async def run():
+        await site.start()
+        await site.run_for(WARM_UP_S)
+        await site.tracker.pursue("ev-1", REDUCTION_KW, None)
+        await site.run_for(60)
+        held = site.tracker.doc()["correction_kw"]
+        caps = site.limits()
+        site.meter.fault = fault
+        await site.run_for(60)
+        doc = await site.power.doc()
+        assert doc["meter"]["fault"] is not None
+        assert doc["meter"]["fault"].split(":")[0] in {"error", "not_finite", "above_max"}
+        assert site.tracker.doc()["correction_kw"] == held  # held, not believed
+        assert site.limits() == caps  # no cap moved on a bad reading
+        assert doc["facility_power_kw"] == pytest.approx(
+            doc["overhead"]["static_kw"] + doc["overhead"]["k"] * doc["gpu_power_kw"]
+        )  # the figures fall back to the model
+        site.meter.fault = None
+        await site.run_for(120)
+        assert (await site.power.doc())["meter"]["fault"] is None
+        assert site.tracker.doc()["error_kw"] == pytest.approx(0.0, abs=0.05 * REDUCTION_KW)
+
+    asyncio.run(run())
+
+
+def test_a_loop_inside_the_attractive_window_is_refused_and_made_safe(sites):
+    """A one-second window and a high gain on 2-6 s jobs: the sync analysis refuses it, and
+    the loop runs a longer window at a lower gain, saying why."""
+    site = sites(tracking=True, loop_window_s=1.0, loop_gain=1.5)
+
+    async def run():
+        await site.start()
+        await site.run_for(WARM_UP_S)
+        await site.tracker.pursue("ev-1", REDUCTION_KW, None)
+        doc = site.tracker.doc()
+        assert doc["verdict"] == "safe"
+        assert doc["reason"].startswith("refused window 1 s, gain 1.5")
+        assert doc["window_s"] > 1.0
+
+    asyncio.run(run())
