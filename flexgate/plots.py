@@ -140,7 +140,12 @@ def lab_figure(trace: list[tuple[float, float, float, str]], requested_kw: float
                 label=f"target: baseline - {requested_kw:.1f} kW",
             )
         ax.step(
-            t, baseline, where="post", color="grey", ls=":", label="baseline: the site uncapped"
+            t,
+            baseline,
+            where="post",
+            color="grey",
+            ls=":",
+            label="baseline: site power before the event (uncapped)",
         )
         ax.plot(
             t,

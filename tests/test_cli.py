@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import EXAMPLES, ROOT
+from flexgate.serve import free_port
+from tests.conftest import EXAMPLES, ROOT, wait_for
 
 
 def flexgate(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -416,7 +420,6 @@ def test_sync_bad_input(args, fragments):
     ],
 )
 def test_agent_refuses_bad_settings_before_starting(env, args, fragments):
-    import os
 
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEXGATE_")}
     result = subprocess.run(
@@ -555,3 +558,35 @@ def test_an_unsafe_sync_check_says_which_loop_setting_makes_it_safe():
     for change in (["--delay-s", "0.24"], ["--window-s", "6"]):
         again = json.loads(flexgate(*demo, *change, "--json").stdout)
         assert (again["verdict"], again["advice"]) == ("safe", [])
+
+
+@pytest.mark.parametrize(("agents", "warned"), [("", True), ("http://127.0.0.1:9", False)])
+def test_a_gateway_without_agents_warns_that_it_caps_nothing(tmp_path, agents, warned):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEXGATE_")}
+    env = clean | {
+        "FLEXGATE_AGENTS": agents,
+        "FLEXGATE_DATABASE_URL": f"sqlite:///{tmp_path / 'gateway.db'}",
+    }
+    port, log = free_port(), tmp_path / "gateway.log"
+    with log.open("w") as stderr:
+        gateway = subprocess.Popen(
+            [sys.executable, "-m", "flexgate.cli", "gateway", "--lab", "--port", str(port)],
+            cwd=tmp_path,
+            env=env | {"PYTHONPATH": str(ROOT)},
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    try:
+
+        def answers():
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code
+            except httpx.HTTPError:
+                return None
+
+        wait_for(answers, "the gateway", 30)
+        text = log.read_text()
+        assert ("FLEXGATE_AGENTS is empty: no agent is known" in text) is warned, text
+    finally:
+        gateway.send_signal(signal.SIGTERM)
+        gateway.wait(timeout=20)

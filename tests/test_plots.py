@@ -25,7 +25,7 @@ def test_the_lab_figure_shades_the_event_and_names_the_baseline_and_what_x_k_mea
     labels = _labels(ax)
     assert "event (the VTN's request)" in labels
     assert "target: baseline - 6.0 kW" in labels
-    assert "baseline: the site uncapped" in labels
+    assert "baseline: site power before the event (uncapped)" in labels
     (power,) = [label for label in labels if label.startswith("site power")]
     assert "x k, the facility kW per GPU kW" in power  # "x k" said in words
     (shade,) = ax.patches  # the event, from its first active sample to its last

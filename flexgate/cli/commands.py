@@ -272,6 +272,15 @@ def run_gateway(args: argparse.Namespace) -> int:
         settings = GatewaySettings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as exc:
         raise BadInputError(_first_error(exc)) from None
+    if not settings.agents.strip():
+        # Not refused: a gateway may start before its agents are known (it answers quotes and
+        # takes events), but one that silently caps nothing is the worse surprise.
+        print(
+            "flexgate gateway: warning: FLEXGATE_AGENTS is empty: no agent is known, so no GPU "
+            "will be capped (set FLEXGATE_AGENTS=http://node-01:9100,... to the agents' URLs)",
+            file=sys.stderr,
+            flush=True,
+        )
     run_gateway(settings)
     return 0
 
