@@ -90,7 +90,7 @@ def sync_figure(run: Any) -> Figure:
     )
     top.legend(frameon=True, framealpha=0.9, loc="best", fontsize="small")
     top.set(
-        ylabel="site power swing\n(x independent jobs')",
+        ylabel="site power swing\n(1 = independent jobs)",
         title=(
             f"{run.jobs} jobs, T = {run.period_s:g} s, duty {run.duty:g}, delay {run.delay_s:g} s, "
             f"gain {run.gain_per_s:g} rad/s, spread {run.spread:g}"
