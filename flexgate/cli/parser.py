@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     quote.add_argument(
         "--confidence",
-        type=_finite,
+        type=_fraction,
         default=DEFAULT_CONFIDENCE,
         metavar="C",
         help="probability that firm kW can be delivered (default 0.9)",
@@ -421,9 +421,11 @@ def _seed(text: str) -> int:
 
 def _fractions(text: str) -> list[float]:
     values = [_finite(part) for part in text.split(",") if part.strip()]
-    if not values or any(not 0.0 <= v < 1.0 for v in values):
+    outside = [v for v in values if not 0.0 <= v < 1.0]
+    if not values or outside:
+        hint = _percent_hint(outside[0]) if outside else ""
         raise argparse.ArgumentTypeError(
-            f"expected fractions in [0, 1) separated by commas, got {text!r}"
+            f"expected fractions in [0, 1) separated by commas, got {text!r}{hint}"
         )
     return values
 
