@@ -12,10 +12,31 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+#: A job-mix file's site fields, and the gateway setting that decides each instead.
+SITE_FIELDS = {
+    "overhead_factor": "FLEXGATE_OVERHEAD_FACTOR",
+    "overhead_factor_stderr": "FLEXGATE_OVERHEAD_FACTOR_STDERR",
+    "static_load_kw": "FLEXGATE_STATIC_LOAD_KW",
+}
+
+
 class JobsBody(_Strict):
-    """The whole job mix (site settings such as the overhead factor are not part of it)."""
+    """The whole job mix. The same file `flexgate allocate` reads is accepted: its site fields
+    (`overhead_factor`, `overhead_factor_stderr`, `static_load_kw`) are ignored with a warning
+    naming the gateway setting that decides them (or the meter's calibration)."""
 
     jobs: list[dict[str, Any]]
+    overhead_factor: float | None = None
+    overhead_factor_stderr: float | None = None
+    static_load_kw: float | None = None
+
+    def warnings(self) -> list[str]:
+        return [
+            f"{name} {getattr(self, name)!r} in the body is ignored: the gateway uses {setting} "
+            "(or the meter's calibration, docs/gateway.md)"
+            for name, setting in SITE_FIELDS.items()
+            if getattr(self, name) is not None
+        ]
 
     model_config = ConfigDict(
         extra="forbid",

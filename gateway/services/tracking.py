@@ -18,7 +18,7 @@ a correction of the requested reduction, re-planned through the same allocator:
 - Anti-windup: the correction stops growing while the plan is short (every job at its floor)
   and stops falling while nothing is requested; it is bounded by `loop_max_correction` of the
   reduction; and after each new target the loop waits until the meter's window has seen the
-  whole open-loop step (twice the loop's delay) before it integrates again.
+  whole open-loop step (a window, the delay and a period) before it integrates again.
 - The window averages the site's power over at least four of the longest capped iteration
   periods, so the loop barely sees the jobs' own swings. Before the loop acts, and whenever the
   capped periods or the measured delay move, its configuration (delay, window, sample-and-hold,
@@ -119,7 +119,9 @@ class Tracker:
         if known.reduction_kw != reduction_kw or known.level_kw != level_kw or not known.planned_kw:
             # A new target is a step the model makes: the loop integrates only once the meter's
             # window has seen all of it, or the step itself winds the correction up.
-            known.settled_at_s = self.clock.monotonic() + self._loop_delay_s() * 2
+            known.settled_at_s = (
+                self.clock.monotonic() + self.window_s + self.delay_s + self.period_s
+            )
         known.reduction_kw, known.level_kw = reduction_kw, level_kw
         await self._plan(known)
 

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from tests.conftest import EXAMPLES
 from tests.gateway.conftest import API, API_TOKEN, now_iso
 
 
@@ -71,7 +72,7 @@ def test_every_mutating_route_needs_the_api_token(site):
             {"jobs": [{"id": "a", "gpus": 0, "power_w": 600, "throughput": 1}]},
             "'gpus' must be a whole number",
         ),
-        ("/v1/jobs", {"jobs": [], "overhead_factor": 1.2}, "overhead_factor"),
+        ("/v1/jobs", {"jobs": [], "colour": "blue"}, "colour"),
     ],
 )
 def test_bad_input_is_refused_naming_the_problem_and_changes_nothing(site, path, body, words):
@@ -175,3 +176,19 @@ def test_a_job_placed_on_gpus_another_job_holds_is_refused_and_nothing_is_stored
         assert f"jobs '{holder['id']}' and 'intruder'" in detail
         assert f"node 'node-01' GPU(s) {', '.join(map(str, gpus))}" in detail
     assert site.api.get("/v1/jobs").json() == before
+
+
+def test_the_job_mix_file_the_cli_reads_is_accepted_with_its_site_fields_named(site):
+    """`examples/site.json`, as `flexgate allocate` reads it and as curl -d @ sends it (a form
+    Content-Type): its site fields are ignored, each warning naming the setting that decides."""
+    raw = (EXAMPLES / "site.json").read_bytes()
+    answer = site.api.put(
+        "/v1/jobs",
+        content=raw,
+        headers={**API, "Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert answer.status_code == 200, answer.text
+    doc = answer.json()
+    assert doc["jobs"] == 9
+    assert any("FLEXGATE_OVERHEAD_FACTOR" in w for w in doc["warnings"])
+    assert len(site.api.get("/v1/jobs").json()["jobs"]) == 9

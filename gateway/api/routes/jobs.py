@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from fastapi import Response
+from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from agents.protocol import problems
 from gateway.api.deps import ServicesDep, Writer, v1_router
@@ -12,6 +15,7 @@ from gateway.api.schemas import JobsBody
 from gateway.errors import InvalidRequestError
 
 router = v1_router()
+log = logging.getLogger("flexgate.gateway")
 
 
 @router.get("/jobs")
@@ -19,10 +23,34 @@ async def list_jobs(services: ServicesDep) -> dict[str, Any]:
     return {"jobs": services.book.docs()}
 
 
-@router.put("/jobs", responses=problems(400, 422))
-async def replace_jobs(body: JobsBody, services: ServicesDep, actor: Writer) -> dict[str, Any]:
+@router.put(
+    "/jobs",
+    responses=problems(400, 422),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": JobsBody.model_json_schema(
+                        ref_template="#/components/schemas/{model}"
+                    )
+                }
+            },
+        }
+    },
+)
+async def replace_jobs(request: Request, services: ServicesDep, actor: Writer) -> dict[str, Any]:
+    """The whole job mix, as JSON whatever the Content-Type (`curl -d @site.json` sends a
+    form type); a job-mix file's site fields are ignored with a warning naming the setting."""
+    try:
+        body = JobsBody.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from None
     mix = await services.book.replace(body.jobs, actor)
-    return {"jobs": len(mix.jobs)}
+    warnings = body.warnings()
+    for warning in warnings:
+        log.warning("PUT /v1/jobs: %s", warning)
+    return {"jobs": len(mix.jobs), "warnings": warnings}
 
 
 @router.put("/jobs/{job_id}", responses=problems(400, 422))
