@@ -141,3 +141,29 @@ def test_a_mix_is_refused_exactly_when_some_gpu_holds_two_jobs(slots_per_job):
     else:
         with pytest.raises(InvalidJobError, match="are both placed on node"):
             parse_job_mix({"jobs": jobs})
+
+
+RANGES = [("period_s", (0.01, 3600.0), "s"), ("power_w", (50.0, 2000.0), "W")]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from(RANGES).flatmap(
+        lambda field: st.tuples(
+            st.just(field),
+            st.one_of(
+                st.floats(*field[1]), st.floats(min_value=-1e7, max_value=1e7, allow_nan=False)
+            ),
+        )
+    )
+)
+def test_a_field_is_accepted_exactly_inside_its_range_and_refused_naming_its_unit(case):
+    (name, (low, high), unit), value = case
+    doc = _mix(**{name: value, "min_cap_w": 50.0, "max_cap_w": 2000.0})
+    if low <= value <= high:
+        assert getattr(parse_job_mix(doc).jobs[0], name) == value
+    else:
+        with pytest.raises(
+            InvalidJobError, match=f"'{name}' must be from {low:g} to {high:g} {unit}"
+        ):
+            parse_job_mix(doc)
