@@ -1,4 +1,4 @@
-"""Applying a node's desired caps, with leases, generations and restore (ARCHITECTURE.md).
+"""Applying a node's desired caps, with leases, generations and restore (docs/agents.md).
 
 - A command is the node's whole desired state: GPUs it does not list go back to their
   original limit.
@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -24,6 +25,7 @@ import numpy as np
 
 from agents.backend import GpuBackend
 from agents.errors import AgentError, InvalidCapError, StaleGenerationError
+from agents.logs import decision
 from agents.protocol import CapCommand, CapResponse, CapResult, DelayStats
 from agents.state import OriginalLimits
 
@@ -37,8 +39,11 @@ class CapController:
         backend: GpuBackend,
         originals: OriginalLimits,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        node_id: str = "",
     ) -> None:
         self.backend = backend
+        self.node_id = node_id
         self.originals = originals
         self.clock = clock
         self._lock = threading.Lock()
@@ -58,6 +63,7 @@ class CapController:
                     f"({self.generation}); nothing changed"
                 )
             wanted = self._validate(command)
+            before = {gpu: self._enforced_or_none(gpu) for gpu in range(self.backend.count())}
             results = [self._set(gpu, cap, received_at) for gpu, cap in sorted(wanted.items())]
             results += [
                 self._restore(gpu, received_at)
@@ -67,21 +73,31 @@ class CapController:
             self.generation = command.generation
             self.plan_id = command.plan_id
             self.lease_until = self.clock() + command.lease_s
+            results.sort(key=lambda r: r.gpu)
+            self._log_changes(command, results, before)
             return CapResponse(
                 plan_id=command.plan_id,
                 generation=command.generation,
                 lease_s=command.lease_s,
-                results=sorted(results, key=lambda r: r.gpu),
+                results=results,
             )
 
-    def restore_all(self, received_at: float | None = None) -> list[CapResult]:
-        """Every GPU flexgate changed back to its original limit; the lease ends."""
+    def restore_all(
+        self, received_at: float | None = None, *, reason: str = "restore requested"
+    ) -> list[CapResult]:
+        """Every GPU flexgate changed back to its original limit; the lease ends.
+
+        `reason` goes into the log line (lease expired, stopping, restore requested ...),
+        written only when there was something to restore.
+        """
         start = self.clock() if received_at is None else received_at
         with self._lock:
             self.lease_until = None
             saved = self.originals.saved()
             results = [self._restore(index, start) for _, (index, _) in sorted(saved.items())]
             self.restore_pending = any(r.error for r in results)
+            if results:
+                self._log_restore(reason, results)
             return results
 
     def expire(self) -> list[CapResult] | None:
@@ -90,7 +106,7 @@ class CapController:
         due = self.lease_until is not None and self.clock() >= self.lease_until
         if not (due or self.restore_pending):
             return None
-        return self.restore_all()
+        return self.restore_all(reason="lease expired" if due else "restore retried")
 
     def lease_remaining_s(self) -> float | None:
         return None if self.lease_until is None else max(self.lease_until - self.clock(), 0.0)
@@ -105,6 +121,53 @@ class CapController:
             count=int(values.size),
         )
 
+    # --- the log ---------------------------------------------------------------------------
+
+    def _log_changes(
+        self, command: CapCommand, results: list[CapResult], before: dict[int, float | None]
+    ) -> None:
+        """One line per GPU whose limit moved or failed; a renewal that moved nothing is
+        DEBUG (the gateway renews every reconcile period)."""
+        moved = [r for r in results if r.error or r.enforced_w != before.get(r.gpu)]
+        for r in moved:
+            decision(
+                logging.ERROR if r.error else logging.INFO,
+                "cap failed"
+                if r.error
+                else ("cap set" if r.requested_w is not None else "cap restored"),
+                node=self.node_id,
+                gpu=r.gpu,
+                requested_w=r.requested_w,
+                enforced_w=r.enforced_w,
+                clamped=r.clamped,
+                plan=command.plan_id,
+                generation=command.generation,
+                lease_s=command.lease_s,
+                **({"error": r.error} if r.error else {}),
+            )
+        if not moved:
+            decision(
+                logging.DEBUG,
+                "lease renewed",
+                node=self.node_id,
+                plan=command.plan_id,
+                generation=command.generation,
+                lease_s=command.lease_s,
+            )
+
+    def _log_restore(self, reason: str, results: list[CapResult]) -> None:
+        failed = [r for r in results if r.error]
+        decision(
+            logging.WARNING if failed or reason == "lease expired" else logging.INFO,
+            reason,
+            node=self.node_id,
+            plan=self.plan_id,
+            generation=self.generation,
+            restored_gpus=[r.gpu for r in results if not r.error],
+            failed_gpus=[r.gpu for r in failed],
+            **({"error": failed[0].error} if failed else {}),
+        )
+
     # --- one GPU ---------------------------------------------------------------------------
 
     def _validate(self, command: CapCommand) -> dict[int, float]:
@@ -117,6 +180,12 @@ class CapController:
                 raise InvalidCapError(f"caps: GPU {cap.gpu} appears twice")
             wanted[cap.gpu] = cap.cap_w
         return wanted
+
+    def _enforced_or_none(self, index: int) -> float | None:
+        try:
+            return self.backend.enforced_limit_w(index)
+        except AgentError:
+            return None
 
     def _uuid_or_none(self, index: int) -> str | None:
         try:

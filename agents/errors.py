@@ -4,6 +4,7 @@ AgentError (500)
 ├── UnauthorizedError (401)       missing or wrong bearer token
 ├── InvalidCapError (422)         a command that names an unknown GPU, twice the same GPU ...
 ├── StaleGenerationError (409)    a command older than the last accepted one
+├── InvalidSetupError             settings or a job mix that do not fit the node (at start)
 └── BackendError (502)            the GPU or its driver failed
     ├── GpuLostError              the GPU fell off the bus
     ├── NoPermissionError         the agent may not set limits (needs root)
@@ -27,6 +28,10 @@ class InvalidCapError(AgentError):
 
 class StaleGenerationError(AgentError):
     status_code = 409
+
+
+class InvalidSetupError(AgentError):
+    """The agent cannot start as configured: bad input of its operator, not a GPU failure."""
 
 
 class BackendError(AgentError):

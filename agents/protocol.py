@@ -1,4 +1,4 @@
-"""The agent's wire schemas (CONTRACT.md, "Agent HTTP API").
+"""The agent's wire schemas (docs/agents.md, "API summary").
 
 The only module of `agents` the gateway imports. Commands refuse unknown fields; every number
 must be finite. Units are in the names: watts (`_w`), seconds (`_s`).

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import uvicorn
 
 from agents.backend import GpuBackend
+from agents.logs import decision, show_on_stderr
 from agents.service import AgentNode, create_app
 from agents.settings import AgentSettings
 from agents.simulated import SimulatedBackend
@@ -51,8 +54,20 @@ def jobs_on_node(mix: JobMix | None, node_id: str, gpus: int) -> dict[str, list[
 
 def run_agent(settings: AgentSettings) -> None:
     """Serve until SIGTERM or SIGINT; uvicorn's shutdown runs the node's restore."""
+    show_on_stderr()
     node = build_node(settings)
     app = create_app(
         [node], settings.agent_token.get_secret_value(), lease_check_s=settings.agent_lease_check_s
+    )
+    decision(
+        logging.INFO,
+        "agent starting",
+        node=node.node_id,
+        backend=node.backend.kind,
+        gpus=node.backend.count(),
+        host=settings.agent_host,
+        port=settings.agent_port,
+        job_mix=settings.agent_job_mix,
+        jobs=sorted(node.sampler.jobs),
     )
     uvicorn.run(app, host=settings.agent_host, port=settings.agent_port, log_level="warning")

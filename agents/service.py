@@ -1,4 +1,4 @@
-"""The agent's HTTP service (CONTRACT.md, "Agent HTTP API"), FastAPI on uvicorn.
+"""The agent's HTTP service (docs/agents.md, "API summary"), FastAPI on uvicorn.
 
 `AgentNode` is one node's composition: its backend, original limits, cap controller, sampler
 and lease watcher. `create_app` serves one node at the root, or several simulated nodes in one
@@ -12,6 +12,7 @@ app serves; on shutdown (SIGTERM, SIGINT) it restores every GPU it changed.
 from __future__ import annotations
 
 import hmac
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,6 +28,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from agents.backend import GpuBackend
 from agents.caps import CapController
 from agents.errors import AgentError, NodeNotFoundError, UnauthorizedError
+from agents.logs import decision
 from agents.protocol import (
     CapCommand,
     CapResponse,
@@ -56,7 +58,7 @@ class AgentNode:
     ) -> None:
         self.node_id = node_id
         self.backend = backend
-        self.controller = CapController(backend, OriginalLimits(state_dir), clock)
+        self.controller = CapController(backend, OriginalLimits(state_dir), clock, node_id=node_id)
         # sample_hz = 0: no sampling thread (many simulated nodes in one process).
         self.sampler = Sampler(
             backend, jobs or {}, sample_hz=sample_hz or 10.0, window_s=window_s, clock=clock
@@ -64,12 +66,15 @@ class AgentNode:
         self.sampling = bool(sample_hz)
 
     def start(self) -> None:
-        self.controller.restore_all()  # a previous run's originals come back before anything
+        # A previous run's originals (it was killed) come back before anything is served.
+        self.controller.restore_all(reason="restored at start (the last run left caps)")
         if self.sampling:
             self.sampler.start()
 
     def stop(self) -> None:
-        self.controller.restore_all()
+        restored = self.controller.restore_all(reason="stopping")
+        if not restored:
+            decision(logging.INFO, "stopping", node=self.node_id, restored_gpus=[])
         self.sampler.stop()
         self.backend.close()
 
@@ -161,7 +166,7 @@ def node_router(resolve: Callable[..., Any], token: str, prefix: str = "") -> AP
         "/v1/caps", response_model=RestoreResponse, dependencies=auth, responses=problems(401, 502)
     )
     def delete_caps(node: AgentNode = here) -> RestoreResponse:
-        return RestoreResponse(results=node.controller.restore_all())
+        return RestoreResponse(results=node.controller.restore_all(reason="restore requested"))
 
     @router.get("/v1/telemetry", response_model=TelemetryResponse)
     def telemetry(node: AgentNode = here) -> TelemetryResponse:

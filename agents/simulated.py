@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agents.backend import Constraints
-from agents.errors import BackendError
+from agents.errors import BackendError, InvalidSetupError
 from flexmodel.curves import Curves, operating_point, waveform_levels
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.jobs import Job, JobMix
@@ -87,7 +87,7 @@ class SimulatedBackend:
         firmware_s: float = FIRMWARE_S,
     ) -> None:
         if gpus < 1:
-            raise BackendError("a simulated node needs at least one GPU")
+            raise InvalidSetupError("a simulated node needs at least one GPU")
         self._clock = clock
         self._noise_w = noise_w
         self._firmware_s = firmware_s
@@ -112,7 +112,7 @@ class SimulatedBackend:
                     if where.node == node_id:
                         bad = [g for g in where.gpus if g >= gpus]
                         if bad:
-                            raise BackendError(
+                            raise InvalidSetupError(
                                 f"job '{job.id}' is placed on GPU {bad[0]} of {node_id}, which "
                                 f"has {gpus} GPUs"
                             )
@@ -136,7 +136,7 @@ class SimulatedBackend:
             )
             for g in indices:
                 if self._gpus[g].job is not None:
-                    raise BackendError(f"GPU {g} of {node_id} is placed twice")
+                    raise InvalidSetupError(f"GPU {g} of {node_id} is placed twice")
                 self._gpus[g].job = sim
             out.append(sim)
         return out

@@ -48,6 +48,10 @@ from gateway.settings import LAB_API_TOKEN, GatewaySettings
 TOLERANCE = 0.05
 #: The event starts this long after the lab: the meter's window fills first [s]
 START_AFTER_S = 18.0
+#: After the event the lab watches until site power is back at the baseline (within
+#: TOLERANCE of the request) for this many samples in a row, or this long at most [s].
+RECOVERED_SAMPLES = 4
+RECOVERY_WAIT_S = 40.0
 OVERHEAD_FACTOR = 1.3
 #: The mismatched truth's static load (the declared site has none) [kW]
 STATIC_KW = 5.0
@@ -270,11 +274,12 @@ def watch(
     start_after_s: float = START_AFTER_S,
 ) -> list[tuple[float, float, float, str]]:
     """Site power at the meter every half second until the event, starting `start_after_s`
-    from now, has ended and the caps are back: (t, kW, target, status); the target is the
-    power before the event less the request."""
+    from now, has ended and power is back at the baseline (the caps are all released):
+    (t, kW, target, status); the target is the power before the event less the request."""
     trace: list[tuple[float, float, float, str]] = []
     begin = time.monotonic()
-    deadline = begin + start_after_s + duration_s + 30
+    deadline = begin + start_after_s + duration_s + RECOVERY_WAIT_S
+    recovered = 0
     with Live(console=console, refresh_per_second=4, transient=True) as live:
         while time.monotonic() < deadline:
             site = api.get("/v1/site").json()
@@ -298,9 +303,10 @@ def watch(
                 for job in plan["jobs"]:
                     table.add_row(f"  {job['id']}", f"cap {job['cap_w']:.0f} W")
             live.update(table)
-            if status in ("completed", "cancelled", "opted_out", "failed") and (
-                time.monotonic() - begin > start_after_s + duration_s + 8
-            ):
+            back = abs(site["facility_power_kw"] - target) <= TOLERANCE * requested
+            ended = status in ("completed", "cancelled", "opted_out", "failed")
+            recovered = recovered + 1 if ended and back else 0
+            if recovered >= RECOVERED_SAMPLES:
                 break
             time.sleep(0.5)
     return trace
@@ -320,10 +326,11 @@ def report(
         return 1
     achieved = final["delivered_kw"]
     ok = abs(achieved - requested) <= TOLERANCE * requested
-    table = Table(title="flexgate lab report")
-    table.add_column("")
-    table.add_column("", justify="right")
-    table.add_row("event", f"{event['id']} ({event['status']}, opt {event['opt']})")
+    table = Table(title="flexgate lab report", show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(justify="right", overflow="fold")  # an id is never cut short
+    table.add_row("event", event["id"])
+    table.add_row("status", f"{event['status']}, opted {event['opt']}")
     table.add_row("requested at the meter", f"{requested:.1f} kW")
     for result in results:
         label = "closed loop" if result["tracking"] else "open loop"

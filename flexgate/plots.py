@@ -10,6 +10,7 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # the backend must be chosen before pyplot loads
+from matplotlib.figure import Figure
 
 STRATEGY_STYLE = {
     "equal": ("tab:gray", "equal (DVFS fair)"),
@@ -56,12 +57,16 @@ def plot_simulation(doc: dict[str, Any], path: Path) -> None:
         f"{doc['workloads']} workloads x {doc['jobs']} jobs, {doc['mix']} mix, "
         f"PFI {doc['pfi_source']}, seed {doc['seed']}"
     )
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_sync(run: Any, path: Path) -> None:
     """The aggregate swing per period and the order parameters r1, r3 over a run."""
+    _save(sync_figure(run), path)
+
+
+def sync_figure(run: Any) -> Figure:
+    """`plot_sync`'s figure, every trace in a legend that says what it means."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True, constrained_layout=True)
     # Per period: the aggregate's standard deviation against the incoherent sqrt(N) one.
     per = round(run.period_s / run.dt_s)
@@ -69,7 +74,13 @@ def plot_sync(run: Any, path: Path) -> None:
     chunks = run.aggregate[:usable].reshape(-1, per)
     single = run.swing_single
     t = (np.arange(chunks.shape[0]) + 0.5) * per * run.dt_s
-    top.plot(t, np.sqrt(run.jobs) * chunks.std(axis=1) / single, color="tab:orange", lw=1.0)
+    top.plot(
+        t,
+        np.sqrt(run.jobs) * chunks.std(axis=1) / single,
+        color="tab:orange",
+        lw=1.0,
+        label="the site's power swing, per iteration period",
+    )
     top.axhline(1.0, color="grey", ls=":", label="independent jobs (1)")
     top.axhline(
         np.sqrt(run.jobs),
@@ -77,37 +88,88 @@ def plot_sync(run: Any, path: Path) -> None:
         ls=":",
         label=f"locked (sqrt N = {np.sqrt(run.jobs):.1f})",
     )
-    top.legend(frameon=False, loc="center right")
+    top.legend(frameon=True, framealpha=0.9, loc="best", fontsize="small")
     top.set(
-        ylabel="aggregate swing\n(x incoherent)",
+        ylabel="site power swing\n(1 = independent jobs)",
         title=(
             f"{run.jobs} jobs, T = {run.period_s:g} s, duty {run.duty:g}, delay {run.delay_s:g} s, "
             f"gain {run.gain_per_s:g} rad/s, spread {run.spread:g}"
         ),
     )
     top.grid(alpha=0.3)
+    meaning = {
+        1: "r1: how far the jobs' iterations line up (1: all in step, 0: spread evenly)",
+        3: "r3: the same for three groups a third of a period apart (3-cluster locking)",
+    }
     for m, colour in ((1, "black"), (3, "tab:purple")):
-        bottom.plot(run.time_s, run.order[:, m - 1], color=colour, lw=1.0, label=f"r{m}")
-    bottom.set(xlabel="time [s]", ylabel="order parameter", ylim=(0, 1.05))
-    bottom.legend(frameon=False)
+        bottom.plot(run.time_s, run.order[:, m - 1], color=colour, lw=1.0, label=meaning[m])
+    bottom.set(xlabel="time [s]", ylabel="order parameter (0 to 1)", ylim=(0, 1.05))
+    bottom.legend(frameon=True, framealpha=0.9, loc="best", fontsize="small")
     bottom.grid(alpha=0.3)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
-def plot_lab(trace: list[tuple[float, float, float, str]], requested_kw: float, path: Path) -> None:
-    """Site power against the target over a lab run."""
-    fig, ax = plt.subplots(figsize=(10, 4), constrained_layout=True)
+def plot_lab(
+    trace: list[tuple[float, float, float, str]],
+    requested_kw: float,
+    path: Path,
+) -> None:
+    """Site power over a lab run: the baseline, the event shaded, the target inside it."""
+    _save(lab_figure(trace, requested_kw), path)
+
+
+def lab_figure(trace: list[tuple[float, float, float, str]], requested_kw: float) -> Figure:
+    """`plot_lab`'s figure."""
+    fig, ax = plt.subplots(figsize=(10, 5.2), constrained_layout=True)
     if trace:
-        t, kw, target, _ = zip(*trace, strict=True)
-        ax.plot(t, kw, color="tab:blue", lw=1.5, label="site power (agents' telemetry x k)")
-        ax.step(t, target, where="post", color="tab:red", ls="--", label="target")
+        t, kw, target, status = (np.array(c) for c in zip(*trace, strict=True))
+        active = status == "active"
+        # Outside the event the target is the baseline; inside it, the baseline less the request.
+        baseline = np.where(active, target + requested_kw, target)
+        if active.any():
+            start, end = t[active][0], t[active][-1]
+            ax.axvspan(
+                start, end, color="tab:orange", alpha=0.12, label="event (the VTN's request)"
+            )
+            ax.step(
+                t[active],
+                target[active],
+                where="post",
+                color="tab:red",
+                ls="--",
+                label=f"target: baseline - {requested_kw:.1f} kW",
+            )
+        ax.step(
+            t,
+            baseline,
+            where="post",
+            color="grey",
+            ls=":",
+            label="baseline: site power before the event (uncapped)",
+        )
+        ax.plot(
+            t,
+            kw,
+            color="tab:blue",
+            lw=1.5,
+            label=(
+                "site power at the facility meter (without a meter: the GPU power the agents\n"
+                "report x k, the facility kW per GPU kW for conversion losses and cooling)"
+            ),
+        )
     ax.set(
-        xlabel="time since start [s]",
+        xlabel="time since the lab started [s]",
         ylabel="facility power [kW]",
-        title=f"flexgate lab: the VTN asks for {requested_kw:.1f} kW",
+        title=f"flexgate lab: the VTN asks the site to shed {requested_kw:.1f} kW",
     )
-    ax.legend(frameon=False)
+    # Below the axes: inside, it would hide the event, where the reader looks.
+    ax.legend(
+        frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize="small"
+    )
     ax.grid(alpha=0.3)
+    return fig
+
+
+def _save(fig: Figure, path: Path) -> None:
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,10 +1,12 @@
-"""The job-mix JSON reader (CONTRACT.md): the one every caller uses.
+"""The job-mix JSON reader (docs/configuration.md, "The job mix"): the one every caller uses.
 
 `parse_job_mix_json` takes the text of a job-mix document (a file's contents, a request body)
 and `parse_job_mix` the decoded document; both return a `JobMix` or raise `InvalidJobError`
 with a one-line message naming the source, job and field at fault. Unknown fields are refused
-by name; so are NaN and Infinity, which Python's `json` would otherwise accept. Reading the
-file is the caller's (flexmodel does no I/O).
+by name; so are NaN and Infinity, which Python's `json` would otherwise accept. Every physical
+quantity must lie in a plausible range (the `*_RANGE` constants, docs/configuration.md), so a
+value in the wrong unit is refused with the unit named instead of giving nonsense; two jobs on
+one GPU are refused naming both. Reading the file is the caller's (flexmodel does no I/O).
 """
 
 from __future__ import annotations
@@ -28,6 +30,24 @@ from flexmodel.jobs import (
 )
 from flexmodel.pfi import check_grid
 
+# Plausible ranges, inclusive. Each is wide enough for any GPU or job we know of and narrow
+# enough to catch the usual slip of unit (kW for W, ms for s, percent for a fraction).
+#: Per-GPU power and limits [W]: no data-centre GPU under load draws under 50 W or over 2 kW
+#: (H200 700 W, B200 1000 W), so 0.662 is kW typed as W.
+GPU_POWER_RANGE_W = (50.0, 2000.0)
+#: Iteration period [s]: 10 ms to an hour covers the fastest inference step and the slowest
+#: checkpointing loop; beyond them the value is in ms or minutes.
+PERIOD_RANGE_S = (0.01, 3600.0)
+#: GPUs per job: the largest training jobs run on about 100,000.
+GPUS_RANGE = (1, 100_000)
+#: PFI: the study's H200 jobs lie in 1.10 - 2.67 and the fleet family reaches about 0.8 - 40
+#: (docs/model.md, section 2); below 0.5 or above 10 no measured job has been seen.
+PFI_RANGE = (0.5, 10.0)
+#: Overhead factor k: facility kW per GPU kW; above 3 (a PUE of 3) it is a percentage.
+OVERHEAD_FACTOR_RANGE = (1.0, 3.0)
+#: Static load [kW]: up to a gigawatt, larger than any site; more is W typed as kW.
+STATIC_LOAD_RANGE_KW = (0.0, 1_000_000.0)
+
 
 def parse_job_mix_json(text: str, *, source: str = "job mix") -> JobMix:
     """Decode and validate a job-mix document; errors start with `source` (a file name)."""
@@ -41,7 +61,7 @@ def parse_job_mix_json(text: str, *, source: str = "job mix") -> JobMix:
 def parse_json(text: str, *, source: str) -> Any:
     """Strict JSON: a syntax error says where; NaN and Infinity are refused (JSON has neither)."""
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text.removeprefix("\ufeff"), parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
         raise FlexModelError(
             f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
@@ -78,11 +98,18 @@ def parse_job_mix(doc: Any) -> JobMix:
         if job.id in seen:
             raise InvalidJobError(f"job mix: job id '{job.id}' appears twice")
         seen.add(job.id)
+    _refuse_shared_gpus(jobs)
     mix = JobMix(
         jobs=jobs,
-        overhead_factor=_number(doc, "overhead_factor", "job mix", 1.0, minimum=1.0),
-        overhead_factor_stderr=_number(doc, "overhead_factor_stderr", "job mix", 0.0, minimum=0.0),
-        static_load_kw=_number(doc, "static_load_kw", "job mix", 0.0, minimum=0.0),
+        overhead_factor=_number(
+            doc, "overhead_factor", "job mix", 1.0, within=OVERHEAD_FACTOR_RANGE
+        ),
+        overhead_factor_stderr=_number(
+            doc, "overhead_factor_stderr", "job mix", 0.0, within=(0.0, 1.0)
+        ),
+        static_load_kw=_number(
+            doc, "static_load_kw", "job mix", 0.0, within=STATIC_LOAD_RANGE_KW, unit="kW"
+        ),
     )
     mix.curves  # noqa: B018 - a PFI the family cannot represent is bad input: say so now
     return mix
@@ -101,50 +128,69 @@ def parse_job(doc: Any, index: int = 0) -> Job:
         if name not in doc:
             raise InvalidJobError(f"{where}: missing required field '{name}'")
     gpus = doc["gpus"]
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise InvalidJobError(f"{where}: 'gpus' must be a whole number of at least 1, got {gpus!r}")
-    min_cap = _number(doc, "min_cap_w", where, DEFAULT_MIN_CAP_W, minimum=0.0, strict=True)
-    max_cap = _number(doc, "max_cap_w", where, DEFAULT_MAX_CAP_W, minimum=0.0, strict=True)
+    low, high = GPUS_RANGE
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not low <= gpus <= high:
+        raise InvalidJobError(
+            f"{where}: 'gpus' must be a whole number from {low} to {high:,}, got {gpus!r}"
+        )
+    watts: dict[str, Any] = {"within": GPU_POWER_RANGE_W, "unit": "W"}
+    min_cap = _number(doc, "min_cap_w", where, DEFAULT_MIN_CAP_W, **watts)
+    max_cap = _number(doc, "max_cap_w", where, DEFAULT_MAX_CAP_W, **watts)
     if min_cap >= max_cap:
         raise InvalidJobError(f"{where}: min_cap_w {min_cap:g} must be below max_cap_w {max_cap:g}")
-    power = _number(doc, "power_w", where, minimum=0.0, strict=True)
+    power = _number(doc, "power_w", where, **watts)
     if power > max_cap:
         raise InvalidJobError(
             f"{where}: power_w {power:g} is above max_cap_w {max_cap:g} (a GPU cannot draw more "
             "than its limit on average)"
         )
-    pfi = _optional(doc, "pfi", where, minimum=0.0, strict=True)
+    pfi = _optional(doc, "pfi", where, within=PFI_RANGE)
     grid = doc.get("pfi_grid_w")
     if grid is not None:
-        grid = tuple(_number_list(grid, f"{where}: pfi_grid_w"))
+        grid = tuple(_number_list(grid, f"{where}: 'pfi_grid_w'", **watts))
         check_grid(grid, where)
     job = Job(
         id=ident,
         gpus=gpus,
         power_w=power,
-        throughput=_number(doc, "throughput", where, minimum=0.0, strict=True),
+        throughput=_number(doc, "throughput", where, minimum=0.0, strict=True, unit="tokens/s"),
         pfi=pfi,
-        pfi_stderr=_optional(doc, "pfi_stderr", where, minimum=0.0),
+        pfi_stderr=_optional(doc, "pfi_stderr", where, within=(0.0, PFI_RANGE[1])),
         pfi_grid_w=grid,
         sweep=_sweep(doc.get("sweep"), where),
         min_cap_w=min_cap,
         max_cap_w=max_cap,
-        min_throughput_fraction=_number(
-            doc, "min_throughput_fraction", where, 0.0, minimum=0.0, maximum=1.0
-        ),
+        min_throughput_fraction=_number(doc, "min_throughput_fraction", where, 0.0, within=_SHARE),
         protected=_boolean(doc, "protected", where),
         weight=_number(doc, "weight", where, 1.0, minimum=0.0),
-        remaining_s=_optional(doc, "remaining_s", where, minimum=0.0, strict=True),
-        period_s=_number(doc, "period_s", where, DEFAULT_PERIOD_S, minimum=0.0, strict=True),
-        duty=_number(doc, "duty", where, DEFAULT_DUTY, minimum=0.0, maximum=1.0, strict=True),
+        remaining_s=_optional(doc, "remaining_s", where, minimum=0.0, unit="s"),
+        period_s=_number(doc, "period_s", where, DEFAULT_PERIOD_S, within=PERIOD_RANGE_S, unit="s"),
+        duty=_number(doc, "duty", where, DEFAULT_DUTY, within=_SHARE, strict=True),
         comm_power_fraction=_number(
-            doc, "comm_power_fraction", where, DEFAULT_COMM_POWER_FRACTION, minimum=0.0, maximum=1.0
+            doc, "comm_power_fraction", where, DEFAULT_COMM_POWER_FRACTION, within=_SHARE
         ),
         placement=_placement(doc.get("placement"), where, gpus),
     )
     if job.sweep is not None:
         _check_sweep(job, where)
     return job
+
+
+def _refuse_shared_gpus(jobs: tuple[Job, ...]) -> None:
+    """Two jobs on one GPU: the agent would cap the GPU for one of them and lose the other."""
+    holder: dict[tuple[str, int], str] = {}
+    for job in jobs:
+        for place in job.placement or ():
+            clashes: dict[str, list[int]] = {}
+            for gpu in place.gpus:
+                other = holder.setdefault((place.node, gpu), job.id)
+                if other != job.id:
+                    clashes.setdefault(other, []).append(gpu)
+            for other, gpus in clashes.items():
+                raise InvalidJobError(
+                    f"job mix: jobs '{other}' and '{job.id}' are both placed on node "
+                    f"'{place.node}' GPU(s) {', '.join(map(str, gpus))} (a GPU runs one job)"
+                )
 
 
 def _check_sweep(job: Job, where: str) -> None:
@@ -170,6 +216,12 @@ def _check_sweep(job: Job, where: str) -> None:
         raise InvalidJobError(str(exc)) from exc
 
 
+#: Fractions and shares of a whole.
+_SHARE = (0.0, 1.0)
+#: A value this many times too small or too large, in these units, was probably typed in them.
+_UNIT_SLIPS = {"W": (1000.0, "kW"), "s": (0.001, "ms"), "": (0.01, "percent")}
+
+
 def _refuse_unknown(doc: dict[str, Any], allowed: set[str], where: str) -> None:
     unknown = sorted(set(doc) - allowed)
     if unknown:
@@ -181,17 +233,50 @@ def _is_number(value: Any) -> bool:
 
 
 def _check_number(
-    value: Any, label: str, *, minimum: float | None, maximum: float | None, strict: bool
+    value: Any,
+    label: str,
+    *,
+    within: tuple[float, float] | None = None,
+    minimum: float | None = None,
+    strict: bool = False,
+    unit: str = "",
 ) -> float:
+    """`value` as a float, refused when outside `within` (or below `minimum`).
+
+    `strict` makes the lower bound exclusive. The message names the unit and, when the value
+    would fit in a neighbouring unit (kW for W, ms for s, percent for a share), says so.
+    """
     if not _is_number(value) or not math.isfinite(value):
         raise InvalidJobError(f"{label} must be a finite number, got {value!r}")
     out = float(value)
-    if minimum is not None and (out <= minimum if strict else out < minimum):
-        word = "above" if strict else "at least"
-        raise InvalidJobError(f"{label} must be {word} {minimum:g}, got {out:g}")
-    if maximum is not None and out > maximum:
-        raise InvalidJobError(f"{label} must be at most {maximum:g}, got {out:g}")
-    return out
+    low, high = within if within is not None else (minimum, None)
+    too_low = low is not None and (out <= low if strict else out < low)
+    too_high = high is not None and out > high
+    if not (too_low or too_high):
+        return out
+    suffix = f" {unit}" if unit else ""
+    if high is None:
+        bound = f"{'above' if strict else 'at least'} {low:g}{suffix}"
+    elif low is None:
+        bound = f"at most {high:g}{suffix}"
+    elif strict:
+        bound = f"above {low:g} and at most {high:g}{suffix}"
+    else:
+        bound = f"from {low:g} to {high:g}{suffix}"
+    raise InvalidJobError(f"{label} must be {bound}, got {out:g}{_slip(out, within, unit)}")
+
+
+def _slip(value: float, within: tuple[float, float] | None, unit: str) -> str:
+    """A hint when `value` is in range once read in the unit people confuse with `unit`."""
+    if within is None or unit not in _UNIT_SLIPS:
+        return ""
+    scale, other = _UNIT_SLIPS[unit]
+    if unit == "" and within != _SHARE:
+        return ""
+    fixed = value * scale
+    if within[0] < fixed <= within[1]:
+        return f" ({value:g} looks like {other}: {fixed:g}{f' {unit}' if unit else ''}?)"
+    return ""
 
 
 def _number(
@@ -199,26 +284,20 @@ def _number(
     name: str,
     where: str,
     default: float | None = None,
-    *,
-    minimum: float | None = None,
-    maximum: float | None = None,
-    strict: bool = False,
+    **bounds: Any,
 ) -> float:
+    """Field `name` of `doc` checked by `_check_number(**bounds)`, or `default` when absent."""
     if doc.get(name) is None:
         if default is None:
             raise InvalidJobError(f"{where}: missing required field '{name}'")
         return default
-    return _check_number(
-        doc[name], f"{where}: '{name}'", minimum=minimum, maximum=maximum, strict=strict
-    )
+    return _check_number(doc[name], f"{where}: '{name}'", **bounds)
 
 
-def _optional(
-    doc: dict[str, Any], name: str, where: str, *, minimum: float, strict: bool = False
-) -> float | None:
+def _optional(doc: dict[str, Any], name: str, where: str, **bounds: Any) -> float | None:
     if doc.get(name) is None:
         return None
-    return _number(doc, name, where, minimum=minimum, strict=strict)
+    return _number(doc, name, where, **bounds)
 
 
 def _boolean(doc: dict[str, Any], name: str, where: str) -> bool:
@@ -228,10 +307,10 @@ def _boolean(doc: dict[str, Any], name: str, where: str) -> bool:
     return value
 
 
-def _number_list(value: Any, label: str) -> list[float]:
+def _number_list(value: Any, label: str, **bounds: Any) -> list[float]:
     if not isinstance(value, list):
         raise InvalidJobError(f"{label} must be a list of numbers")
-    return [_check_number(v, label, minimum=0.0, maximum=None, strict=True) for v in value]
+    return [_check_number(v, label, **bounds) for v in value]
 
 
 def _sweep(value: Any, where: str) -> tuple[tuple[float, float, float], ...] | None:
@@ -245,10 +324,9 @@ def _sweep(value: Any, where: str) -> tuple[tuple[float, float, float], ...] | N
         if not isinstance(point, dict):
             raise InvalidJobError(f"{label} must be an object with {', '.join(_POINT_FIELDS)}")
         _refuse_unknown(point, set(_POINT_FIELDS), label)
-        cap, power, thr = (
-            _number(point, name, label, minimum=0.0, strict=name != "throughput")
-            for name in _POINT_FIELDS
-        )
+        cap = _number(point, "cap_w", label, within=GPU_POWER_RANGE_W, unit="W")
+        power = _number(point, "power_w", label, within=GPU_POWER_RANGE_W, unit="W")
+        thr = _number(point, "throughput", label, minimum=0.0, unit="tokens/s")
         points.append((cap, power, thr))
     return tuple(points)
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import EXAMPLES, ROOT
+from flexgate.serve import free_port
+from tests.conftest import EXAMPLES, ROOT, wait_for
 
 
 def flexgate(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -111,7 +116,20 @@ def test_pfi_from_csv_and_json_agree(tmp_path):
             ["NaN is not a number JSON allows"],
         ),
         (mix_with(colour="red"), ["--reduction-kw", "1"], ["job 'a'", "unknown field", "colour"]),
-        (mix_with(power_w=-600.0), ["--reduction-kw", "1"], ["'power_w' must be above 0"]),
+        (mix_with(power_w=-600.0), ["--reduction-kw", "1"], ["'power_w' must be from 50 to"]),
+        (mix_with(power_w=0.662), ["--reduction-kw", "1"], ["0.662 looks like kW: 662 W?"]),
+        (
+            {
+                "jobs": [
+                    {**JOB, "id": job, "placement": [{"node": "n1", "gpus": list(range(8))}]}
+                    for job in ("a", "b")
+                ]
+            },
+            ["--reduction-kw", "1"],
+            ["jobs 'a' and 'b' are both placed on node 'n1' GPU(s) 0, 1, 2, 3, 4, 5, 6, 7"],
+        ),
+        (mix_with(), ["--reduction-fraction", "25"], ["a percentage? 25% is 0.25"]),
+        (mix_with(), ["--reduction-fraction", "-0.1"], ["expected a fraction from 0 to 1"]),
         (mix_with(gpus=0), ["--reduction-kw", "1"], ["'gpus' must be a whole number"]),
         (mix_with(power_w=800.0), ["--reduction-kw", "1"], ["above max_cap_w"]),
         (mix_with(min_cap_w=100.0, max_cap_w=90.0), ["--reduction-kw", "1"], ["min_cap_w"]),
@@ -145,6 +163,40 @@ def test_allocate_bad_input_exits_2_with_one_line(tmp_path, content, args, fragm
 )
 def test_pfi_bad_input_exits_2_with_one_line(tmp_path, name, content, fragments):
     assert_bad_input(flexgate("pfi", write(tmp_path, name, content)), *fragments)
+
+
+SWEEP_ROWS = [("700", "600", "1000"), ("300", "300", "600"), ("500", "450", "900")]
+
+
+def test_a_spreadsheet_csv_with_a_byte_order_mark_is_read(tmp_path):
+    """Excel's "CSV UTF-8" starts the file with a BOM, which used to spoil the first header."""
+    path = tmp_path / "sweep.csv"
+    with path.open("w", encoding="utf-8-sig", newline="") as handle:
+        rows = [("cap_w", "power_w", "throughput"), *SWEEP_ROWS]
+        csv.writer(handle, lineterminator="\r\n").writerows(rows)
+    assert path.read_bytes().startswith(b"\xef\xbb\xbfcap_w")
+    result = flexgate("pfi", path, "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["pfi"] == pytest.approx(1.875)
+
+
+@pytest.mark.parametrize(("delimiter", "name"), [(";", "semicolons"), ("\t", "tabs")])
+def test_a_csv_with_another_delimiter_is_refused_naming_it(tmp_path, delimiter, name):
+    """Semicolon files come with decimal commas (600,5): guessing could read wrong numbers."""
+    path = tmp_path / "sweep.csv"
+    with path.open("w", encoding="utf-8-sig", newline="") as handle:
+        rows = [("cap_w", "power_w", "throughput"), ("700", "600,5", "1000"), *SWEEP_ROWS[1:]]
+        csv.writer(handle, delimiter=delimiter).writerows(rows)
+    assert_bad_input(
+        flexgate("pfi", path), f"columns are separated by {name}, not commas", "'.' for decimals"
+    )
+
+
+def test_a_job_mix_with_a_byte_order_mark_is_read(tmp_path):
+    path = tmp_path / "mix.json"
+    path.write_text(json.dumps(mix_with()), encoding="utf-8-sig")
+    result = flexgate("allocate", path, "--reduction-kw", "1", "--json")
+    assert result.returncode == 0, result.stderr
 
 
 def test_unknown_command_is_bad_input():
@@ -208,6 +260,9 @@ def test_simulate_json_and_plot(tmp_path):
         (["simulate", "--workloads", "0"], ["expected at least 1"]),
         (["simulate", "--jobs", "ten"], ["expected a whole number"]),
         (["simulate", "--reductions", "0,1.5"], ["fractions in [0, 1)"]),
+        (["simulate", "--reductions", "0,30"], ["a percentage? 30% is 0.3"]),
+        (["quote", "examples/site.json", "--confidence", "90"], ["a percentage? 90% is 0.9"]),
+        (["lab", "--reduction", "25"], ["a percentage? 25% is 0.25"]),
         (["simulate", "--mix", "busy"], ["invalid choice"]),
         (["simulate", "--seed", "-1"], ["expected 0 or more"]),
         (["simulate", "--workloads", "1", "--plot", "/no/such/dir/x.png"], ["does not exist"]),
@@ -234,8 +289,10 @@ def test_sync_check_json_follows_the_contract():
         "in_phase_stable",
         "verdict",
         "max_safe_delay_s",
+        "advice",
     }
     assert doc["verdict"] == "safe"
+    assert doc["advice"] == []
     assert doc["max_safe_delay_s"] == pytest.approx(1 / 3)
     assert set(doc["harmonics"][0]) == {
         "m",
@@ -358,10 +415,14 @@ def test_sync_bad_input(args, fragments):
         ({"FLEXGATE_AGENT_TOKEN": "x" * 20}, ["--gpus", "0"], ["expected at least 1"]),
         ({"FLEXGATE_AGENT_TOKEN": "x" * 20}, ["--job-mix", "missing.json"], ["no such file"]),
         ({"FLEXGATE_AGENT_TOKEN": "x" * 20}, ["--backend", "rocm"], ["invalid choice"]),
+        (
+            {"FLEXGATE_AGENT_TOKEN": "x" * 20},
+            ["--gpus", "4", "--job-mix", "examples/site.json", "--node-id", "node-01"],
+            ["is placed on GPU 4 of node-01, which has 4 GPUs", "set --gpus"],
+        ),
     ],
 )
 def test_agent_refuses_bad_settings_before_starting(env, args, fragments):
-    import os
 
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEXGATE_")}
     result = subprocess.run(
@@ -423,3 +484,112 @@ def test_sync_check_takes_the_loops_controller():
         "-1",
     )
     assert refused.returncode == 2
+
+
+def _every_parser():
+    """The top-level parser and every sub-command's, found by walking the real parser."""
+    import argparse
+
+    from flexgate.cli.parser import build_parser
+
+    pending = [build_parser()]
+    while pending:
+        parser = pending.pop()
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                pending.extend(action.choices.values())
+
+
+def test_every_option_of_every_command_says_what_it_is():
+    import argparse
+
+    missing = [
+        f"{parser.prog} {action.option_strings or action.dest}"
+        for parser in _every_parser()
+        for action in parser._actions
+        if not action.help and not isinstance(action, argparse._SubParsersAction)
+    ]
+    assert missing == []
+
+
+def test_help_cites_only_pages_users_have():
+    for parser in _every_parser():
+        text = parser.format_help()
+        for word in ("CONTRACT", "shared/design", "MODEL.md"):
+            assert word not in text, (parser.prog, word)
+
+
+@pytest.mark.parametrize(
+    ("command", "words"),
+    [
+        ("agent", ["FLEXGATE_AGENT_TOKEN", "--port 9102", "--lab"]),
+        ("gateway", ["FLEXGATE_API_TOKEN", "FLEXGATE_AGENT_TOKEN", "FLEXGATE_AGENTS"]),
+        ("simulate", ["workloads", "jobs per workload", "random seed"]),
+        ("lab", ["simulated GPU nodes", "GPUs per node", "[s]"]),
+    ],
+)
+def test_service_help_names_what_must_be_set(command, words):
+    result = flexgate(command, "--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    for word in words:
+        assert word in text, word
+
+
+def test_version_is_the_installed_package_version():
+    from importlib.metadata import version
+
+    result = flexgate("--version")
+    assert (result.returncode, result.stdout.strip()) == (0, f"flexgate {version('flexgate')}")
+
+
+def test_an_unsafe_sync_check_says_which_loop_setting_makes_it_safe():
+    demo = ("sync", "check", "--delay-s", "1.2", "--job-mix", EXAMPLES / "site.json")
+    shown = flexgate(*demo)
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    assert "verdict: unsafe" in text
+    assert "what to do (any one of these makes it safe" in text
+    doc = json.loads(flexgate(*demo, "--json").stdout)
+    delay, window, spread = doc["advice"]
+    assert delay.startswith("a faster loop: --delay-s below 0.25 s")
+    assert "FLEXGATE_RECONCILE_PERIOD_S" in delay
+    assert window.startswith("a loop that averages over whole iteration periods: --window-s 6")
+    assert spread.startswith("--spread 0 means identical jobs")
+    # Each advised setting, applied, gives a safe loop with nothing more to advise.
+    for change in (["--delay-s", "0.24"], ["--window-s", "6"]):
+        again = json.loads(flexgate(*demo, *change, "--json").stdout)
+        assert (again["verdict"], again["advice"]) == ("safe", [])
+
+
+@pytest.mark.parametrize(("agents", "warned"), [("", True), ("http://127.0.0.1:9", False)])
+def test_a_gateway_without_agents_warns_that_it_caps_nothing(tmp_path, agents, warned):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEXGATE_")}
+    env = clean | {
+        "FLEXGATE_AGENTS": agents,
+        "FLEXGATE_DATABASE_URL": f"sqlite:///{tmp_path / 'gateway.db'}",
+    }
+    port, log = free_port(), tmp_path / "gateway.log"
+    with log.open("w") as stderr:
+        gateway = subprocess.Popen(
+            [sys.executable, "-m", "flexgate.cli", "gateway", "--lab", "--port", str(port)],
+            cwd=tmp_path,
+            env=env | {"PYTHONPATH": str(ROOT)},
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    try:
+
+        def answers():
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code
+            except httpx.HTTPError:
+                return None
+
+        wait_for(answers, "the gateway", 30)
+        text = log.read_text()
+        assert ("FLEXGATE_AGENTS is empty: no agent is known" in text) is warned, text
+    finally:
+        gateway.send_signal(signal.SIGTERM)
+        gateway.wait(timeout=20)

@@ -1,4 +1,4 @@
-"""The `flexgate` command line (CONTRACT.md, "Command line").
+"""The `flexgate` command line (docs/cli.md).
 
 Every data command takes `--json` and then prints one JSON document on stdout. Exit codes: 0 on
 success (an infeasible request is a valid answer), 2 on bad input with a one-line message on

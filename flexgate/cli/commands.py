@@ -48,10 +48,6 @@ def run_allocate(args: argparse.Namespace) -> int:
             raise BadInputError(f"--reduction-kw must be at least 0, got {args.reduction_kw:g}")
         facility_kw = args.reduction_kw
     else:
-        if args.reduction_fraction < 0:
-            raise BadInputError(
-                f"--reduction-fraction must be at least 0, got {args.reduction_fraction:g}"
-            )
         # Of the placed jobs only: the site can neither measure nor cap the others.
         facility_kw = args.reduction_fraction * mix.overhead_factor * mix.baseline_gpu_kw
     doc = allocate_mix(mix, facility_kw, strategy=args.strategy, objective=args.objective)
@@ -105,14 +101,58 @@ def run_sync_check(args: argparse.Namespace) -> int:
     if args.job_mix is None:
         if args.period_s is None or args.duty is None:
             raise BadInputError("--period-s and --duty are required without --job-mix")
-        doc = analyse(args.period_s, args.duty, **loop).job_dict(0)
+        periods = [args.period_s]
+
+        def check(**changed: float) -> dict[str, Any]:
+            return analyse(args.period_s, args.duty, **(loop | changed)).job_dict(0)
     else:
-        doc = fleet_check(read_job_mix(args.job_mix), **loop)
+        mix = read_job_mix(args.job_mix)
+        periods = [j.period_s for j in mix.waving]
+
+        def check(**changed: float) -> dict[str, Any]:
+            return fleet_check(mix, **(loop | changed))
+
+    doc = check()
+    doc["advice"] = loop_advice(check, doc, periods)
     if args.json:
         output.print_json(doc)
     else:
         output.show_sync_check(doc)
     return 0
+
+
+#: Whole periods of a job tried as the loop's window when advising one.
+ADVICE_WINDOW_PERIODS = (1, 2, 3, 4)
+
+
+def loop_advice(
+    check: Callable[..., dict[str, Any]], doc: dict[str, Any], periods: list[float]
+) -> list[str]:
+    """Loop settings that make an unsafe or at-risk loop safe, each checked by `check` (the
+    same analysis with one setting changed): a verdict alone leaves an operator stuck."""
+    if doc["verdict"] == "safe":
+        return []
+    advice = []
+    limits = [j["max_safe_delay_s"] for j in doc.get("jobs", [doc])]
+    limit = min((x for x in limits if x is not None), default=None)
+    if limit is not None and limit > 0 and check(delay_s=0.95 * limit)["verdict"] == "safe":
+        advice.append(
+            f"a faster loop: --delay-s below {limit:.3g} s (the gateway's loop: "
+            "FLEXGATE_RECONCILE_PERIOD_S plus the dispatch time)"
+        )
+    windows = sorted({round(k * p, 6) for p in periods for k in ADVICE_WINDOW_PERIODS})
+    window = next((w for w in windows if check(window_s=w)["verdict"] == "safe"), None)
+    if window is not None:
+        advice.append(
+            f"a loop that averages over whole iteration periods: --window-s {window:g} "
+            "(it no longer sees the jobs' swings)"
+        )
+    if doc["spread"] == 0:
+        advice.append(
+            "--spread 0 means identical jobs, which lock under the weakest pull: give the "
+            "jobs' real rate spread (a fraction, e.g. 0.01) for a verdict that fits them"
+        )
+    return advice
 
 
 def fleet_check(mix: JobMix, **loop: float) -> dict[str, Any]:
@@ -190,6 +230,7 @@ def _finish(
 def run_agent(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from agents.errors import InvalidSetupError
     from agents.run import run_agent
     from agents.settings import AgentSettings
 
@@ -211,7 +252,12 @@ def run_agent(args: argparse.Namespace) -> int:
         raise BadInputError(_first_error(exc)) from None
     if settings.agent_job_mix is not None:
         read_job_mix(settings.agent_job_mix)  # bad input is said before anything starts
-    run_agent(settings)
+    try:
+        run_agent(settings)
+    except InvalidSetupError as exc:  # raised while the node is built, before it serves
+        raise BadInputError(
+            f"{exc} (set --gpus to the node's GPU count, or fix the job mix's placement)"
+        ) from None
     return 0
 
 
@@ -226,6 +272,15 @@ def run_gateway(args: argparse.Namespace) -> int:
         settings = GatewaySettings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as exc:
         raise BadInputError(_first_error(exc)) from None
+    if not settings.agents.strip():
+        # Not refused: a gateway may start before its agents are known (it answers quotes and
+        # takes events), but one that silently caps nothing is the worse surprise.
+        print(
+            "flexgate gateway: warning: FLEXGATE_AGENTS is empty: no agent is known, so no GPU "
+            "will be capped (set FLEXGATE_AGENTS=http://node-01:9100,... to the agents' URLs)",
+            file=sys.stderr,
+            flush=True,
+        )
     run_gateway(settings)
     return 0
 

@@ -128,11 +128,16 @@ def show_sync_check(doc: dict[str, Any]) -> None:
     console.print(
         f"verdict: [{colour}]{doc['verdict']}[/]; in phase stable for two jobs: "
         f"{'yes' if doc['in_phase_stable'] else 'no'}; "
+        + ("the worst job is " if "worst_job" in doc else "")
         + ("safe at any delay" if limit is None else f"safe below a delay of {limit:.3g} s")
     )
     for job in doc.get("jobs", []):
         if job["verdict"] != "safe":
             console.print(f"  {job['id']}: {job['verdict']} (harmonic {job['worst_m']})")
+    if doc.get("advice"):
+        console.print("what to do (any one of these makes it safe; docs/sync.md):")
+        for line in doc["advice"]:
+            console.print(f"  - {line}")
 
 
 def show_sync_run(doc: dict[str, Any]) -> None:

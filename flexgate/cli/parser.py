@@ -19,7 +19,23 @@ from flexmodel.sync import DEFAULT_GAIN_PER_S
 from flexmodel.syncsim import THROTTLES
 from flexmodel.workload import MIX_NAMES
 
-DESCRIPTION = 'The `flexgate` command line (CONTRACT.md, "Command line").'
+DESCRIPTION = (
+    "flexgate: demand response for GPU data centres. The model commands (pfi, allocate, quote, "
+    "simulate, sync) read files and print answers; agent, gateway and mock-vtn run services; lab "
+    "runs the whole chain on this machine. Data commands take --json. Exit codes: 0 success, 2 "
+    "bad input (one line on stderr), 1 other failure. Documentation: docs/cli.md."
+)
+AGENT_EPILOG = """\
+required: FLEXGATE_AGENT_TOKEN, the bearer token the gateway sends with caps (16+ characters;
+  --lab allows none). Options override the FLEXGATE_AGENT_* variables (docs/configuration.md).
+two agents on one host need their own --port and --node-id:
+  flexgate agent --lab --node-id node-01 --port 9101
+  flexgate agent --lab --node-id node-02 --port 9102"""
+GATEWAY_EPILOG = """\
+required: FLEXGATE_API_TOKEN (callers' bearer token for every change) and FLEXGATE_AGENT_TOKEN
+  (the agents' token), each 16+ characters (--lab allows placeholders), and FLEXGATE_AGENTS,
+  the agents' base URLs separated by commas (http://node-01:9100,...): without it the gateway
+  caps nothing. Every setting: docs/configuration.md."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,10 +45,17 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="flexgate", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"flexgate {_version()}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND", parser_class=_Parser)
 
     pfi = sub.add_parser("pfi", help="PFI of a measured sweep (CSV or JSON)")
-    pfi.add_argument("sweep", type=Path, metavar="SWEEP")
+    pfi.add_argument(
+        "sweep",
+        type=Path,
+        metavar="SWEEP",
+        help="CSV with header cap_w,power_w,throughput (W, W, tokens/s), or JSON with the same "
+        "points; the highest cap is the uncapped run",
+    )
     pfi.add_argument("--json", action="store_true", help="print one JSON document")
     pfi.set_defaults(command=commands.run_pfi, name="pfi")
 
@@ -42,10 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     amount.add_argument("--reduction-kw", type=_finite, metavar="R", help="at the meter [kW]")
     amount.add_argument(
         "--reduction-fraction",
-        type=_finite,
+        type=_share,
         metavar="F",
-        help="fraction of the mix's GPU-attributable facility power (k x baseline GPU kW of the "
-        "placed jobs)",
+        help="share in [0, 1] of the mix's GPU-attributable facility power (k x baseline GPU kW "
+        "of the placed jobs); 0.25 is 25%%",
     )
     alloc.add_argument(
         "--strategy",
@@ -76,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     quote.add_argument(
         "--confidence",
-        type=_finite,
+        type=_fraction,
         default=DEFAULT_CONFIDENCE,
         metavar="C",
         help="probability that firm kW can be delivered (default 0.9)",
@@ -85,9 +108,27 @@ def build_parser() -> argparse.ArgumentParser:
     quote.set_defaults(command=commands.run_quote, name="quote")
 
     sim = sub.add_parser("simulate", help="the PFI study's scheduling experiment, all strategies")
-    sim.add_argument("--workloads", type=_positive_int, default=500, metavar="W")
-    sim.add_argument("--jobs", type=_positive_int, default=100, metavar="N")
-    sim.add_argument("--mix", choices=MIX_NAMES, default="production")
+    sim.add_argument(
+        "--workloads",
+        type=_positive_int,
+        default=500,
+        metavar="W",
+        help="workloads (random job mixes) to average over (default 500, the study's)",
+    )
+    sim.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=100,
+        metavar="N",
+        help="jobs per workload (default 100)",
+    )
+    sim.add_argument(
+        "--mix",
+        choices=MIX_NAMES,
+        default="production",
+        help="job types: production (85%% fine-tuning jobs) or random (uniform over the study's "
+        "25 types) (default production)",
+    )
     sim.add_argument(
         "--reductions",
         type=_fractions,
@@ -95,35 +136,86 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LIST",
         help="comma-separated fractions in [0, 1) (default 0,0.1,0.2,0.3,0.4)",
     )
-    sim.add_argument("--pfi-source", choices=PFI_SOURCES, default="predicted")
-    sim.add_argument("--seed", type=_seed, default=1, metavar="N")
+    sim.add_argument(
+        "--pfi-source",
+        choices=PFI_SOURCES,
+        default="predicted",
+        help="what the strategies know of each job's PFI: predicted from telemetry (with the "
+        "study's error) or measured (default predicted)",
+    )
+    sim.add_argument(
+        "--seed", type=_seed, default=1, metavar="N", help="random seed, 0 or more (default 1)"
+    )
     sim.add_argument("--plot", type=Path, metavar="FILE", help="write a PNG of the results")
     sim.add_argument("--json", action="store_true", help="print one JSON document")
     sim.set_defaults(command=commands.run_simulate, name="simulate")
     _add_sync(sub)
 
-    agent = sub.add_parser("agent", help="run a GPU node agent (FLEXGATE_AGENT_* settings)")
-    agent.add_argument("--backend", choices=("sim", "nvml"), help="simulated GPUs or NVML")
-    agent.add_argument("--host", help="address to bind (default 127.0.0.1: loopback only)")
-    agent.add_argument("--port", type=int, help="port (default 9100)")
-    agent.add_argument("--node-id", help="this node's name in the job mix (default: hostname)")
-    agent.add_argument("--state-dir", type=Path, help="where original limits are saved")
-    agent.add_argument("--gpus", type=_positive_int, help="simulated GPUs (default 8)")
-    agent.add_argument("--job-mix", type=Path, help="job mix placing jobs on this node")
+    agent = sub.add_parser(
+        "agent",
+        help="run a GPU node agent (needs FLEXGATE_AGENT_TOKEN)",
+        description="Run the agent of one GPU node: it applies the gateway's caps with a lease\n"
+        "and restores every GPU's original limit when the lease ends or it stops\n"
+        "(docs/agents.md).",
+        epilog=AGENT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     agent.add_argument(
-        "--lab", action="store_true", help="lab mode: a placeholder token is allowed"
+        "--backend", choices=("sim", "nvml"), help="simulated GPUs or NVML (default sim)"
+    )
+    agent.add_argument("--host", help="address to bind (default 127.0.0.1: loopback only)")
+    agent.add_argument(
+        "--port", type=int, help="TCP port (default 9100); each agent on a host needs its own"
+    )
+    agent.add_argument(
+        "--node-id", help="this node's name in the job mix's placement (default: the hostname)"
+    )
+    agent.add_argument(
+        "--state-dir",
+        type=Path,
+        help="folder where original limits are saved (default .flexgate/agent; keep it on disk)",
+    )
+    agent.add_argument(
+        "--gpus",
+        type=_positive_int,
+        help="simulated GPUs on this node (default 8); must cover the mix's placement",
+    )
+    agent.add_argument(
+        "--job-mix", type=Path, metavar="FILE", help="job-mix JSON placing jobs on this node"
+    )
+    agent.add_argument(
+        "--lab", action="store_true", help="lab mode: without a token, a fixed lab token is used"
     )
     agent.set_defaults(command=commands.run_agent, name="agent")
 
-    gateway = sub.add_parser("gateway", help="run the gateway service (FLEXGATE_* settings)")
+    gateway = sub.add_parser(
+        "gateway",
+        help="run the gateway service (needs tokens and FLEXGATE_AGENTS)",
+        description="Run the site's gateway: the OpenADR VEN, the API and the planner that\n"
+        "sends caps to the agents (docs/gateway.md).",
+        epilog=GATEWAY_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     gateway.add_argument("--host", help="address to bind (default 127.0.0.1)")
-    gateway.add_argument("--port", type=int, help="port (default 8000)")
+    gateway.add_argument("--port", type=int, help="TCP port (default 8000)")
     gateway.add_argument("--lab", action="store_true", help="lab mode: placeholder tokens allowed")
     gateway.set_defaults(command=commands.run_gateway, name="gateway")
 
     lab = sub.add_parser("lab", help="the whole chain on loopback: mock VTN, gateway, agents")
-    lab.add_argument("--nodes", type=_positive_int, default=4, metavar="N")
-    lab.add_argument("--gpus-per-node", type=_positive_int, default=8, metavar="G")
+    lab.add_argument(
+        "--nodes",
+        type=_positive_int,
+        default=4,
+        metavar="N",
+        help="simulated GPU nodes (default 4)",
+    )
+    lab.add_argument(
+        "--gpus-per-node",
+        type=_positive_int,
+        default=8,
+        metavar="G",
+        help="GPUs per node, one job per node (default 8)",
+    )
     lab.add_argument(
         "--reduction",
         type=_fraction,
@@ -131,8 +223,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="F",
         help="share of the GPU-attributable facility power the VTN asks for (default 0.25)",
     )
-    lab.add_argument("--duration", type=_positive, default=40.0, metavar="S", help="event length")
-    lab.add_argument("--out", type=Path, default=Path("out"), help="where the plot goes")
+    lab.add_argument(
+        "--duration",
+        type=_positive,
+        default=40.0,
+        metavar="S",
+        help="how long the event holds the reduction [s] (default 40)",
+    )
+    lab.add_argument(
+        "--out",
+        type=Path,
+        default=Path("out"),
+        metavar="DIR",
+        help="folder for the plot and the report (default out)",
+    )
     lab.add_argument(
         "--mismatch",
         action="store_true",
@@ -142,9 +246,15 @@ def build_parser() -> argparse.ArgumentParser:
     lab.set_defaults(command=commands.run_lab, name="lab")
 
     vtn = sub.add_parser("mock-vtn", help="an OpenADR 2.0b VTN (openleadr) issuing a scenario")
-    vtn.add_argument("--scenario", type=Path, metavar="FILE", help="events to issue (JSON)")
+    vtn.add_argument(
+        "--scenario",
+        type=Path,
+        metavar="FILE",
+        help="events to issue, JSON like examples/scenario.json (default: one event asking "
+        "for 25 kW less, 10 s after the VEN registers, for 60 s)",
+    )
     vtn.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    vtn.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    vtn.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
     vtn.set_defaults(command=commands.run_mock_vtn, name="mock-vtn")
     return parser
 
@@ -180,7 +290,13 @@ def _add_sync(sub: Any) -> None:
     check = verbs.add_parser("check", help="coupling per harmonic, critical coupling, verdict")
     check.add_argument("--period-s", type=_positive, metavar="T", help="iteration period [s]")
     check.add_argument("--duty", type=_fraction, metavar="D", help="compute share, in (0, 1)")
-    check.add_argument("--delay-s", type=_non_negative, required=True, metavar="TAU")
+    check.add_argument(
+        "--delay-s",
+        type=_non_negative,
+        required=True,
+        metavar="TAU",
+        help="the loop's delay from measuring power to acting on it [s]",
+    )
     check.add_argument(
         "--window-s",
         type=_non_negative,
@@ -208,15 +324,51 @@ def _add_sync(sub: Any) -> None:
     check.set_defaults(command=commands.run_sync_check, name="sync check")
 
     run = verbs.add_parser("simulate", help="integrate the delayed-throttle model")
-    run.add_argument("--jobs", type=_positive_int, required=True, metavar="N")
-    run.add_argument("--period-s", type=_positive, required=True, metavar="T")
-    run.add_argument("--duty", type=_fraction, required=True, metavar="D")
-    run.add_argument("--delay-s", type=_non_negative, required=True, metavar="TAU")
-    run.add_argument("--window-s", type=_non_negative, default=0.0, metavar="W")
-    run.add_argument("--spread", type=_non_negative, default=0.0, metavar="F")
-    run.add_argument("--gain-per-s", type=_non_negative, default=DEFAULT_GAIN_PER_S, metavar="K")
+    run.add_argument(
+        "--jobs", type=_positive_int, required=True, metavar="N", help="jobs sharing the loop"
+    )
+    run.add_argument(
+        "--period-s", type=_positive, required=True, metavar="T", help="iteration period [s]"
+    )
+    run.add_argument(
+        "--duty", type=_fraction, required=True, metavar="D", help="compute share, in (0, 1)"
+    )
+    run.add_argument(
+        "--delay-s",
+        type=_non_negative,
+        required=True,
+        metavar="TAU",
+        help="the loop's delay from measuring power to acting on it [s]",
+    )
+    run.add_argument(
+        "--window-s",
+        type=_non_negative,
+        default=0.0,
+        metavar="W",
+        help="the loop's moving-average window [s] (default 0)",
+    )
+    run.add_argument(
+        "--spread",
+        type=_non_negative,
+        default=0.0,
+        metavar="F",
+        help="half-width of the jobs' rate spread, as a fraction of the rate (default 0)",
+    )
+    run.add_argument(
+        "--gain-per-s",
+        type=_non_negative,
+        default=DEFAULT_GAIN_PER_S,
+        metavar="K",
+        help=f"coupling at the fundamental [rad/s] (default {DEFAULT_GAIN_PER_S})",
+    )
     _add_controller(run)
-    run.add_argument("--duration-s", type=_positive, default=600.0, metavar="S")
+    run.add_argument(
+        "--duration-s",
+        type=_positive,
+        default=600.0,
+        metavar="S",
+        help="simulated time [s] (default 600)",
+    )
     run.add_argument(
         "--noise",
         type=_non_negative,
@@ -224,11 +376,27 @@ def _add_sync(sub: Any) -> None:
         metavar="SIGMA",
         help="phase noise [cycles per sqrt(s)]",
     )
-    run.add_argument("--throttle", choices=THROTTLES, default="linear")
-    run.add_argument("--seed", type=_seed, default=1, metavar="N")
+    run.add_argument(
+        "--throttle",
+        choices=THROTTLES,
+        default="linear",
+        help="how the loop's output slows the jobs (default linear)",
+    )
+    run.add_argument(
+        "--seed", type=_seed, default=1, metavar="N", help="random seed, 0 or more (default 1)"
+    )
     run.add_argument("--plot", type=Path, metavar="FILE", help="aggregate power and r1 over time")
     run.add_argument("--json", action="store_true", help="print one JSON document")
     run.set_defaults(command=commands.run_sync_simulate, name="sync simulate")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("flexgate")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _positive_int(text: str) -> int:
@@ -253,9 +421,11 @@ def _seed(text: str) -> int:
 
 def _fractions(text: str) -> list[float]:
     values = [_finite(part) for part in text.split(",") if part.strip()]
-    if not values or any(not 0.0 <= v < 1.0 for v in values):
+    outside = [v for v in values if not 0.0 <= v < 1.0]
+    if not values or outside:
+        hint = _percent_hint(outside[0]) if outside else ""
         raise argparse.ArgumentTypeError(
-            f"expected fractions in [0, 1) separated by commas, got {text!r}"
+            f"expected fractions in [0, 1) separated by commas, got {text!r}{hint}"
         )
     return values
 
@@ -278,9 +448,23 @@ def _fraction(text: str) -> float:
     value = _finite(text)
     if not 0.0 < value < 1.0:
         raise argparse.ArgumentTypeError(
-            f"expected a number strictly between 0 and 1, got {text!r}"
+            f"expected a number strictly between 0 and 1, got {text!r}{_percent_hint(value)}"
         )
     return value
+
+
+def _share(text: str) -> float:
+    value = _finite(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(
+            f"expected a fraction from 0 to 1, got {text!r}{_percent_hint(value)}"
+        )
+    return value
+
+
+def _percent_hint(value: float) -> str:
+    """A share typed as a percentage (25 for 0.25) is the usual slip: name the fix."""
+    return f" (a percentage? {value:g}% is {value / 100:g})" if 1.0 < value <= 100.0 else ""
 
 
 def _finite(text: str) -> float:

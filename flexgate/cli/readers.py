@@ -8,6 +8,7 @@ flexmodel's one reader (`flexmodel.jobmix`), as the agent's and the gateway's do
 from __future__ import annotations
 
 import csv
+import io
 import math
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,10 @@ class BadInputError(Exception):
 
 
 def read_text(path: Path) -> str:
+    """The file as text; a UTF-8 byte-order mark (spreadsheets and Windows editors write one)
+    is dropped, so it cannot make a header that looks right fail to match."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise BadInputError(f"{path}: no such file") from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
@@ -57,18 +60,25 @@ def read_sweep(path: Path) -> list[tuple[float, float, float]]:
                     f"{path}: points[{i}] must have exactly cap_w, power_w, throughput"
                 )
         return [_point(row, f"{path}: points[{i}]") for i, row in enumerate(rows)]
+    text = read_text(path)
+    header_line = text.partition("\n")[0]
+    for name, delimiter in (("semicolons", ";"), ("tabs", "\t")):
+        if delimiter in header_line and "," not in header_line:
+            # Such files (spreadsheets in locales with decimal commas) usually write 600,5 for
+            # 600.5 too: guessing which comma is which could read wrong numbers, so refuse.
+            raise BadInputError(
+                f"{path}: columns are separated by {name}, not commas: save the sweep as CSV "
+                "with commas between columns and '.' for decimals (cap_w,power_w,throughput)"
+            )
     try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            header = [h.strip() for h in (reader.fieldnames or [])]
-            if header != ["cap_w", "power_w", "throughput"]:
-                raise BadInputError(
-                    f"{path}: CSV header must be cap_w,power_w,throughput, got {','.join(header)}"
-                )
-            return [_point(row, f"{path}: line {i + 2}") for i, row in enumerate(reader)]
-    except FileNotFoundError:
-        raise BadInputError(f"{path}: no such file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError, csv.Error) as exc:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        if header != ["cap_w", "power_w", "throughput"]:
+            raise BadInputError(
+                f"{path}: CSV header must be cap_w,power_w,throughput, got {','.join(header)!r}"
+            )
+        return [_point(row, f"{path}: line {i + 2}") for i, row in enumerate(reader)]
+    except csv.Error as exc:
         raise BadInputError(f"{path}: cannot read: {exc}") from None
 
 

@@ -22,7 +22,9 @@ class Clock:
 def rig(tmp_path):
     fake = FakeNvml(gpus=4, start_mw=650_000)
     clock = Clock()
-    controller = CapController(NvmlBackend(nvml=fake), OriginalLimits(tmp_path), clock)
+    controller = CapController(
+        NvmlBackend(nvml=fake), OriginalLimits(tmp_path), clock, node_id="node-01"
+    )
     return fake, controller, clock, tmp_path
 
 
@@ -164,3 +166,50 @@ def test_a_restore_that_fails_is_retried_until_the_gpu_comes_back(rig):
     assert fake.limit_mw(0) == 650_000
     assert not controller.restore_pending
     assert controller.expire() is None
+
+
+def _lines(caplog, what):
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(what + " ")]
+
+
+def test_every_cap_that_moves_is_one_log_line_and_a_renewal_is_not(rig, caplog):
+    _fake, controller, clock, _ = rig
+    caplog.set_level("INFO", logger="flexgate.agent")
+    controller.apply(command(g0=450.0, g1=900.0), clock())
+    assert _lines(caplog, "cap set") == [
+        "cap set node=node-01 gpu=0 requested_w=450.0 enforced_w=450.0 clamped=False plan=p "
+        "generation=1 lease_s=60.0",
+        "cap set node=node-01 gpu=1 requested_w=900.0 enforced_w=700.0 clamped=True plan=p "
+        "generation=1 lease_s=60.0",
+    ]
+    caplog.clear()
+    controller.apply(command(g0=450.0, g1=900.0), clock())  # a renewal: nothing moved
+    assert caplog.records == []
+    controller.apply(command(generation=2, g0=450.0), clock())  # GPU 1 goes back
+    assert _lines(caplog, "cap restored") == [
+        "cap restored node=node-01 gpu=1 requested_w=none enforced_w=650.0 clamped=False plan=p "
+        "generation=2 lease_s=60.0"
+    ]
+
+
+def test_a_lease_that_runs_out_logs_what_it_restored(rig, caplog):
+    _fake, controller, clock, _ = rig
+    caplog.set_level("INFO", logger="flexgate.agent")
+    controller.apply(command(lease_s=5.0, g0=450.0, g2=300.0), clock())
+    clock.now += 5.0
+    controller.expire()
+    (line,) = _lines(caplog, "lease expired")
+    assert (
+        line == "lease expired node=node-01 plan=p generation=1 restored_gpus=0,2 failed_gpus=none"
+    )
+    assert [r.levelname for r in caplog.records if r.getMessage() == line] == ["WARNING"]
+
+
+def test_a_gpu_that_refuses_its_cap_is_an_error_line(rig, caplog):
+    fake, controller, clock, _ = rig
+    caplog.set_level("INFO", logger="flexgate.agent")
+    fake.lost.add(1)
+    controller.apply(command(g0=450.0, g1=450.0), clock())
+    (line,) = _lines(caplog, "cap failed")
+    assert line.startswith("cap failed node=node-01 gpu=1 requested_w=450.0 enforced_w=none")
+    assert "error=" in line

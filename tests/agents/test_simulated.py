@@ -102,7 +102,7 @@ def test_a_cap_stretches_the_iteration_and_telemetry_sees_it():
 
 
 def test_placement_must_fit_the_node():
-    from agents.errors import BackendError
+    from agents.errors import InvalidSetupError
 
-    with pytest.raises(BackendError, match="GPU 4 of n1, which has 4 GPUs"):
+    with pytest.raises(InvalidSetupError, match="GPU 4 of n1, which has 4 GPUs"):
         SimulatedBackend(4, mix=MIX, node_id="n1")

@@ -89,17 +89,20 @@ def test_the_contract_example_parses():
         (with_job(gpus=0), "'gpus' must be a whole number"),
         (with_job(gpus=2.5), "'gpus' must be a whole number"),
         (with_job(gpus=True), "'gpus' must be a whole number"),
-        (with_job(power_w=-5.0), "'power_w' must be above 0"),
+        (with_job(power_w=-5.0), "'power_w' must be from 50 to 2000 W, got -5"),
         (with_job(power_w=float("nan")), "'power_w' must be a finite number"),
         (with_job(power_w="600"), "'power_w' must be a finite number"),
         (with_job(power_w=750.0), "power_w 750 is above max_cap_w 700"),
         (with_job(throughput=_DROP), "missing required field 'throughput'"),
         (with_job(id=""), r"jobs\[0\]: 'id' must be a non-empty string"),
         (with_job(min_cap_w=700.0), "min_cap_w 700 must be below max_cap_w 700"),
-        (with_job(min_throughput_fraction=1.5), "'min_throughput_fraction' must be at most 1"),
-        (with_job(duty=0.0), "'duty' must be above 0"),
+        (
+            with_job(min_throughput_fraction=1.5),
+            "'min_throughput_fraction' must be from 0 to 1, got 1.5",
+        ),
+        (with_job(duty=0.0), "'duty' must be above 0 and at most 1"),
         (with_job(protected="yes"), "'protected' must be true or false"),
-        (with_job(pfi=0.2), "pfi 0.2 is outside what the fleet family can represent"),
+        (with_job(pfi=0.5), "pfi 0.5 is outside what the fleet family can represent"),
         (with_job(pfi_grid_w=[700]), "pfi_grid_w needs two or more"),
         (with_job(sweep=[{"cap_w": 200, "power_w": 190}]), r"sweep\[0\]: missing required field"),
         (with_job(sweep=[{"cap_w": 800, "power_w": 600, "throughput": 1}]), "above max_cap_w"),
@@ -134,7 +137,7 @@ def test_duplicate_ids_are_refused():
 
 
 def test_overhead_factor_below_one_is_refused():
-    with pytest.raises(InvalidJobError, match="'overhead_factor' must be at least 1"):
+    with pytest.raises(InvalidJobError, match=r"'overhead_factor' must be from 1 to 3, got 0\.8"):
         parse_job_mix({**BASE, "overhead_factor": 0.8})
 
 

@@ -162,6 +162,22 @@ def test_known_nodes_are_stored(site):
     assert all(n["reachable"] and n["last_seen"] for n in listed)
 
 
+def test_a_job_placed_on_gpus_another_job_holds_is_refused_and_nothing_is_stored(site):
+    """The job-mix reader refuses two jobs on one GPU, so the API does too, whole or one job."""
+    before = site.api.get("/v1/jobs").json()
+    holder = next(j for j in before["jobs"] if j["placement"][0]["node"] == "node-01")
+    intruder = {**copy.deepcopy(holder), "id": "intruder"}
+    gpus = intruder["placement"][0]["gpus"]
+    one = site.api.put("/v1/jobs/intruder", json=intruder, headers=API)
+    whole = site.api.put("/v1/jobs", json={"jobs": [*before["jobs"], intruder]}, headers=API)
+    for answer in (one, whole):
+        assert answer.status_code == 422, answer.text
+        detail = answer.json()["detail"]
+        assert f"jobs '{holder['id']}' and 'intruder'" in detail
+        assert f"node 'node-01' GPU(s) {', '.join(map(str, gpus))}" in detail
+    assert site.api.get("/v1/jobs").json() == before
+
+
 def test_the_job_mix_file_the_cli_reads_is_accepted_with_its_site_fields_named(site):
     """`examples/site.json`, as `flexgate allocate` reads it and as curl -d @ sends it (a form
     Content-Type): its site fields are ignored, each warning naming the setting that decides."""

@@ -1,9 +1,17 @@
-"""The VEN's signature checks, as configured by flexgate, on the EPRI signature vectors.
+"""The VEN's signature checks, as configured by flexgate, on signed replies.
 
-The VEN's own openleadr client fetches each vector from a loopback server, exactly as it fetches
-a VTN's replies; a message is accepted when the client hands back its parsed payload. The
-vectors were signed at 2019-09-11T20:42:00Z and openleadr refuses replies older than a few
-seconds, so its clock is set to that moment.
+The VEN's own openleadr client fetches each reply from a loopback server, exactly as it fetches
+a VTN's replies; a message is accepted when the client hands back its parsed payload.
+
+Two sources of signed replies:
+
+- generated here, so these tests run in every clone: a throwaway RSA key and self-signed
+  certificate (`cryptography`), and messages signed with openleadr's own
+  `messaging.create_message(..., cert=, key=)`, the call openleadr's VTN signs its replies
+  with; the bad ones are the good one altered after signing, or signed by another key;
+- the independent EPRI signature vectors, where `../shared` is beside the clone (they skip
+  otherwise). They were signed at 2019-09-11T20:42:00Z and openleadr refuses replies older than
+  a few seconds, so its clock is set to that moment.
 """
 
 from __future__ import annotations
@@ -11,10 +19,14 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
 from openleadr import messaging, utils
 
 from flexgate.serve import free_port
@@ -119,6 +131,132 @@ def test_a_replayed_reply_is_rejected(shared, signing_clock):
 
 def test_a_good_reply_signed_long_ago_is_rejected(shared):
     assert fetch(shared, f"{PREFIX}.xml") == (None, {})
+
+
+class Signer:
+    """A VTN's signing identity: a throwaway RSA key and its self-signed certificate (PEM)."""
+
+    def __init__(self, name: str) -> None:
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        now = datetime.now(UTC)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(days=1))
+            .not_valid_after(now + timedelta(days=1))
+            .sign(key, hashes.SHA256())
+        )
+        self.cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+        self.key_pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        self.fingerprint = utils.certificate_fingerprint(self.cert_pem.decode())
+
+    def registration(self, registration_id: str = "reg-0123456789") -> bytes:
+        """A signed oadrCreatedPartyRegistration, made the way openleadr's VTN makes replies."""
+        return messaging.create_message(
+            "oadrCreatedPartyRegistration",
+            cert=self.cert_pem,
+            key=self.key_pem,
+            response={"response_code": 200, "response_description": "OK", "request_id": "req-1"},
+            vtn_id="TEST_VTN",
+            ven_id="ven-1",
+            registration_id=registration_id,
+            profiles=[{"profile_name": "2.0b", "transports": [{"transport_name": "simpleHttp"}]}],
+            requested_oadr_poll_freq=timedelta(seconds=10),
+        ).encode()
+
+
+@pytest.fixture(scope="module")
+def vtn() -> Signer:
+    return Signer("vtn.test")
+
+
+@pytest.fixture
+def fresh_nonces():
+    messaging.NONCE_CACHE.clear()
+    yield
+    messaging.NONCE_CACHE.clear()
+
+
+def _span(body: bytes, tag: str, *, inner: bool) -> tuple[int, int]:
+    """Where element `tag` (prefixed, as openleadr writes it: `ds:Signature`) lies in `body`:
+    the whole element, or only its text when `inner`."""
+    start = body.index(b"<" + tag.encode())
+    text_at = body.index(b">", start) + 1
+    text_end = body.index(b"</" + tag.encode() + b">", text_at)
+    return (text_at, text_end) if inner else (start, text_end + len(tag) + 3)
+
+
+def _edit(body: bytes, tag: str, new: bytes = b"", *, inner: bool = True) -> bytes:
+    """`body` altered after signing: element `tag`'s text (or the whole element) replaced."""
+    start, end = _span(body, tag, inner=inner)
+    return body[:start] + new + body[end:]
+
+
+def _text(body: bytes, tag: str) -> bytes:
+    start, end = _span(body, tag, inner=True)
+    return body[start:end]
+
+
+def test_a_reply_signed_by_the_pinned_vtn_is_accepted(vtn, fresh_nonces):
+    kind, payload = serve_to_ven(vtn.registration(), fingerprint=vtn.fingerprint)
+    assert kind == "oadrCreatedPartyRegistration"
+    assert payload["registration_id"] == "reg-0123456789"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "tampered",
+        "signed by another key",
+        "another key, the pinned certificate attached",
+        "nonce emptied",
+        "timestamp removed",
+        "unsigned",
+    ],
+)
+def test_generated_bad_replies_are_rejected(vtn, fresh_nonces, case):
+    good = vtn.registration()
+    impostor = Signer("impostor.test").registration()
+    body = {
+        "tampered": good.replace(b"reg-0123456789", b"reg-9999999999"),
+        "signed by another key": impostor,
+        "another key, the pinned certificate attached": _edit(
+            impostor, "ds:X509Certificate", _text(good, "ds:X509Certificate")
+        ),
+        "nonce emptied": _edit(good, "dsp:nonce"),
+        "timestamp removed": _edit(good, "dsp:timestamp", inner=False),
+        "unsigned": _edit(good, "ds:Signature", inner=False),
+    }[case]
+    assert body != good
+    assert serve_to_ven(body, fingerprint=vtn.fingerprint) == (None, {})
+    # The same VEN takes the untouched reply: the refusal was the alteration's.
+    assert serve_to_ven(good, fingerprint=vtn.fingerprint)[0] == "oadrCreatedPartyRegistration"
+
+
+def test_a_generated_reply_seen_twice_is_rejected_the_second_time(vtn, fresh_nonces):
+    body = vtn.registration()
+    assert serve_to_ven(body, fingerprint=vtn.fingerprint)[0] == "oadrCreatedPartyRegistration"
+    assert serve_to_ven(body, fingerprint=vtn.fingerprint) == (None, {})
+
+
+def test_a_generated_reply_signed_long_ago_is_rejected(vtn, fresh_nonces, monkeypatch):
+    body = vtn.registration()
+
+    class Later(datetime):  # openleadr's clock, one minute after the signature
+        @classmethod
+        def now(cls, tz=None):
+            return datetime.now(tz) + timedelta(minutes=1)
+
+    monkeypatch.setattr(messaging, "datetime", Later)
+    assert serve_to_ven(body, fingerprint=vtn.fingerprint) == (None, {})
 
 
 HUGE_BYTES = 16 * MAX_MESSAGE_BYTES
