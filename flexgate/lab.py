@@ -169,7 +169,7 @@ def run_lab(
                 console.print(f"[bold]{name}[/]")
             results.append(
                 run_event(
-                    tmp / (name.replace(" ", "-") or "gateway"),
+                    tmp / "gateway",  # one store: the generation goes on rising
                     agent_urls,
                     f"{meter_url}/meter",
                     jobs,
@@ -240,9 +240,9 @@ def run_event(
 def read_result(
     api: httpx.Client, trace: list[tuple[float, float, float, str]], tracking: bool
 ) -> dict[str, Any]:
-    """What one event did, read from the gateway after it: for `report`."""
+    """What the latest event did, read from the gateway after it: for `report`."""
     events = api.get("/v1/events").json()["events"]
-    event = events[0] if events else None
+    event = events[-1] if events else None
     plan = api.get(f"/v1/plans/{event['plan_id']}").json() if event and event["plan_id"] else None
     return {
         "tracking": tracking,
@@ -277,14 +277,15 @@ def watch(
     from now, has ended and power is back at the baseline (the caps are all released):
     (t, kW, target, status); the target is the power before the event less the request."""
     trace: list[tuple[float, float, float, str]] = []
+    earlier = {e["id"] for e in api.get("/v1/events").json()["events"]}  # a previous run's
     begin = time.monotonic()
     deadline = begin + start_after_s + duration_s + RECOVERY_WAIT_S
     recovered = 0
     with Live(console=console, refresh_per_second=4, transient=True) as live:
         while time.monotonic() < deadline:
             site = api.get("/v1/site").json()
-            events = api.get("/v1/events").json()["events"]
-            status = events[0]["status"] if events else "waiting for the VTN"
+            events = [e for e in api.get("/v1/events").json()["events"] if e["id"] not in earlier]
+            status = events[-1]["status"] if events else "waiting for the VTN"
             before = [kw for _, kw, _, s in trace if s in ("pending", "waiting for the VTN")]
             baseline = float(np.mean(before[-10:])) if before else site["facility_power_kw"]
             target = baseline - requested if status == "active" else baseline
@@ -298,8 +299,8 @@ def watch(
             tracking = site.get("tracking") or {}
             if tracking.get("active"):
                 table.add_row("site loop correction", f"{tracking['correction_kw']:+.2f} kW")
-            if events and events[0]["plan_id"] and status == "active":
-                plan = api.get(f"/v1/plans/{events[0]['plan_id']}").json()
+            if events and events[-1]["plan_id"] and status == "active":
+                plan = api.get(f"/v1/plans/{events[-1]['plan_id']}").json()
                 for job in plan["jobs"]:
                     table.add_row(f"  {job['id']}", f"cap {job['cap_w']:.0f} W")
             live.update(table)

@@ -276,9 +276,11 @@ class Events:
                 return "out", short
         return "in", None
 
-    def _short_of(self, asked_kw: float, window_s: float) -> str | None:
+    def _short_of(
+        self, asked_kw: float, window_s: float, reachable_only: bool = True
+    ) -> str | None:
         """Why the site cannot promise `asked_kw` over `window_s`, or None when it can."""
-        firm = self.quotes.firm(window_s, self.settings.opt_confidence)
+        firm = self.quotes.firm(window_s, self.settings.opt_confidence, reachable_only)
         if asked_kw <= firm["firm_kw"] * (1 + 1e-9):
             return None
         left = "; ".join(f"{j['id']} left out: {j['reason']}" for j in firm["left_out"])
@@ -289,8 +291,9 @@ class Events:
         )
 
     async def _revisit(self) -> None:
-        """External events opted in whose target (a level follows the load) the site can no
-        longer shed: opted out, with the reason, and the source told (as 2.0b allows)."""
+        """External events opted in whose target (a level follows the load) the site's job
+        mix can no longer shed: opted out, with the reason, and the source told (as 2.0b
+        allows). Nodes silent now do not count: the targets are re-planned around them."""
         if self.grid is None or self.settings.opt_policy != "feasible":
             return
         source = self.grid.source
@@ -306,7 +309,8 @@ class Events:
                 default=0.0,
             )
             left_s = (as_utc(event.end) - max(as_utc(event.start), now)).total_seconds()
-            short = self._short_of(asks, left_s)
+            # A node silent for a while is re-planned around, not a reason to give up.
+            short = self._short_of(asks, left_s, reachable_only=False)
             if short is not None:
                 reason = f"the site changed: {short}"
                 log.info("event %s: opting out (%s)", event.id, reason)

@@ -28,8 +28,9 @@ class Quotes:
         self._cache: dict[tuple[float | None, float, float] | bytes, bytes] = {}
         self._cached_for: tuple[int, frozenset[tuple[str, str]]] | None = None
 
-    def left_out(self) -> dict[str, str]:
-        """The jobs the site cannot cap now, by id, with the reason."""
+    def left_out(self, reachable_only: bool = True) -> dict[str, str]:
+        """The jobs the site cannot cap now, by id, with the reason; without `reachable_only`,
+        only those it could never cap (no placement), not those on a node that is silent now."""
         answering = set(self.fleet.nodes) - self.targets.down
         out = {}
         for job in self.book.mix().jobs:
@@ -37,7 +38,7 @@ class Quotes:
                 out[job.id] = "no placement: the gateway cannot cap it"
                 continue
             silent = sorted({p.node for p in job.placement} - answering)
-            if silent:
+            if silent and reachable_only:
                 out[job.id] = f"on {', '.join(silent)}, which does not answer"
         return out
 
@@ -74,14 +75,16 @@ class Quotes:
         self._fresh()
         return self._cache.get(raw)
 
-    def firm(self, window_s: float, confidence: float) -> dict[str, Any]:
+    def firm(
+        self, window_s: float, confidence: float, reachable_only: bool = True
+    ) -> dict[str, Any]:
         """What the site can shed over `window_s` with probability `confidence`, and the
-        jobs left out: `{"firm_kw", "achievable_kw", "left_out"}`."""
+        jobs left out: `{"firm_kw", "achievable_kw", "left_out"}` (`left_out` as above)."""
         doc = quote(
             self.book.mix(),
             window_s=max(window_s, 1.0),
             confidence=confidence,
             per_job_curves=False,
-            left_out=self._fresh(),
+            left_out=self.left_out(reachable_only),
         )
         return {k: doc[k] for k in ("firm_kw", "achievable_kw", "left_out")}
