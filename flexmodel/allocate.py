@@ -84,11 +84,7 @@ def allocate(
     elif strategy == "pfi":
         cut = _pfi_cut(problem, target)
     else:
-        bridged = _bridged(space, cut, hull_loss)
-        if bridged.size:  # the hull answer can fall short there: keep the best real candidate
-            candidates = [cut, *_repairs(space, cut, int(bridged[0]))]
-            candidates += [_equal_cut(problem, target), _pfi_cut(problem, target)]
-            cut = min(candidates, key=lambda c: float(space.loss_at(c, hull=False).sum()))
+        cut = _repaired(problem, cut, hull_loss, target)
     power = np.clip(problem.hi_w - cut / problem.gpus, problem.lo_w, problem.hi_w)
     throughput = throughput_at_power(problem.curves, power)
     before = problem.curves.uncapped_throughput
@@ -198,6 +194,29 @@ def hull_cuts(problem: AllocationProblem, reductions_w: ArrayLike) -> Array:
     at = full[partial]
     cuts[np.flatnonzero(partial), rows[at]] += amounts[partial] - (end[at] - w[at])
     return cuts
+
+
+def optimal_cuts(problem: AllocationProblem, reductions_w: ArrayLike) -> Array:
+    """Per-job whole-job cuts [W] (P, J) that `optimal` makes at each of P reductions: the
+    hull cuts of one sort (`hull_cuts`), repaired where a job's cut ends on a bridged stretch
+    of a non-concave curve, exactly as `allocate` repairs them."""
+    cuts = hull_cuts(problem, reductions_w)
+    space = problem.cut_space
+    for p, cut in enumerate(cuts):
+        cuts[p] = _repaired(problem, cut, space.loss_at(cut, hull=True), float(cut.sum()))
+    return cuts
+
+
+def _repaired(problem: AllocationProblem, cut: Array, hull_loss: Array, target: float) -> Array:
+    """The hull answer can fall short where a job's cut bridges a non-concave stretch: there,
+    the best real candidate (the repairs, `equal`, `pfi`); elsewhere the hull cut itself."""
+    space = problem.cut_space
+    bridged = _bridged(space, cut, hull_loss)
+    if not bridged.size:
+        return cut
+    candidates = [cut, *_repairs(space, cut, int(bridged[0]))]
+    candidates += [_equal_cut(problem, target), _pfi_cut(problem, target)]
+    return min(candidates, key=lambda c: float(space.loss_at(c, hull=False).sum()))
 
 
 def _bridged(space: CutSpace, cut: Array, hull: Array) -> NDArray[np.intp]:

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from flexmodel.allocate import allocate
+from flexmodel.allocate import allocate, optimal_cuts
+from flexmodel.curves import throughput_at_power
 from flexmodel.errors import FlexModelError
 from flexmodel.jobs import JobMix
 from flexmodel.problem import AllocationProblem
@@ -67,10 +68,17 @@ def quote(
     max_cut = problem.max_cut_w
     shed_w = float(max_cut.sum())
     levels = np.linspace(0.0, shed_w, points)
-    answers = [allocate(problem, level, "optimal") for level in levels]
-    cuts = np.stack([problem.gpus * (problem.hi_w - a.power_w) for a in answers])  # (P, J)
-    lost = np.stack([a.throughput_before - a.throughput for a in answers])
-    before = answers[0].throughput_before
+    cuts = optimal_cuts(problem, levels)  # (P, J)
+    before = problem.curves.uncapped_throughput
+    lost = np.stack(
+        [
+            before
+            - throughput_at_power(
+                problem.curves, np.clip(problem.hi_w - c / problem.gpus, problem.lo_w, problem.hi_w)
+            )
+            for c in cuts
+        ]
+    )
     total = lost.sum(axis=1)
     achievable_kw = k * shed_w / 1000.0
     firm_kw = _firm_kw(mix, counted, shed_w, confidence)

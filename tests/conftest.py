@@ -8,10 +8,17 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 EXAMPLES = ROOT / "examples"
+
+# Property tests draw the same examples on every run (CI included): a failure is reproducible,
+# and a run's verdict does not depend on luck. `--hypothesis-profile explore` draws anew.
+settings.register_profile("default", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile("default")
 
 
 def wait_for(check, what: str, seconds: float = 15.0, every_s: float = 0.02):

@@ -67,6 +67,7 @@ class Fleet:
     ) -> None:
         self.settings, self.store, self.clock, self.client = settings, store, clock, client
         self.nodes: dict[str, str] = {}  #: node id -> agent address
+        self.version = 0  #: rises when a node is found
         self.seen: dict[str, datetime] = {}  #: node id -> when it last answered
         self.alarm = RayleighAlarm()
         self.phases: dict[str, float] = {}  #: job id -> phase [rad] at the last watch
@@ -87,6 +88,7 @@ class Fleet:
             log.warning("agent %s did not answer: %s", address, exc)
             return
         self.nodes[health.node_id] = address
+        self.version += 1
         self.seen[health.node_id] = self.clock.now()
         with self.store.session() as s:
             repo.saw_node(s, node_id=health.node_id, url=address, at=self.clock.now())

@@ -26,7 +26,8 @@ class Quotes:
     def __init__(self, book: JobBook, fleet: Fleet, targets: Targets) -> None:
         self.book, self.fleet, self.targets = book, fleet, targets
         self._cache: dict[tuple[float | None, float, float] | bytes, bytes] = {}
-        self._cached_for: tuple[int, frozenset[tuple[str, str]]] | None = None
+        self._cached_for: tuple[int, int, int] | None = None  #: what the cache was made on
+        self._left_out: dict[str, str] = {}
 
     def left_out(self, reachable_only: bool = True) -> dict[str, str]:
         """The jobs the site cannot cap now, by id, with the reason; without `reachable_only`,
@@ -43,11 +44,15 @@ class Quotes:
         return out
 
     def _fresh(self) -> dict[str, str]:
-        left_out = self.left_out()
-        key = (self.book.version, frozenset(left_out.items()))
+        """The jobs left out now; the cache starts over when the mix, the nodes known or the
+        nodes down have changed since it was made (checked by counters: a cached quote costs
+        no walk over the mix)."""
+        self.book.mix()  # a changed mix moves its version
+        key = (self.book.version, self.fleet.version, self.targets.down_version)
         if key != self._cached_for:
             self._cache, self._cached_for = {}, key
-        return left_out
+            self._left_out = self.left_out()
+        return self._left_out
 
     def quote(
         self, reduction_kw: float | None, window_s: float, confidence: float, raw: bytes | None

@@ -55,6 +55,7 @@ class Targets:
         self.generation: int | None = None
         self.plan_id: str | None = None
         self.down: set[str] = set()  #: nodes whose last command failed
+        self.down_version = 0  #: rises when `down` changes
         self.fan_outs = 0  #: desired states sent to every node, since start
         self.last_plan: dict[str, Any] | None = None  #: the plan last sent
         self.recovering_from: str | None = None  #: the event whose caps are stepping back
@@ -156,6 +157,7 @@ class Targets:
         down = {a.node for a in acks if a.failed}
         changed, self.down = down != self.down, down
         if changed:
+            self.down_version += 1
             log.warning("nodes unreachable: %s", ", ".join(sorted(down)) or "none")
         return changed
 
