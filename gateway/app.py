@@ -72,7 +72,7 @@ def create_app(
         targets = Targets(settings, store, clock, client, fleet, book, power)
         tracker = Tracker(settings, clock, power, targets, book, fleet)
         power.subscribe(tracker.step)
-        quotes = Quotes(book, fleet, targets)
+        quotes = Quotes(book, fleet)
         events = Events(settings, store, clock, book, power, quotes, targets, tracker, ven)
         book.subscribe(events.apply_targets)
         reconciler = Reconciler(settings.reconcile_period_s, clock, fleet, targets, events)

@@ -168,6 +168,9 @@ class Ven:
             self._task.cancel()
         if self.client.registration_id:
             await self.client.stop()
+        session = self.client.client_session
+        if session is not None and not session.closed:  # never registered: openleadr keeps it
+            await session.close()
 
     async def reading(self, r_id: str) -> float:
         """One TELEMETRY_USAGE value: the site as `GET /v1/site` shows it, read once per sample."""

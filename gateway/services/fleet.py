@@ -28,7 +28,7 @@ from flexmodel.phases import (
     order_parameters,
     rayleigh_threshold,
 )
-from gateway.agentclient import AgentClient, AgentUnreachableError
+from gateway.agentclient import Ack, AgentClient, AgentUnreachableError
 from gateway.clock import Clock
 from gateway.settings import GatewaySettings
 from gateway.store import repo
@@ -67,8 +67,11 @@ class Fleet:
     ) -> None:
         self.settings, self.store, self.clock, self.client = settings, store, clock, client
         self.nodes: dict[str, str] = {}  #: node id -> agent address
-        self.version = 0  #: rises when a node is found
+        self.version = 0  #: rises when a node is found, or the unreachable ones change
         self.seen: dict[str, datetime] = {}  #: node id -> when it last answered
+        #: node id -> why it is unreachable: its last command failed (after the retries). The
+        #: one definition, used by plans (`unreachable_nodes`), /v1/nodes, quotes and metrics.
+        self.unreachable: dict[str, str] = {}
         self.alarm = RayleighAlarm()
         self.phases: dict[str, float] = {}  #: job id -> phase [rad] at the last watch
         self._last: Telemetry | None = None
@@ -93,6 +96,16 @@ class Fleet:
         with self.store.session() as s:
             repo.saw_node(s, node_id=health.node_id, url=address, at=self.clock.now())
             s.commit()
+
+    def note_answers(self, acks: list[Ack]) -> bool:
+        """Record which nodes failed their command and why; True when the set changed."""
+        unreachable = {a.node: a.error or "no answer" for a in acks if a.failed}
+        changed = set(unreachable) != set(self.unreachable)
+        self.unreachable = unreachable
+        if changed:
+            self.version += 1
+            log.warning("nodes unreachable: %s", ", ".join(sorted(unreachable)) or "none")
+        return changed
 
     @property
     def last(self) -> Telemetry | None:
@@ -150,7 +163,8 @@ class Fleet:
             self.alarm.update(list(self.phases.values()))
 
     async def node_docs(self) -> list[dict[str, Any]]:
-        """Every node ever seen: reachable now or not, its GPUs' power, delays and jobs."""
+        """Every node ever seen: reachable now or not (and why not), whether its telemetry
+        answers, its GPUs' power, delays and jobs."""
         telemetry = await self.telemetry()
         with self.store.session() as s:
             known = repo.list_nodes(s)
@@ -161,7 +175,10 @@ class Fleet:
                 {
                     "node": row.node_id,
                     "url": row.url,
-                    "reachable": report is not None,
+                    "reachable": row.node_id in self.nodes and row.node_id not in self.unreachable,
+                    "unreachable_reason": self.unreachable.get(row.node_id)
+                    or (None if row.node_id in self.nodes else "has not answered since start"),
+                    "reporting": report is not None,  #: its telemetry answered
                     # Kept in memory, not stored on every round: the store has the first answer.
                     "last_seen": iso(self.seen.get(row.node_id, row.last_seen)),
                     "gpus": [

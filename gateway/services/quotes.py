@@ -15,7 +15,6 @@ from typing import Any
 from flexmodel.quote import quote
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
-from gateway.services.targets import Targets
 from gateway.units import rounded
 
 #: Quotes kept at most (by parameters and by raw request body) before the cache starts over.
@@ -23,16 +22,16 @@ QUOTE_CACHE = 256
 
 
 class Quotes:
-    def __init__(self, book: JobBook, fleet: Fleet, targets: Targets) -> None:
-        self.book, self.fleet, self.targets = book, fleet, targets
+    def __init__(self, book: JobBook, fleet: Fleet) -> None:
+        self.book, self.fleet = book, fleet
         self._cache: dict[tuple[float | None, float, float] | bytes, bytes] = {}
-        self._cached_for: tuple[int, int, int] | None = None  #: what the cache was made on
+        self._cached_for: tuple[int, int] | None = None  #: what the cache was made on
         self._left_out: dict[str, str] = {}
 
     def left_out(self, reachable_only: bool = True) -> dict[str, str]:
         """The jobs the site cannot cap now, by id, with the reason; without `reachable_only`,
         only those it could never cap (no placement), not those on a node that is silent now."""
-        answering = set(self.fleet.nodes) - self.targets.down
+        answering = set(self.fleet.nodes) - set(self.fleet.unreachable)
         out = {}
         for job in self.book.mix().jobs:
             if not job.placement:
@@ -48,7 +47,7 @@ class Quotes:
         nodes down have changed since it was made (checked by counters: a cached quote costs
         no walk over the mix)."""
         self.book.mix()  # a changed mix moves its version
-        key = (self.book.version, self.fleet.version, self.targets.down_version)
+        key = (self.book.version, self.fleet.version)
         if key != self._cached_for:
             self._cache, self._cached_for = {}, key
             self._left_out = self.left_out()

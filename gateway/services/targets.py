@@ -54,8 +54,6 @@ class Targets:
         self.desired: dict[str, list[GpuCap]] = {}  #: node id -> its caps
         self.generation: int | None = None
         self.plan_id: str | None = None
-        self.down: set[str] = set()  #: nodes whose last command failed
-        self.down_version = 0  #: rises when `down` changes
         self.fan_outs = 0  #: desired states sent to every node, since start
         self.last_plan: dict[str, Any] | None = None  #: the plan last sent
         self.recovering_from: str | None = None  #: the event whose caps are stepping back
@@ -126,7 +124,7 @@ class Targets:
                 facility_kw,
                 set(self.fleet.nodes),
                 self.settings,
-                frozenset(self.down),
+                frozenset(self.fleet.unreachable),
             )
             if tracking is not None:
                 doc["tracking"] = tracking
@@ -149,17 +147,8 @@ class Targets:
                 for c in doc["commands"]
             }
             self.generation, self.plan_id = generation, row.id
-            if not self._note_down(await self._send()):
+            if not self.fleet.note_answers(await self._send()):
                 return
-
-    def _note_down(self, acks: list[Ack]) -> bool:
-        """Record which nodes failed; True when that changed."""
-        down = {a.node for a in acks if a.failed}
-        changed, self.down = down != self.down, down
-        if changed:
-            self.down_version += 1
-            log.warning("nodes unreachable: %s", ", ".join(sorted(down)) or "none")
-        return changed
 
     async def _send(self) -> list[Ack]:
         assert self.generation is not None
@@ -213,7 +202,7 @@ class Targets:
         if self.generation is None or not self.fleet.nodes:
             return
         async with self._lock:
-            if self.generation is not None and self._note_down(await self._send()):
+            if self.generation is not None and self.fleet.note_answers(await self._send()):
                 assert self._target is not None
                 await self._plan_and_send(*self._target)
 

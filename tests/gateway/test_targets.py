@@ -98,6 +98,11 @@ def test_a_lost_node_is_planned_around_and_gets_its_share_back(site):
         await site.targets.reconcile()
         around = await site.plan()
         assert around["unreachable_nodes"] == ["node-01"]
+        # One definition, stated the same everywhere: the plan, the nodes, and why.
+        listed = {n["node"]: n for n in await site.fleet.node_docs()}
+        assert listed["node-01"]["reachable"] is False
+        assert "no agent answers" in listed["node-01"]["unreachable_reason"]
+        assert all(listed[n]["reachable"] for n in ("node-02", "node-03"))
         assert around["requested_facility_kw"] == pytest.approx(10.0)
         others = [a for a in site.nodes if a != lost]
         assert any(site.limits()[a] != held[a] for a in others)  # they took its share
