@@ -177,6 +177,7 @@ def run_lab(
                     duration_s,
                     tracking,
                     console,
+                    frozenset(r["event"]["id"] for r in results if r["event"]),
                 )
             )
         return report(results, jobs, requested, out, console)
@@ -191,8 +192,10 @@ def run_event(
     duration_s: float,
     tracking: bool,
     console: Console,
+    earlier: frozenset[str],
 ) -> dict[str, Any]:
-    """One event from the mock VTN through a fresh gateway: the trace and what it read."""
+    """One event from the mock VTN through a fresh gateway on the lab's store (`earlier`: the
+    events of the runs before): the trace and what it read."""
     scenario = {
         "vtn_id": "LAB_VTN",
         "poll_s": 1,
@@ -234,7 +237,8 @@ def run_event(
             )
         )
         api.put("/v1/jobs", json={"jobs": jobs}).raise_for_status()
-        return read_result(api, watch(api, duration_s, requested, console), tracking)
+        trace = watch(api, duration_s, requested, console, earlier=earlier)
+        return read_result(api, trace, tracking)
 
 
 def read_result(
@@ -272,12 +276,12 @@ def watch(
     requested: float,
     console: Console,
     start_after_s: float = START_AFTER_S,
+    earlier: frozenset[str] = frozenset(),
 ) -> list[tuple[float, float, float, str]]:
     """Site power at the meter every half second until the event, starting `start_after_s`
     from now, has ended and power is back at the baseline (the caps are all released):
     (t, kW, target, status); the target is the power before the event less the request."""
     trace: list[tuple[float, float, float, str]] = []
-    earlier = {e["id"] for e in api.get("/v1/events").json()["events"]}  # a previous run's
     begin = time.monotonic()
     deadline = begin + start_after_s + duration_s + RECOVERY_WAIT_S
     recovered = 0

@@ -109,8 +109,10 @@ class FakeNvml:
             self._save()
 
     def _save(self) -> None:
-        if self.state_file is not None:
-            self.state_file.write_text(json.dumps({"limits_mw": self._limits}))
+        if self.state_file is not None:  # replaced whole, as a driver's state is: never half
+            partial = self.state_file.with_suffix(".partial")
+            partial.write_text(json.dumps({"limits_mw": self._limits}))
+            partial.replace(self.state_file)
 
     def _index(self, handle: Any) -> int:
         if not isinstance(handle, Handle):
