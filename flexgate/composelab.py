@@ -5,7 +5,7 @@ layer cache makes an unchanged tree cost seconds), starts the two simulated agen
 gateway (and, with `--postgres`, PostgreSQL first), waits on their healthchecks, puts the job
 mix in, then starts the mock VTN, whose scenario issues the event once the VEN has registered.
 It watches the gateway's published API from the host and prints `flexgate lab`'s report
-(flexgate/lab.py); exit 0 when the site met the target within 5%. `docker-compose down
+(flexgate/labreport.py); exit 0 when the site met the target within 5%. `docker-compose down
 --volumes` follows unless `--keep`.
 
 The secrets are taken from the environment (FLEXGATE_API_TOKEN, FLEXGATE_AGENT_TOKEN,
@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
-from flexgate.lab import read_result, report, watch
+from flexgate.labreport import read_result, report, watch
 from flexgate.mockvtn import read_scenario
 from flexgate.serve import free_port
 

@@ -23,6 +23,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from gateway.clock import Clock
 from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
 from gateway.services.grid import ExternalEvent, GridProtocol, Interval
+from gateway.services.intervals import from_doc, level_now, reduction_now, stored_doc
 from gateway.services.jobbook import JobBook
 from gateway.services.quotes import Quotes
 from gateway.services.site import SitePower
@@ -153,7 +154,7 @@ class Events:
                 f"asks for {reduction_kw:g} kW; the site can shed at most {most_kw:.1f} kW now: "
                 "the plan will deliver that and state the shortfall"
             ),
-            intervals=[_interval(Interval(start, end, reduction_kw))],
+            intervals=[stored_doc(Interval(start, end, reduction_kw))],
             id=f"ev-{uuid.uuid4().hex[:12]}",
             source=source,
             status="pending",
@@ -203,7 +204,7 @@ class Events:
             start=start,
             end=external.end or start,
             reduction_kw=max((i.reduction_kw for i in external.intervals), default=0.0),
-            intervals=[_interval(i) for i in external.intervals],
+            intervals=[stored_doc(i) for i in external.intervals],
             opt=opt,
             reason=reason,
             external_id=external.event_id,
@@ -271,24 +272,10 @@ class Events:
             else 1.0
         )
         if self.settings.opt_policy == "feasible":
-            short = self._short_of(most, window_s)
+            short = self.quotes.shortfall(most, window_s, self.settings.opt_confidence)
             if short is not None:
                 return "out", short
         return "in", None
-
-    def _short_of(
-        self, asked_kw: float, window_s: float, reachable_only: bool = True
-    ) -> str | None:
-        """Why the site cannot promise `asked_kw` over `window_s`, or None when it can."""
-        firm = self.quotes.firm(window_s, self.settings.opt_confidence, reachable_only)
-        if asked_kw <= firm["firm_kw"] * (1 + 1e-9):
-            return None
-        left = "; ".join(f"{j['id']} left out: {j['reason']}" for j in firm["left_out"])
-        return (
-            f"asks for {asked_kw:.1f} kW; the site can promise {firm['firm_kw']:.1f} kW "
-            f"(at {self.settings.opt_confidence:.0%} confidence, of {firm['achievable_kw']:.1f} "
-            f"kW achievable)" + (f"; {left}" if left else "")
-        )
 
     async def _revisit(self) -> None:
         """External events opted in whose target (a level follows the load) the site's job
@@ -305,12 +292,14 @@ class Events:
         for event in held:
             began_kw = event.baseline_kw if event.baseline_kw is not None else baseline_kw
             asks = max(
-                (_stored(i).reduction_now_kw(baseline_kw, began_kw) for i in event.intervals),
+                (from_doc(i).reduction_now_kw(baseline_kw, began_kw) for i in event.intervals),
                 default=0.0,
             )
             left_s = (as_utc(event.end) - max(as_utc(event.start), now)).total_seconds()
             # A node silent for a while is re-planned around, not a reason to give up.
-            short = self._short_of(asks, left_s, reachable_only=False)
+            short = self.quotes.shortfall(
+                asks, left_s, self.settings.opt_confidence, reachable_only=False
+            )
             if short is not None:
                 reason = f"the site changed: {short}"
                 log.info("event %s: opting out (%s)", event.id, reason)
@@ -434,53 +423,3 @@ class Events:
             self.tracker.release()
             if self.targets.holding or resumed:
                 self.targets.release()
-
-
-def _interval(interval: Interval) -> dict[str, Any]:
-    """An interval as stored; a level or a share only where it has one."""
-    doc: dict[str, Any] = {
-        "start": as_utc(interval.start).isoformat(),
-        "end": as_utc(interval.end).isoformat(),
-        "reduction_kw": interval.reduction_kw,
-    }
-    if interval.level_kw is not None:
-        doc["level_kw"] = interval.level_kw
-    if interval.baseline_share is not None:
-        doc["baseline_share"] = interval.baseline_share
-    if interval.fraction != 1.0:
-        doc["fraction"] = interval.fraction
-    return doc
-
-
-def _stored(doc: dict[str, Any]) -> Interval:
-    return Interval(
-        start=datetime.fromisoformat(doc["start"]),
-        end=datetime.fromisoformat(doc["end"]),
-        reduction_kw=float(doc["reduction_kw"]),
-        level_kw=doc.get("level_kw"),
-        baseline_share=doc.get("baseline_share"),
-        fraction=float(doc.get("fraction", 1.0)),
-    )
-
-
-def level_now(event: EventRow, now: datetime) -> float | None:
-    """The facility level the event's interval now asks the meter to hold, if it is a level."""
-    for doc in event.intervals:
-        interval = _stored(doc)
-        if interval.start <= now < interval.end and interval.level_kw is not None:
-            return interval.fraction * interval.level_kw + (1 - interval.fraction) * float(
-                event.baseline_kw or 0.0
-            )
-    return None
-
-
-def reduction_now(event: EventRow, now: datetime, baseline_kw: float) -> float:
-    """The event's target now [kW]: its interval that holds `now` (0 between or outside
-    them), with a level taken against the baseline now and a share against the baseline the
-    event began with (`baseline_kw` until it has begun)."""
-    for doc in event.intervals:
-        interval = _stored(doc)
-        if interval.start <= now < interval.end:
-            began_kw = event.baseline_kw if event.baseline_kw is not None else baseline_kw
-            return interval.reduction_now_kw(baseline_kw, began_kw)
-    return 0.0

@@ -92,3 +92,18 @@ class Quotes:
             left_out=self.left_out(reachable_only),
         )
         return {k: doc[k] for k in ("firm_kw", "achievable_kw", "left_out")}
+
+    def shortfall(
+        self, asked_kw: float, window_s: float, confidence: float, reachable_only: bool = True
+    ) -> str | None:
+        """Why the site cannot promise `asked_kw` over `window_s` at `confidence`, naming the
+        jobs left out; None when it can."""
+        firm = self.firm(window_s, confidence, reachable_only)
+        if asked_kw <= firm["firm_kw"] * (1 + 1e-9):
+            return None
+        left = "; ".join(f"{j['id']} left out: {j['reason']}" for j in firm["left_out"])
+        return (
+            f"asks for {asked_kw:.1f} kW; the site can promise {firm['firm_kw']:.1f} kW "
+            f"(at {confidence:.0%} confidence, of {firm['achievable_kw']:.1f} kW achievable)"
+            + (f"; {left}" if left else "")
+        )

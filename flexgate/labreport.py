@@ -1,0 +1,200 @@
+"""Watching one event through the gateway's API, and the lab's report on it.
+
+`watch` samples site power at the meter every half second until the event has ended and power
+is back at the baseline; `read_result` reads what the event did; `delivered_kw` is what it shed
+at the meter; `report` prints the table (requested against delivered, throughput kept, every
+loop's delay against T/2, the sync verdict), draws the PNG and writes `lab-report.json`. The
+lab (`flexgate.lab`) and the compose lab (`flexgate.composelab`) both use them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from flexgate.plots import plot_lab
+
+TOLERANCE = 0.05
+#: The event starts this long after the lab: the meter's window fills first [s]
+START_AFTER_S = 18.0
+#: After the event the lab watches until site power is back at the baseline (within
+#: TOLERANCE of the request) for this many samples in a row, or this long at most [s].
+RECOVERED_SAMPLES = 4
+RECOVERY_WAIT_S = 40.0
+
+
+def read_result(
+    api: httpx.Client, trace: list[tuple[float, float, float, str]], tracking: bool
+) -> dict[str, Any]:
+    """What the latest event did, read from the gateway after it: for `report`."""
+    events = api.get("/v1/events").json()["events"]
+    event = events[-1] if events else None
+    plan = api.get(f"/v1/plans/{event['plan_id']}").json() if event and event["plan_id"] else None
+    return {
+        "tracking": tracking,
+        "trace": trace,
+        "event": event,
+        "plan": plan,
+        "sync": api.get("/v1/sync").json(),
+        "nodes": api.get("/v1/nodes").json()["nodes"],
+        "delivered_kw": delivered_kw(trace),
+    }
+
+
+def delivered_kw(trace: list[tuple[float, float, float, str]]) -> float:
+    """What the event shed at the meter: the mean before it less the mean over the settled
+    second half of it (the loop's window and the agents' telemetry have filled by then)."""
+    before = [kw for _, kw, _, status in trace if status in ("pending", "waiting for the VTN")]
+    active = [kw for _, kw, _, status in trace if status == "active"]
+    settled = active[len(active) // 2 :]
+    if not before or not settled:
+        return 0.0
+    return float(np.mean(before[-10:]) - np.mean(settled))
+
+
+def watch(
+    api: httpx.Client,
+    duration_s: float,
+    requested: float,
+    console: Console,
+    start_after_s: float = START_AFTER_S,
+    earlier: frozenset[str] = frozenset(),
+) -> list[tuple[float, float, float, str]]:
+    """Site power at the meter every half second until the event, starting `start_after_s`
+    from now, has ended and power is back at the baseline (the caps are all released):
+    (t, kW, target, status); the target is the power before the event less the request."""
+    trace: list[tuple[float, float, float, str]] = []
+    begin = time.monotonic()
+    deadline = begin + start_after_s + duration_s + RECOVERY_WAIT_S
+    recovered = 0
+    with Live(console=console, refresh_per_second=4, transient=True) as live:
+        while time.monotonic() < deadline:
+            site = api.get("/v1/site").json()
+            events = [e for e in api.get("/v1/events").json()["events"] if e["id"] not in earlier]
+            status = events[-1]["status"] if events else "waiting for the VTN"
+            before = [kw for _, kw, _, s in trace if s in ("pending", "waiting for the VTN")]
+            baseline = float(np.mean(before[-10:])) if before else site["facility_power_kw"]
+            target = baseline - requested if status == "active" else baseline
+            trace.append((time.monotonic() - begin, site["facility_power_kw"], target, status))
+            table = Table(title="flexgate lab", show_header=False)
+            table.add_row("event", status)
+            table.add_row(
+                f"site power ({site['meter']['source']})", f"{site['facility_power_kw']:.1f} kW"
+            )
+            table.add_row("target", f"{target:.1f} kW")
+            tracking = site.get("tracking") or {}
+            if tracking.get("active"):
+                table.add_row("site loop correction", f"{tracking['correction_kw']:+.2f} kW")
+            if events and events[-1]["plan_id"] and status == "active":
+                plan = api.get(f"/v1/plans/{events[-1]['plan_id']}").json()
+                for job in plan["jobs"]:
+                    table.add_row(f"  {job['id']}", f"cap {job['cap_w']:.0f} W")
+            live.update(table)
+            back = abs(site["facility_power_kw"] - target) <= TOLERANCE * requested
+            ended = status in ("completed", "cancelled", "opted_out", "failed")
+            recovered = recovered + 1 if ended and back else 0
+            if recovered >= RECOVERED_SAMPLES:
+                break
+            time.sleep(0.5)
+    return trace
+
+
+def report(
+    results: list[dict[str, Any]],
+    jobs: list[dict[str, Any]],
+    requested: float,
+    out: Path,
+    console: Console,
+) -> int:
+    final = results[-1]
+    event, plan = final["event"], final["plan"]
+    if event is None:
+        console.print("[red]the VTN's event never reached the gateway[/]")
+        return 1
+    achieved = final["delivered_kw"]
+    ok = abs(achieved - requested) <= TOLERANCE * requested
+    table = Table(title="flexgate lab report", show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(justify="right", overflow="fold")  # an id is never cut short
+    table.add_row("event", event["id"])
+    table.add_row("status", f"{event['status']}, opted {event['opt']}")
+    table.add_row("requested at the meter", f"{requested:.1f} kW")
+    for result in results:
+        label = "closed loop" if result["tracking"] else "open loop"
+        delivered = result["delivered_kw"]
+        within = abs(delivered - requested) <= TOLERANCE * requested
+        table.add_row(
+            f"delivered at the meter ({label})" if len(results) > 1 else "achieved (settled mean)",
+            f"{delivered:.2f} kW ({(delivered - requested) / requested:+.1%}) "
+            + ("[green]within 5%[/]" if within else "[red]outside 5%[/]"),
+        )
+    if plan:
+        before = sum(j["throughput"] / j["throughput_fraction"] for j in plan["jobs"])
+        after = sum(j["throughput"] for j in plan["jobs"])
+        table.add_row("throughput kept, site", f"{after / before:.1%}")
+        for j in plan["jobs"]:
+            table.add_row(f"  {j['id']}", f"{j['throughput_fraction']:.1%} at {j['cap_w']:.0f} W")
+    console.print(table)
+    periods: dict[str, list[float]] = {p["node"]: [] for j in jobs for p in j["placement"]}
+    for j in jobs:
+        for p in j["placement"]:
+            periods[p["node"]].append(j["period_s"])
+    loops = Table(title="control delay against T/2")
+    for name in ("loop", "delay p99", "shortest T/2", "verdict"):
+        loops.add_column(name, justify="right")
+    for node in final["nodes"]:
+        delay = (node["actuation_delay"] or {}).get("p99_s")
+        half = min(periods.get(node["node"], [float("nan")])) / 2
+        loops.add_row(
+            f"agent {node['node']}",
+            "-" if delay is None else f"{delay * 1000:.2f} ms",
+            f"{half:.2f} s",
+            "-" if delay is None else ("below T/2" if delay < half else "[red]above T/2[/]"),
+        )
+    sync = final["sync"]
+    for loop in sync["loops"]:
+        loops.add_row(
+            loop["name"],
+            f"{loop['delay_s']:.3g} s (window {loop['window_s']:.3g} s)",
+            "-"
+            if loop["shortest_half_period_s"] is None
+            else f"{loop['shortest_half_period_s']:.2f} s",
+            loop["verdict"],
+        )
+    console.print(loops)
+    console.print(f"sync verdict: {sync['verdict']}")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "lab-site-power.png"
+    plot_lab(final["trace"], requested, path)
+    (out / "lab-report.json").write_text(
+        json.dumps(
+            {
+                "requested_kw": requested,
+                "achieved_kw": achieved,
+                "met": ok,
+                "event": event,
+                "plan": plan,
+                "sync": sync,
+                "runs": [
+                    {
+                        "loop": "closed" if r["tracking"] else "open",
+                        "delivered_kw": r["delivered_kw"],
+                        "error": (r["delivered_kw"] - requested) / requested,
+                    }
+                    for r in results
+                ],
+            },
+            indent=2,
+            default=str,
+        )
+    )
+    console.print(f"plot: {path}")
+    return 0 if ok else 1
