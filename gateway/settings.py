@@ -70,7 +70,7 @@ class GatewaySettings(BaseSettings):
     calibration_every_s: float = Field(default=300.0, gt=0.0)
     tracking: bool = True  #: close the site loop at the meter during events
     loop_window_s: float | None = Field(default=None, gt=0.0)  #: None: from the jobs' periods
-    loop_gain: float = Field(default=0.5, gt=0.0, le=1.5)  #: integral gain x loop delay [rad]
+    loop_gain: float = Field(default=0.5, gt=0.0, le=1.5)  #: share of the error taken per sample
     loop_max_correction: float = Field(default=1.0, gt=0.0, le=2.0)
 
     @property

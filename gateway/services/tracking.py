@@ -5,20 +5,25 @@ the truth. Every sample of the site (`SitePower`, each meter period) the loop co
 facility power, averaged over its window, with the target level and integrates the error into
 a correction of the requested reduction, re-planned through the same allocator:
 
-    error = measured - target level            [kW at the meter; > 0: shed more]
+    error = measured + unseen - target level   [kW at the meter; > 0: shed more]
     correction += k_i * period * error         (held while the meter faults)
     requested = event's reduction + correction, within [0, the site's most]
 
 - The target level is the event's level (a setpoint), or the facility power just before the
   event (averaged over the window; the model's baseline when the meter had no whole window
   yet) less its reduction, moved by the model's baseline when the job mix changes.
-- `k_i = loop_gain / delay`, the delay being the loop's own: the meter's age and lag, the
-  plan and dispatch of the last correction, the agents' actuation, half the window and half
-  the sample period. `loop_gain` 0.5 rad leaves about 60 degrees of phase margin.
+- The meter sees each move late: a re-plan after the loop's dead time (the meter's age, the
+  plan and dispatch, the agents' actuation), through the cooling's lag, spread over the window
+  the reading is averaged on. The loop does not wait for it (a Smith predictor): `unseen` is
+  what its own plans and the job mix's model baseline have moved but the window does not show
+  yet, so the loop integrates only the model's error, from the event's first sample on.
+- `k_i = loop_gain / period`: each sample takes `loop_gain` of that error. The delay is out of
+  the loop's nominal path; what goes round it is the model's error only, so with `loop_gain`
+  <= 1 the loop is stable whenever the site's true response per planned kW is within 100% of
+  the model's (the small-gain theorem: that residual loop has gain |1 - true/model| < 1).
 - Anti-windup: the correction stops growing while the plan is short (every job at its floor)
   and stops falling while nothing is requested; it is bounded by `loop_max_correction` of the
-  reduction; and after each new target the loop waits until the meter's window has seen the
-  whole open-loop step (a window, the delay and a period) before it integrates again.
+  reduction.
 - The window averages the site's power over at least four of the longest capped iteration
   periods, so the loop barely sees the jobs' own swings. Before the loop acts, and whenever the
   capped periods or the measured delay move, its configuration (delay, window, sample-and-hold,
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -64,8 +69,11 @@ class Pursuit:
     start_facility_kw: float | None  #: the meter before the event, averaged over the window
     start_baseline_gpu_kw: float  #: the model's baseline when the event began [kW]
     correction_kw: float = 0.0
-    planned_kw: float = 0.0
-    settled_at_s: float = 0.0  #: the open-loop step is in the whole window from then on
+    planned_kw: float = 0.0  #: the reduction last planned [kW]
+    achieved_kw: float = 0.0  #: what that plan achieves by the model [kW]
+    baseline_kw: float | None = None  #: the model's facility baseline at the last sample [kW]
+    #: (when, kW): moves of the meter's reading expected from then on, by the model
+    moves: list[tuple[float, float]] = field(default_factory=list)
     measured_kw: float | None = None
     target_kw: float | None = None
 
@@ -85,7 +93,8 @@ class Tracker:
         self.pursuit: Pursuit | None = None
         self.window_s = settings.loop_window_s or 0.0
         self.gain = settings.loop_gain
-        self.delay_s = 0.0
+        self.delay_s = 0.0  #: the loop's delay: dead time and the cooling's lag [s]
+        self.lag_s = 0.0  #: of which the cooling's first-order lag [s]
         self.verdict: str | None = None
         self.reason: str | None = None  #: why the loop was adjusted, held or refused
         self._checked: tuple[float, float] | None = None  #: (longest period, delay) checked
@@ -97,10 +106,7 @@ class Tracker:
 
     @property
     def integral_gain_per_s(self) -> float:
-        return self.gain / self._loop_delay_s()
-
-    def _loop_delay_s(self) -> float:
-        return max(self.delay_s + self.window_s / 2 + self.period_s / 2, 1e-3)
+        return self.gain / self.period_s
 
     async def pursue(self, event_id: str, reduction_kw: float, level_kw: float | None) -> None:
         """Deliver this event's target at the meter from now on (the open-loop plan first)."""
@@ -116,12 +122,6 @@ class Tracker:
                 mix.baseline_gpu_kw,
             )
             self.pursuit = known
-        if known.reduction_kw != reduction_kw or known.level_kw != level_kw or not known.planned_kw:
-            # A new target is a step the model makes: the loop integrates only once the meter's
-            # window has seen all of it, or the step itself winds the correction up.
-            known.settled_at_s = (
-                self.clock.monotonic() + self.window_s + self.delay_s + self.period_s
-            )
         known.reduction_kw, known.level_kw = reduction_kw, level_kw
         await self._plan(known)
 
@@ -133,7 +133,10 @@ class Tracker:
         started_s = self.clock.monotonic()
         await self.targets.hold(requested, pursuit.event_id, self.doc())
         self._plan_s = self.clock.monotonic() - started_s
-        pursuit.planned_kw = requested
+        short_kw = float((self.targets.last_plan or {}).get("shortfall_kw", 0.0))
+        achieved_kw = max(requested - short_kw, 0.0)
+        pursuit.moves.append((started_s, pursuit.achieved_kw - achieved_kw))
+        pursuit.planned_kw, pursuit.achieved_kw = requested, achieved_kw
 
     def _target_level_kw(self, pursuit: Pursuit, mix: JobMix) -> float | None:
         if pursuit.level_kw is not None:
@@ -156,14 +159,16 @@ class Tracker:
         if pursuit.start_facility_kw is None and pursuit.level_kw is None:
             # No whole window of the meter before the event: the model's baseline stands in.
             pursuit.start_facility_kw = self.site.facility_kw(pursuit.start_baseline_gpu_kw)
+        baseline_kw = self.site.facility_kw(mix.baseline_gpu_kw)
+        if pursuit.baseline_kw is not None and baseline_kw != pursuit.baseline_kw:
+            pursuit.moves.append((self.clock.monotonic(), baseline_kw - pursuit.baseline_kw))
+        pursuit.baseline_kw = baseline_kw
         measured = self.site.filtered_kw(self.window_s)
         target = self._target_level_kw(pursuit, mix)
         pursuit.measured_kw, pursuit.target_kw = measured, target
         if measured is None or target is None or self.verdict == "held":
             return  # a faulted meter: the correction is held, the plan is the model's
-        if self.clock.monotonic() < pursuit.settled_at_s:
-            return
-        error_kw = measured - target
+        error_kw = measured + self._unseen_kw(pursuit) - target
         plan = self.targets.last_plan or {}
         short = float(plan.get("shortfall_kw", 0.0)) > 1e-6
         if (error_kw > 0 and short) or (error_kw < 0 and pursuit.planned_kw <= 0.0):
@@ -178,6 +183,20 @@ class Tracker:
         if moved > max(DEADBAND * pursuit.reduction_kw, 0.05):
             await self._plan(pursuit)
 
+    def _unseen_kw(self, pursuit: Pursuit) -> float:
+        """What the model's moves will still do to the window's average: each reaches the meter
+        after the loop's dead time, through the cooling's first-order lag, and enters the
+        average over the window (of samples, one a period: half a period ahead of the
+        continuous average)."""
+        now, width = self.clock.monotonic(), max(self.window_s, self.period_s)
+        dead_s = max(self.delay_s - self.lag_s, 0.0) - self.period_s / 2
+        unseen = 0.0
+        for at_s, move_kw in pursuit.moves:
+            unseen += move_kw * (1.0 - _seen(now - at_s - dead_s, width, self.lag_s))
+        horizon_s = dead_s + width + 5.0 * self.lag_s
+        pursuit.moves = [m for m in pursuit.moves if now - m[0] < horizon_s]
+        return unseen
+
     # --- the loop's configuration, checked ----------------------------------------------
 
     def _measure_delay(self) -> None:
@@ -190,6 +209,7 @@ class Tracker:
             for r in (self.fleet.last or {}).values()
             if r.actuation_delay.p50_s is not None
         ]
+        self.lag_s = lag_s
         self.delay_s = age_s + lag_s + self._plan_s + max(actuation, default=0.0)
 
     def _choose(self, mix: JobMix) -> None:
@@ -297,6 +317,18 @@ class Tracker:
             "verdict": self.verdict,
             "reason": self.reason,
         }
+
+
+def _seen(since_s: float, window_s: float, lag_s: float) -> float:
+    """The share of a unit step, `since_s` after it reached a first-order lag of `lag_s`,
+    that an average over the last `window_s` shows."""
+    if since_s <= 0.0:
+        return 0.0
+    start_s = max(since_s - window_s, 0.0)
+    if lag_s <= 0.0:
+        return (since_s - start_s) / window_s
+    rise = (since_s - start_s) + lag_s * (math.exp(-since_s / lag_s) - math.exp(-start_s / lag_s))
+    return rise / window_s
 
 
 def _close(a: tuple[float, float], b: tuple[float, float]) -> bool:

@@ -76,14 +76,14 @@ def test_gateway_killed_mid_event_resumes(tmp_path, database_url, recovery):
             site = Site(api, nodes, None)
             stack.callback(api.close)
             assert api.put("/v1/jobs", json={"jobs": jobs}, headers=API).status_code == 200
-            end = datetime.now(UTC) + timedelta(seconds=14)
+            end = datetime.now(UTC) + timedelta(seconds=24)
             event = api.post(
                 "/v1/events",
                 headers=API,
                 json={
                     "reduction_kw": 15,
                     "start": datetime.now(UTC).isoformat(),
-                    "duration_s": 14,
+                    "duration_s": 24,
                 },
             ).json()
             plan_id = site.wait(lambda: api.get(f"/v1/events/{event['id']}").json()["plan_id"])

@@ -113,3 +113,35 @@ def test_a_loop_inside_the_attractive_window_is_refused_and_made_safe(sites):
         assert doc["window_s"] > 1.0
 
     asyncio.run(run())
+
+
+def test_the_open_loop_step_winds_nothing_up_where_the_model_is_right(tmp_path):
+    """A site exactly as declared: the loop predicts the step it has not seen yet, so its
+    correction stays near zero while the step fills the window (an integrator of the bare
+    reading would take the whole step for an error), and the target is met."""
+    declared = site_jobs()
+    site = SimulatedSite(
+        declared,
+        Truth(copy.deepcopy(declared), overhead_factor=1.3, static_kw=0.0),
+        declared_overhead_factor=1.3,
+        tracking=True,
+        folder=tmp_path / "site",
+    )
+
+    async def run():
+        await site.start()
+        await site.run_for(WARM_UP_S)
+        uncapped = site.meter.true_facility_kw()
+        await site.tracker.pursue("ev-1", REDUCTION_KW, None)
+        corrections = []
+        for _ in range(round(2 * site.tracker.window_s)):
+            await site.run_for(site.settings.meter_period_s)
+            corrections.append(site.tracker.doc()["correction_kw"])
+        assert max(abs(c) for c in corrections) < 0.1 * REDUCTION_KW
+        await site.run_for(60)
+        assert uncapped - site.meter.true_facility_kw() == pytest.approx(REDUCTION_KW, rel=0.02)
+
+    try:
+        asyncio.run(run())
+    finally:
+        site.close()
