@@ -26,7 +26,7 @@ import numpy as np
 from agents.backend import GpuBackend
 from agents.errors import AgentError, InvalidCapError, StaleGenerationError
 from agents.logs import decision
-from agents.protocol import CapCommand, CapResponse, CapResult, DelayStats
+from agents.protocol import DELAY_SAMPLES, CapCommand, CapResponse, CapResult, DelayStats
 from agents.state import OriginalLimits
 
 #: A limit that reads back more than this far from what was set is reported as an error.
@@ -119,6 +119,7 @@ class CapController:
             p50_s=float(np.percentile(values, 50)),
             p99_s=float(np.percentile(values, 99)),
             count=int(values.size),
+            recent_s=[float(v) for v in values[-DELAY_SAMPLES:]],
         )
 
     # --- the log ---------------------------------------------------------------------------

@@ -121,6 +121,12 @@ class DelayStats(BaseModel):
     p50_s: float | None
     p99_s: float | None
     count: int
+    #: the latest delays [s], oldest first (at most `DELAY_SAMPLES`): the distribution the
+    #: gateway's sync verdicts average over
+    recent_s: list[float] = []
+
+
+DELAY_SAMPLES = 32
 
 
 class TelemetryResponse(BaseModel):
@@ -128,6 +134,9 @@ class TelemetryResponse(BaseModel):
     gpus: list[GpuPower]
     jobs: list[JobTelemetry]
     actuation_delay: DelayStats
+    #: the agent's monotonic clock when it answered [s]: the time base of `phase_at`, from
+    #: which the gateway estimates this agent's clock offset
+    agent_time_s: float | None = None
 
 
 class Health(BaseModel):

@@ -124,6 +124,7 @@ class AgentNode:
             gpus=self.sampler.gpu_power(),
             jobs=self.sampler.job_telemetry(),
             actuation_delay=self.controller.delay_stats(),
+            agent_time_s=self.controller.clock(),
         )
 
     def metrics(self) -> str:

@@ -11,7 +11,8 @@ A job on several GPUs of the node runs at the pace of its most constrained GPU (
 training). The firmware holds a new cap within tens of milliseconds: the clip level moves to
 it with a first-order lag (`firmware_s`, 30 ms). Power readings are instantaneous, with
 Gaussian noise. GPUs with no job draw `IDLE_W`. The clock is passed in (monotonic seconds), so
-tests can drive time.
+tests can drive time. A job's phase is one across the nodes it spans (`job_phase`), as the GPUs
+of one synchronous job iterate together.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -42,6 +44,12 @@ DEFAULT_JOB = {
     "duty": 0.8,
     "comm_power_fraction": 0.5,
 }
+
+
+def job_phase(job_id: str, period_s: float, now: float) -> float:
+    """A job's phase [cycles] at `now`, the same on every node it spans (its GPUs iterate
+    together): as if it had run uncapped since the clock's zero from an offset its id draws."""
+    return (zlib.crc32(job_id.encode()) / 2**32 + now / period_s) % 1.0
 
 
 @dataclass
@@ -98,7 +106,7 @@ class SimulatedBackend:
         self.jobs = self._place(mix, node_id, gpus)
         now = clock()
         for job in self.jobs:
-            job.phase0 = float(self._rng.random())
+            job.phase0 = job_phase(job.id, job.period_s, now)
             job.t0 = now
             self._retime(job, now)
 

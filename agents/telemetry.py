@@ -19,7 +19,7 @@ from agents.backend import GpuBackend
 from agents.errors import AgentError
 from agents.protocol import GpuPower, JobTelemetry
 from flexmodel.errors import FlexModelError
-from flexmodel.phases import estimate_phase, estimate_waveform
+from flexmodel.phases import estimate_phase, estimate_waveform, phase_at_end
 
 MIN_SAMPLE_HZ = 10.0
 
@@ -125,7 +125,7 @@ class Sampler:
             job_id=job_id,
             period_s=found.period_s,
             duty=found.duty,
-            phase_rad=None if phase is None else float(np.mod(phase[-1], 2 * np.pi)),
+            phase_rad=None if phase is None else phase_at_end(phase, times, found.period_s),
             phase_at=None if phase is None else float(times[-1]),
             power_w=mean,
         )

@@ -113,6 +113,21 @@ def estimate_phase(
     return np.asarray(np.unwrap(np.angle(signal.hilbert(smooth))), dtype=float)
 
 
+def phase_at_end(phase_rad: ArrayLike, times_s: ArrayLike, period_s: float) -> float:
+    """The phase [rad, 0 to 2 pi] at the last sample, from the whole trace: the filtered
+    phase (`estimate_phase`) is biased near the trace's ends, so its offset from `2 pi t / T`
+    is averaged over the samples a period away from either end and carried to the last one."""
+    phi = np.asarray(phase_rad, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    if phi.shape != t.shape or phi.size == 0:
+        raise FlexModelError("phases and times must have the same, non-zero length")
+    w = 2.0 * np.pi / period_s
+    inner = (t >= t[0] + period_s) & (t <= t[-1] - period_s)
+    keep = inner if inner.sum() >= 4 else np.ones_like(inner)
+    offset = np.angle(np.exp(1j * (phi[keep] - w * t[keep])).mean())
+    return float(np.mod(offset + w * t[-1], 2.0 * np.pi))
+
+
 def order_parameters(phases_rad: ArrayLike, harmonics: tuple[int, ...] = (1, 2, 3)) -> Array:
     """`r_m = |mean_j exp(i m phi_j)|` for each harmonic (over the last axis)."""
     phi = np.asarray(phases_rad, dtype=float)

@@ -200,7 +200,12 @@ class SyncState(BaseModel):
         description="r1..r3 over the jobs whose phase the agents can resolve"
     )
     alarms: dict[str, Any] = Field(
-        description="Rayleigh alarm held for three windows, per harmonic"
+        description="Rayleigh alarm held for three windows, per harmonic; below 8 jobs, each "
+        "pair's phase-locking value"
+    )
+    clocks: dict[str, dict[str, float] | None] = Field(
+        default_factory=dict,
+        description="each agent's clock offset from the gateway's, and its bound [s]",
     )
     loops: list[dict[str, Any]]
     verdict: str

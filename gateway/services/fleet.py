@@ -8,14 +8,20 @@
   of 1000 agents; older than that, they wait for the new round.
 - **Site power**: the placed jobs' GPU power now (the mean of each GPU's recent samples) and
   the facility power the overhead model puts on it.
-- **Phases**: each job's phase, one vote per job, and the Rayleigh alarm over them.
+- **Phases**: each job's phase on the gateway's clock (`clocks.AgentClocks`: each agent's
+  offset from its quickest answers), one vote per job however many nodes it spans, and the
+  Rayleigh alarm over them; below `MIN_JOBS_FOR_RAYLEIGH` jobs, each pair's phase-locking
+  value over the last watches instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import cmath
+import itertools
 import logging
 import math
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -26,16 +32,20 @@ from flexmodel.phases import (
     MIN_JOBS_FOR_RAYLEIGH,
     RayleighAlarm,
     order_parameters,
+    phase_locking_value,
     rayleigh_threshold,
 )
 from gateway.agentclient import Ack, AgentClient, AgentUnreachableError
 from gateway.clock import Clock
+from gateway.services.clocks import AgentClocks
 from gateway.settings import GatewaySettings
 from gateway.store import repo
 from gateway.store.db import Store
 from gateway.store.models import iso
 
 log = logging.getLogger("flexgate.gateway")
+#: The watches whose phases give each pair of jobs its phase-locking value.
+WATCHES_KEPT = 16
 Telemetry = dict[str, TelemetryResponse]  #: node id -> its agent's last answer
 
 
@@ -73,7 +83,10 @@ class Fleet:
         #: one definition, used by plans (`unreachable_nodes`), /v1/nodes, quotes and metrics.
         self.unreachable: dict[str, str] = {}
         self.alarm = RayleighAlarm()
+        self.clocks = AgentClocks()
         self.phases: dict[str, float] = {}  #: job id -> phase [rad] at the last watch
+        #: each watch's phases, all at one instant of the gateway's clock
+        self.watches: deque[dict[str, float]] = deque(maxlen=WATCHES_KEPT)
         self._last: Telemetry | None = None
         self._last_at = -math.inf  #: when that round ended (monotonic)
         self._round: asyncio.Future[Telemetry] | None = None
@@ -135,8 +148,15 @@ class Fleet:
 
     async def _ask_telemetry(self) -> Telemetry:
         nodes = list(self.nodes.items())
-        found = await asyncio.gather(*(self.client.telemetry(a) for _, a in nodes))
+        found = await asyncio.gather(*(self._ask_one(node, a) for node, a in nodes))
         return {node: doc for (node, _), doc in zip(nodes, found, strict=True) if doc is not None}
+
+    async def _ask_one(self, node: str, address: str) -> TelemetryResponse | None:
+        asked = self.clock.monotonic()
+        doc = await self.client.telemetry(address)
+        if doc is not None and doc.agent_time_s is not None:
+            self.clocks.observe(node, asked, doc.agent_time_s, self.clock.monotonic())
+        return doc
 
     async def power(self, mix: JobMix) -> FleetPower:
         """What the placed jobs' GPUs draw now, by the agents' recent samples; the baseline
@@ -155,12 +175,48 @@ class Fleet:
                 measured_w += sum(gpus.get(g) or 0.0 for g in where.gpus)
         return FleetPower(measured_w / 1000.0, baseline_w / 1000.0, max_w / 1000.0, len(telemetry))
 
+    def aligned_phases(self, telemetry: Telemetry) -> dict[str, float]:
+        """Each job's phase now on the gateway's clock [rad]: one per job, the circular mean
+        of the nodes it spans (they agree when the offsets are right)."""
+        now = self.clock.monotonic()
+        seen: dict[str, list[complex]] = {}
+        for node in sorted(telemetry):
+            for job in telemetry[node].jobs:
+                phase = self.clocks.phase_now(node, job, now)
+                if phase is not None:
+                    seen.setdefault(job.job_id, []).append(cmath.exp(1j * phase))
+        return {
+            job: cmath.phase(sum(votes)) % (2 * math.pi)
+            for job, votes in seen.items()
+            if abs(sum(votes)) > 1e-9
+        }
+
     async def watch_phases(self) -> None:
         """The jobs' phases from the agents, and the Rayleigh alarm (three windows held)."""
-        readings = job_readings(await self.telemetry())
-        self.phases = {j.job_id: j.phase_rad for j in readings if j.phase_rad is not None}
+        self.phases = self.aligned_phases(await self.telemetry())
+        self.watches.append(self.phases)
         if len(self.phases) >= MIN_JOBS_FOR_RAYLEIGH:
             self.alarm.update(list(self.phases.values()))
+
+    def pair_locking(self) -> list[dict[str, Any]]:
+        """Each pair of jobs' phase-locking value over the watches that saw both, and whether
+        it is above chance (the Rayleigh threshold for that many watches, split over the
+        pairs). Two jobs at the same period keep their phase difference without coupling:
+        a locked pair says they move together, not why."""
+        jobs = sorted({job for watch in self.watches for job in watch})
+        pairs = list(itertools.combinations(jobs, 2))
+        out = []
+        for a, b in pairs:
+            both = [(w[a], w[b]) for w in self.watches if a in w and b in w]
+            if len(both) < 2:
+                continue
+            plv = phase_locking_value([x for x, _ in both], [y for _, y in both])
+            limit = rayleigh_threshold(len(both), self.alarm.false_alarm, len(pairs))
+            out.append(
+                {"jobs": [a, b], "plv": plv, "watches": len(both), "threshold": min(limit, 1.0)}
+                | {"locked": len(both) >= MIN_JOBS_FOR_RAYLEIGH and plv > limit}
+            )
+        return out
 
     async def node_docs(self) -> list[dict[str, Any]]:
         """Every node ever seen: reachable now or not (and why not), whether its telemetry
@@ -192,9 +248,16 @@ class Fleet:
         return out
 
     async def phase_doc(self) -> dict[str, Any]:
-        """The jobs' phases (one vote per job), their order parameters and the alarm state."""
-        readings = job_readings(await self.telemetry())
-        phases = [j.phase_rad for j in readings if j.phase_rad is not None]
+        """The jobs' phases on the gateway's clock (one vote per job), their order parameters,
+        the agents' clock offsets and the alarm state."""
+        telemetry = await self.telemetry()
+        readings = job_readings(telemetry)
+        aligned = self.aligned_phases(telemetry)
+        spans: dict[str, list[str]] = {}
+        for node in sorted(telemetry):
+            for job in telemetry[node].jobs:
+                spans.setdefault(job.job_id, []).append(node)
+        phases = list(aligned.values())
         order = None
         if phases:
             r1, r2, r3 = (float(v) for v in order_parameters(phases))
@@ -212,17 +275,33 @@ class Fleet:
                 ],
             }
         else:
+            pairs = self.pair_locking()
             alarms = {
-                "test": None,
+                "test": "phase-locking-value",
                 "harmonics": [],
-                "note": f"fewer than {MIN_JOBS_FOR_RAYLEIGH} jobs with phases: the Rayleigh "
-                "test does not apply (use pairwise phase-locking values)",
+                "note": f"fewer than {MIN_JOBS_FOR_RAYLEIGH} jobs with phases: each pair's "
+                "phase-locking value over the last watches stands in for the Rayleigh test",
+                "pairs": pairs,
+                "locked_pairs": [p["jobs"] for p in pairs if p["locked"]],
             }
+        clocks = {}
+        for node in sorted(telemetry):
+            offset = self.clocks.offset(node)
+            clocks[node] = (
+                None if offset is None else {"offset_s": offset.offset_s, "error_s": offset.error_s}
+            )
         return {
             "jobs": [
-                {"job_id": j.job_id, "period_s": j.period_s, "duty": j.duty, "phase": j.phase_rad}
+                {
+                    "job_id": j.job_id,
+                    "period_s": j.period_s,
+                    "duty": j.duty,
+                    "phase": aligned.get(j.job_id),
+                    "nodes": spans.get(j.job_id, []),
+                }
                 for j in readings
             ],
             "order_parameters": order,
             "alarms": alarms,
+            "clocks": clocks,
         }

@@ -140,7 +140,10 @@ def test_health_metrics_and_sync(site):
     assert {loop["name"] for loop in sync["loops"]} == {"firmware", "gateway"}
     assert sync["verdict"] in ("safe", "at-risk", "unsafe")
     assert set(sync) >= {"jobs", "order_parameters", "alarms", "loops", "verdict"}
-    assert sync["alarms"]["test"] is None  # two jobs: the Rayleigh test does not apply
+    # Two jobs: the Rayleigh test does not apply; the pair's phase-locking value stands in.
+    assert sync["alarms"]["test"] == "phase-locking-value"
+    assert all(0.0 <= p["plv"] <= 1.0 for p in sync["alarms"]["pairs"])
+    assert set(sync["clocks"]) == set(site.nodes)
     nodes = site.api.get("/v1/nodes").json()["nodes"]
     assert all(len(n["gpus"]) == 8 for n in nodes)
 
