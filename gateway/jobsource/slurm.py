@@ -65,11 +65,13 @@ class SlurmSource:
         try:
             out, err = await asyncio.wait_for(process.communicate(), self.timeout_s)
         except TimeoutError:
-            process.kill()
-            await process.wait()
             raise JobSourceError(
                 f"{' '.join(argv)} gave no answer within {self.timeout_s:g} s"
             ) from None
+        finally:  # timed out, or the caller gave up: no command is left behind
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
         if process.returncode != 0:
             message = err.decode(errors="replace").strip().splitlines()
             raise JobSourceError(

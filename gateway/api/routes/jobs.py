@@ -41,11 +41,12 @@ async def list_jobs(services: ServicesDep) -> dict[str, Any]:
 
 
 @router.post("/jobs/refresh", status_code=202, responses=problems(409))
-async def refresh_jobs(services: ServicesDep, _: Writer) -> dict[str, Any]:
-    """Read the job source now (the Slurm prolog and epilog call this): answers at once, the
-    look follows within moments."""
+async def refresh_jobs(services: ServicesDep, _: Writer, job: str | None = None) -> dict[str, Any]:
+    """Read the job source now (the Slurm prolog and epilog call this, naming the `job`):
+    answers at once, the look follows within moments."""
     if services.feed is None:
         raise ConflictError("no job source: the job mix is static (FLEXGATE_JOB_SOURCE=static)")
+    log.debug("job source %s: refresh asked for job %s", services.feed.kind, job)
     services.feed.nudge()
     return {"source": services.feed.kind}
 
