@@ -22,8 +22,11 @@ that fails or times out) raises `JobSourceError`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import re
+import signal
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,7 +61,10 @@ class SlurmSource:
     async def _run(self, *argv: str) -> str:
         try:
             process = await asyncio.create_subprocess_exec(
-                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+                *argv,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,  # its own process group, killed whole on a timeout
             )
         except OSError as exc:
             raise JobSourceError(f"{argv[0]} could not run: {exc}") from exc
@@ -70,7 +76,8 @@ class SlurmSource:
             ) from None
         finally:  # timed out, or the caller gave up: no command is left behind
             if process.returncode is None:
-                process.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
                 await process.wait()
         if process.returncode != 0:
             message = err.decode(errors="replace").strip().splitlines()

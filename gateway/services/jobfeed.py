@@ -31,6 +31,9 @@ from gateway.settings import GatewaySettings
 from gateway.store.models import iso
 
 log = logging.getLogger("flexgate.gateway")
+#: A source times out its own calls (naming them); the feed's guard, this much later, catches
+#: a source that does not.
+GUARD_GRACE_S = 1.0
 
 
 def without_time_left(doc: dict[str, Any]) -> dict[str, Any]:
@@ -133,11 +136,10 @@ class JobFeed:
         """One look; True when it worked (whether or not anything changed)."""
         async with self._lock:
             try:
-                reading = await asyncio.wait_for(
-                    self.source.read(), self.settings.job_source_timeout_s
-                )
+                guard_s = self.settings.job_source_timeout_s + GUARD_GRACE_S
+                reading = await asyncio.wait_for(self.source.read(), guard_s)
             except TimeoutError:
-                self._failed(f"no answer within {self.settings.job_source_timeout_s:g} s")
+                self._failed(f"no answer within {guard_s:g} s")
                 return False
             except GatewayError as exc:
                 self._failed(str(exc))

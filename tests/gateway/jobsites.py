@@ -130,9 +130,12 @@ class ScriptedSqueue:
         tmp.replace(self.folder / "answer")
 
     def fail(self, message: str) -> None:
+        (self.folder / "delay").unlink(missing_ok=True)
         (self.folder / "fail").write_text(message + "\n")
 
     def delay(self, seconds: float) -> None:
+        """No answer for `seconds`, then the last answer."""
+        (self.folder / "fail").unlink(missing_ok=True)
         (self.folder / "delay").write_text(f"{seconds}\n")
 
 

@@ -117,20 +117,34 @@ PartitionName=gpu Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
             f"--log-file={root}/log/munged.log",
         )
         self._wait(lambda: (root / "munge" / "munge.socket").exists(), "munged", timeout_s)
-        self._spawn("slurmctld", "-D", "-f", str(self.conf))
+        self._controller = self._spawn("slurmctld", "-D", "-f", str(self.conf))
         self._spawn("slurmd", "-D", "-N", NODE, "-f", str(self.conf))
         self._wait(self._idle, f"node {NODE} idle in sinfo", timeout_s)
+
+    def stop_controller(self) -> None:
+        """slurmctld gone (its state saved): every Slurm command fails or waits."""
+        self._controller.terminate()
+        self._controller.wait(timeout=20)
+        self._daemons.remove(self._controller)
+
+    def start_controller(self, timeout_s: float = 30.0) -> None:
+        """slurmctld back, with the jobs it saved."""
+        self._controller = self._spawn("slurmctld", "-D", "-f", str(self.conf))
+        self._wait(
+            lambda: self.command("squeue", "-h", check=False).returncode == 0,
+            "slurmctld answering",
+            timeout_s,
+        )
 
     def _idle(self) -> bool:
         answer = self.command("sinfo", "-h", "-N", "-o", "%T", check=False)
         return answer.returncode == 0 and answer.stdout.strip() == "idle"
 
-    def _spawn(self, *argv: str) -> None:
-        log = open(self.root / "log" / f"{argv[0]}.out", "ab")  # noqa: SIM115 - the daemon's
-        self._daemons.append(
-            subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        )
-        log.close()
+    def _spawn(self, *argv: str) -> subprocess.Popen[bytes]:
+        with open(self.root / "log" / f"{argv[0]}.out", "ab") as log:
+            daemon = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self._daemons.append(daemon)
+        return daemon
 
     def _wait(self, check, what: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -155,7 +169,15 @@ PartitionName=gpu Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
 
     def sbatch(self, *options: str, seconds: int = 600) -> str:
         """Submit `sleep seconds` with these options; the job id."""
-        answer = self.command("sbatch", "--parsable", *options, "--wrap", f"sleep {seconds}")
+        answer = self.command(
+            "sbatch",
+            "--parsable",
+            f"--chdir={self.root}",
+            f"--output={self.root}/log/job-%j.out",
+            *options,
+            "--wrap",
+            f"sleep {seconds}",
+        )
         return answer.stdout.strip().split(";")[0]
 
     def state(self, job_id: str) -> str:

@@ -231,7 +231,7 @@ def test_a_source_that_fails_keeps_the_last_good_mix_and_goes_stale(tmp_path, sq
         for breaks, words in (
             (lambda: squeue.answer_text("<html>502 Bad Gateway</html>"), "not JSON"),
             (lambda: squeue.fail("squeue: error: Unable to contact slurm controller"), "exit 1"),
-            (lambda: squeue.delay(5), "no answer within 2 s"),
+            (lambda: squeue.delay(5), "gave no answer within 2 s"),
         ):
             breaks()
             health = wait_for(
