@@ -1,4 +1,5 @@
-"""Slurm as a job source: the controller asked through `squeue --json` (Slurm 21.08 or later).
+"""Slurm as a job source: the controller asked through `squeue --json` (Slurm 21.08 or later;
+met for real on 22.05, and read in the shapes later versions write).
 
 The command inherits the gateway's environment, so `SLURM_CONF` (and munge's socket, through
 it) is honoured as by every Slurm command; `bin_dir` chooses the Slurm installation when it is
@@ -38,8 +39,8 @@ from gateway.jobsource.base import JobProblem, SourceJob, SourceReading, TagErro
 
 RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING"})
 GPU_DETAIL = re.compile(r"gpu(?::[^:(,]+)?:(\d+)\(IDX:([^)]*)\)")
-#: A time limit this long or more is Slurm's "unlimited" (it stores INFINITE as 0xffffffff).
-UNLIMITED_MINUTES = 0xFFFFFFFE
+#: A number this large or more is Slurm's "unset" or "unlimited" (NO_VAL, INFINITE).
+UNLIMITED = 0xFFFFFFFE
 
 
 class SlurmSource:
@@ -121,9 +122,9 @@ def _reason(exc: Exception) -> str:
 
 def parse_job(entry: dict[str, Any]) -> SourceJob | None:
     """One running GPU job; None for a job that is not running or holds no GPU."""
-    if entry["job_state"] not in RUNNING_STATES:
+    if not RUNNING_STATES.intersection(_states(entry["job_state"])):
         return None
-    nodes = [n["nodename"] for n in entry["job_resources"]["allocated_nodes"]]
+    nodes = allocated_nodes(entry["job_resources"])
     details = entry.get("gres_detail") or []
     if not any(GPU_DETAIL.search(d) for d in details):
         return None
@@ -135,19 +136,43 @@ def parse_job(entry: dict[str, Any]) -> SourceJob | None:
         if indices:
             placement.append(Placement(node=node, gpus=indices))
     tier, pfi = parse_tags(entry.get("comment"))
-    start = _time(entry.get("start_time"))
-    limited = int(entry.get("time_limit") or UNLIMITED_MINUTES) < UNLIMITED_MINUTES
+    limit = _number(entry.get("time_limit"))
     return SourceJob(
         id=str(entry["job_id"]),
         gpus=sum(len(p.gpus) for p in placement),
         placement=tuple(placement),
-        start=start,
-        end=_time(entry.get("end_time")) if limited else None,
+        start=_time(entry.get("start_time")),
+        end=_time(entry.get("end_time")) if limit is not None else None,
         tier=tier,
         pfi=pfi,
         user=entry.get("user_name") or None,
         account=entry.get("account") or None,
     )
+
+
+def allocated_nodes(resources: dict[str, Any]) -> list[str]:
+    """The job's nodes in allocation order: `allocated_nodes[].nodename` up to Slurm 23.11,
+    `nodes.allocation[].name` from 24.05."""
+    if "allocated_nodes" in resources:
+        return [str(n["nodename"]) for n in resources["allocated_nodes"]]
+    return [str(n["name"]) for n in resources["nodes"]["allocation"]]
+
+
+def _states(value: Any) -> list[str]:
+    """A job's states: one string up to Slurm 22.05, a list (with flags) from 23.02."""
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _number(value: Any) -> int | None:
+    """A number as squeue writes it: plain up to 22.05, `{"set", "infinite", "number"}` from
+    23.02; None when unset or unlimited (INFINITE is stored as 0xffffffff)."""
+    if isinstance(value, dict):
+        if not value.get("set") or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if not isinstance(value, int) or isinstance(value, bool) or value >= UNLIMITED:
+        return None
+    return value
 
 
 def gpu_indices(detail: str) -> tuple[int, ...]:
@@ -174,7 +199,6 @@ def expand(ranges: str) -> list[int]:
     return out
 
 
-def _time(epoch: Any) -> datetime | None:
-    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch <= 0:
-        return None
-    return datetime.fromtimestamp(epoch, UTC)
+def _time(value: Any) -> datetime | None:
+    epoch = _number(value)
+    return None if epoch is None or epoch <= 0 else datetime.fromtimestamp(epoch, UTC)

@@ -91,6 +91,26 @@ def test_squeue_json_becomes_the_running_gpu_jobs():
     assert "tier 'high' is not a whole number" in problem.reason
 
 
+def test_the_shapes_later_slurm_versions_write_are_read_alike():
+    """From 23.02 states are lists and numbers `{set, infinite, number}`; from 24.05 the nodes
+    are `job_resources.nodes.allocation[].name`."""
+    old = squeue_job(3, gres=("gpu:2(IDX:0-1)", "gpu:1(IDX:7)"), nodes=("a", "b"))
+    new = {
+        **old,
+        "job_state": ["RUNNING", "POWER_UP_NODE"],
+        "start_time": {"set": True, "infinite": False, "number": old["start_time"]},
+        "end_time": {"set": True, "infinite": False, "number": old["end_time"]},
+        "time_limit": {"set": True, "infinite": False, "number": 60},
+        "job_resources": {"nodes": {"allocation": [{"name": "a"}, {"name": "b"}]}},
+    }
+    unlimited = {**new, "job_id": 4, "time_limit": {"set": True, "infinite": True, "number": 0}}
+    pending = {**new, "job_id": 5, "job_state": ["PENDING"]}
+    one, two, forever = parse_squeue(ScriptedSqueue.document([old, new, unlimited, pending])).jobs
+    assert (one.placement, one.start, one.end) == (two.placement, two.start, two.end)
+    assert [(p.node, p.gpus) for p in two.placement] == [("a", (0, 1)), ("b", (7,))]
+    assert forever.end is None
+
+
 @pytest.mark.parametrize(
     ("text", "words"),
     [
