@@ -1,7 +1,7 @@
 """The job feed: the job book follows a scheduler (a `JobSource`) on its own.
 
 - **Polls** the source every `job_source_poll_s`, and at once when nudged (`POST
-  /v1/jobs/refresh`, called by the Slurm prolog and epilog; a source's own watch).
+  /v1/jobs/refresh`, called by the Slurm prolog and epilog).
 - **Jobs become the mix**: each running job as a job-mix entry (its placement, tier, declared
   PFI, the time left to its limit; power and throughput from the site's defaults), written to
   the book only when the view changed. The book's listeners re-plan an active event, as for
@@ -61,21 +61,20 @@ class JobFeed:
         self._since_s = clock.monotonic()  #: the last good look (or the start) [monotonic s]
         self._nudged = asyncio.Event()
         self._lock = asyncio.Lock()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._task: asyncio.Task[None] | None = None
 
     @property
     def kind(self) -> str:
         return self.source.kind
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._follow()), asyncio.create_task(self._watch())]
+        self._task = asyncio.create_task(self._follow())
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
+        if self._task is not None:
+            self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await self._task
         await self.source.close()
 
     def nudge(self) -> None:
@@ -126,12 +125,6 @@ class JobFeed:
                 await asyncio.wait_for(self._nudged.wait(), self.settings.job_source_poll_s)
             self._nudged.clear()
 
-    async def _watch(self) -> None:
-        try:
-            await self.source.watch(self.nudge)
-        except Exception:  # polling goes on without the watch
-            log.exception("job source %s: the watch stopped; polling goes on", self.kind)
-
     async def poll(self) -> bool:
         """One look; True when it worked (whether or not anything changed)."""
         async with self._lock:
@@ -176,9 +169,11 @@ class JobFeed:
                 continue
             accepted[job.id], docs[job.id] = job, doc
         current = {d["id"]: d for d in self.book.docs()}
-        for problem in problems:  # a job known before keeps its last good entry
-            if problem.id in self.jobs and problem.id in current and problem.id not in docs:
-                accepted[problem.id], docs[problem.id] = self.jobs[problem.id], current[problem.id]
+        for problem in problems:  # a job in the mix (before a restart, too) keeps its entry
+            if problem.id in current and problem.id not in docs:
+                docs[problem.id] = current[problem.id]
+                if problem.id in self.jobs:
+                    accepted[problem.id] = self.jobs[problem.id]
         self._report(problems)
         entries = self._entries(current, docs, accepted)
         if entries:

@@ -355,3 +355,21 @@ def test_the_slurm_source_audits_who_started_and_ended_jobs(tmp_path, squeue):
     entry = {"id": "1", "gpus": 4, "user": "bob", "account": "vision"}
     assert ("jobsource:slurm", "jobsource.start", entry) in rows
     assert ("jobsource:slurm", "jobsource.end", entry) in rows
+
+
+def test_a_restarted_gateway_keeps_the_last_good_mix_while_the_source_is_down(tmp_path, squeue):
+    squeue.answer_jobs(
+        [squeue_job(1, comment="flexgate:tier=3"), squeue_job(2, gres=("gpu:2(IDX:6-7)",))]
+    )
+    with following_site(tmp_path, slurm_bin_dir=str(squeue.folder)) as site:
+        before = site.wait_jobs({"1", "2"})
+    squeue.fail("squeue: error: Unable to contact slurm controller")
+    with following_site(tmp_path, slurm_bin_dir=str(squeue.folder)) as site:
+        wait_for(lambda: site.api.get("/health").json()["job_source"]["fault"], "the failure shown")
+        assert site.jobs() == before  # from the store, as last read
+        # Back, with job 1's tag now unreadable: it keeps the entry stored before the restart.
+        squeue.answer_jobs(
+            [squeue_job(1, comment="flexgate:tier=x"), squeue_job(3, gres=("gpu:1(IDX:5)",))]
+        )
+        after = site.wait_jobs({"1", "3"})
+        assert after["1"] == before["1"]
