@@ -123,11 +123,26 @@ class DelayStats(BaseModel):
     count: int
 
 
+class PodGpus(BaseModel):
+    """A Kubernetes pod's GPUs on this node, from the kubelet's PodResources API."""
+
+    namespace: str
+    name: str
+    gpus: list[int]  #: this node's GPU indices
+    unknown_devices: list[str] = Field(
+        default_factory=list, description="device ids the pod holds that name no GPU here"
+    )
+
+
 class TelemetryResponse(BaseModel):
     node_id: str
     gpus: list[GpuPower]
     jobs: list[JobTelemetry]
     actuation_delay: DelayStats
+    pods: list[PodGpus] | None = Field(
+        default=None, description="pods' GPUs (PodResources); null when the agent reads none"
+    )
+    pods_error: str | None = Field(default=None, description="why the kubelet gave no answer")
 
 
 class Health(BaseModel):

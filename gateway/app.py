@@ -73,7 +73,7 @@ def create_app(
             ven = Ven(settings, tuple(http_trace))
         fleet = Fleet(settings, store, clock, client)
         overhead = Overhead(settings, store, clock)
-        source = job_source or open_job_source(settings)
+        source = job_source or open_job_source(settings, fleet)
         book = JobBook(store, clock, overhead, settings.tier_table, source.kind if source else None)
         power = SitePower(settings, clock, fleet, book, overhead, open_feed(settings, clock=clock))
         targets = Targets(settings, store, clock, client, fleet, book, power)
@@ -143,8 +143,19 @@ def create_app(
     return app
 
 
-def open_job_source(settings: GatewaySettings) -> JobSource | None:
-    """The scheduler `FLEXGATE_JOB_SOURCE` names; None for the static mix."""
+def open_job_source(settings: GatewaySettings, fleet: Fleet) -> JobSource | None:
+    """The scheduler `FLEXGATE_JOB_SOURCE` names; None for the static mix. Kubernetes pods'
+    GPU indices come from the fleet (each agent reads its kubelet's)."""
     if settings.job_source == "slurm":
         return SlurmSource(timeout_s=settings.job_source_timeout_s, bin_dir=settings.slurm_bin_dir)
+    if settings.job_source == "kubernetes":
+        from gateway.jobsource.kubernetes import KubernetesSource, open_api  # loads the client
+
+        return KubernetesSource(
+            open_api(settings.kubernetes_kubeconfig),
+            fleet.pod_gpus,
+            timeout_s=settings.job_source_timeout_s,
+            namespace=settings.kubernetes_namespace,
+            watch_s=settings.kubernetes_watch_s,
+        )
     return None

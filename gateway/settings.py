@@ -74,7 +74,7 @@ class GatewaySettings(BaseSettings):
     loop_window_s: float | None = Field(default=None, gt=0.0)  #: None: from the jobs' periods
     loop_gain: float = Field(default=0.5, gt=0.0, le=1.5)  #: integral gain x loop delay [rad]
     loop_max_correction: float = Field(default=1.0, gt=0.0, le=2.0)
-    job_source: Literal["static", "slurm"] = "static"  #: where the running jobs come from
+    job_source: Literal["static", "slurm", "kubernetes"] = "static"  #: where the jobs come from
     job_source_poll_s: float = Field(default=15.0, gt=0.0)
     job_source_timeout_s: float = Field(default=10.0, gt=0.0)
     job_source_stale_s: float = Field(default=120.0, gt=0.0)
@@ -82,6 +82,9 @@ class GatewaySettings(BaseSettings):
     job_source_gpu_power_w: float = Field(default=600.0, ge=50.0, le=2000.0)
     job_source_throughput_per_gpu: float = Field(default=1000.0, gt=0.0)
     slurm_bin_dir: str = ""  #: where squeue is; empty: PATH
+    kubernetes_kubeconfig: Path | None = None  #: None: the pod's service account (in-cluster)
+    kubernetes_namespace: str = ""  #: empty: every namespace
+    kubernetes_watch_s: float = Field(default=300.0, ge=1.0)  #: one watch request's length
     tiers: str = Field(default="0,0.10,0.25,0.50", description="tolerated slowdown per tier")
     tier_slowdown_means: Literal["throughput", "duration"] = "throughput"
 

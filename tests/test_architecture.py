@@ -9,7 +9,8 @@
   -> outside world (the agent client, the meter, the job source) -> store -> base (clock,
   errors). Routes call services, never the store.
 - in gateway, only the grid-protocol package imports openleadr, and only it and the
-  outside-world parts (agent client, meter) import aiohttp.
+  outside-world parts (agent client, meter) import aiohttp; only the outside world (the job
+  source) imports the Kubernetes client.
 - flexgate (the CLI, the composition root) may import all three; nothing imports it.
 """
 
@@ -61,6 +62,7 @@ LAYER_ORDER = list(GATEWAY_LAYERS)
 GATEWAY_ONLY_IN = {
     "openleadr": {"grid protocol"},
     "aiohttp": {"grid protocol", "outside world"},
+    "kubernetes": {"outside world"},
 }
 
 
@@ -169,6 +171,8 @@ def test_imports_point_one_way():
         ("gateway", "gateway.services.fleet", "agents.protocol", None),
         ("gateway", "gateway.jobsource.slurm", "gateway.services.jobbook", "never back"),
         ("gateway", "gateway.services.jobfeed", "gateway.jobsource", None),
+        ("gateway", "gateway.services.jobfeed", "kubernetes", "only the outside world"),
+        ("gateway", "gateway.jobsource.kubernetes", "kubernetes", None),
         ("flexmodel", "flexmodel.x", "numpy.typing", None),
         ("gateway", "gateway.x", "flexgate.cli", "nothing imports"),
         ("flexgate", "flexgate.cli", "agents.service", None),

@@ -4,16 +4,20 @@ A `JobSource` answers `read()` with a `SourceReading`: the jobs running now, eac
 placed as nodes and GPU indices, and the jobs it saw but could not read (`problems`, each
 naming the job and why). A source that cannot answer at all (a controller that times out or
 answers garbage) raises `JobSourceError`; the gateway then keeps its last good view.
+`watch(changed)` calls `changed()` whenever the source hears of a change before the next poll
+(the Kubernetes watch); a source without one (Slurm: its prolog and epilog call the gateway)
+returns at once.
 
 Tier and PFI tags (`parse_tags`): `flexgate:tier=2,pfi=1.8`, the convention every source reads
-from the place its users can write (a Slurm job's comment).
+from the place its users can write (a Slurm job's comment; Kubernetes annotations hold one value
+each, read by `parse_tier` and `parse_pfi`).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -58,6 +62,11 @@ class JobSource(Protocol):
 
     async def read(self) -> SourceReading:
         """The running jobs now; raises `JobSourceError` when the source gives no answer."""
+        ...
+
+    async def watch(self, changed: Callable[[], None]) -> None:
+        """Call `changed()` on every change heard of, until closed; return at once when the
+        source has no watch."""
         ...
 
     async def close(self) -> None: ...

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import signal
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,9 @@ class SlurmSource:
 
     async def read(self) -> SourceReading:
         return parse_squeue(await self._run(self.squeue, "--json"))
+
+    async def watch(self, changed: Callable[[], None]) -> None:
+        """Slurm has no watch: its prolog and epilog call `POST /v1/jobs/refresh` instead."""
 
     async def close(self) -> None:
         pass

@@ -138,6 +138,15 @@ class Fleet:
         found = await asyncio.gather(*(self.client.telemetry(a) for _, a in nodes))
         return {node: doc for (node, _), doc in zip(nodes, found, strict=True) if doc is not None}
 
+    async def pod_gpus(self) -> dict[tuple[str, str, str], tuple[int, ...]]:
+        """Each Kubernetes pod's GPU indices, as its node's agent reads them from the kubelet:
+        (node, namespace, pod) -> indices."""
+        return {
+            (node, pod.namespace, pod.name): tuple(pod.gpus)
+            for node, telemetry in (await self.telemetry()).items()
+            for pod in telemetry.pods or ()
+        }
+
     async def power(self, mix: JobMix) -> FleetPower:
         """What the placed jobs' GPUs draw now, by the agents' recent samples; the baseline
         and maximum count only the jobs whose every node reports (a job on a silent node can

@@ -1,7 +1,8 @@
 """The job feed: the job book follows a scheduler (a `JobSource`) on its own.
 
 - **Polls** the source every `job_source_poll_s`, and at once when nudged (`POST
-  /v1/jobs/refresh`, called by the Slurm prolog and epilog).
+  /v1/jobs/refresh`, called by the Slurm prolog and epilog; the source's own watch, as
+  Kubernetes has).
 - **Jobs become the mix**: each running job as a job-mix entry (its placement, tier, declared
   PFI, the time left to its limit; power and throughput from the site's defaults), written to
   the book only when the view changed. The book's listeners re-plan an active event, as for
@@ -61,21 +62,22 @@ class JobFeed:
         self._since_s = clock.monotonic()  #: the last good look (or the start) [monotonic s]
         self._nudged = asyncio.Event()
         self._lock = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def kind(self) -> str:
         return self.source.kind
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._follow())
+        self._tasks = [asyncio.create_task(self._follow()), asyncio.create_task(self._watch())]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        await self.source.close()  # a watch returns once its source is closed
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self.source.close()
+                await task
 
     def nudge(self) -> None:
         """Look again now (a job started or ended), without waiting for the poll."""
@@ -124,6 +126,12 @@ class JobFeed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._nudged.wait(), self.settings.job_source_poll_s)
             self._nudged.clear()
+
+    async def _watch(self) -> None:
+        try:
+            await self.source.watch(self.nudge)
+        except Exception:  # polling goes on without the watch
+            log.exception("job source %s: the watch stopped; polling goes on", self.kind)
 
     async def poll(self) -> bool:
         """One look; True when it worked (whether or not anything changed)."""

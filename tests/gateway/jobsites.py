@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
+from agents.podresources import PodGpuReader
 from agents.service import AgentNode
 from agents.service import create_app as agent_app
 from agents.simulated import SimulatedBackend
@@ -66,11 +68,18 @@ class FollowingSite:
 
 
 @contextlib.contextmanager
-def following_site(tmp_path: Path, nodes: tuple[str, ...] = ("node-01",), **changes):
-    agents = {
-        n: AgentNode(n, SimulatedBackend(8, node_id=n, noise_w=3.0), tmp_path / "agents" / n)
-        for n in nodes
-    }
+def following_site(
+    tmp_path: Path,
+    nodes: tuple[str, ...] = ("node-01",),
+    pods: Callable[[str, SimulatedBackend], PodGpuReader] | None = None,
+    **changes,
+):
+    """`pods(node, backend)`: each agent's reader of its kubelet's PodResources."""
+    agents = {}
+    for n in nodes:
+        backend = SimulatedBackend(8, node_id=n, noise_w=3.0)
+        reader = pods(n, backend) if pods else None
+        agents[n] = AgentNode(n, backend, tmp_path / "agents" / n, pods=reader)
     with ServerThread(agent_app(list(agents.values()), AGENT_TOKEN, prefixed=True)) as agents_url:
         settings = GatewaySettings(
             **{
