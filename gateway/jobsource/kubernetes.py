@@ -196,11 +196,16 @@ def _say(exc: Exception) -> str:
 
 
 def gpu_pods(listing: Any) -> tuple[list[GpuPod], list[JobProblem]]:
-    """The running pods that ask for GPUs; the ones that cannot be read are problems."""
+    """The running pods that ask for GPUs; a pod that cannot be read is a problem of its job,
+    and none of that job's pods is kept."""
     pods, problems = [], []
     for pod in listing.items:
         meta = pod.metadata
         where = f"{getattr(meta, 'namespace', '?')}/{getattr(meta, 'name', '?')}"
+        try:
+            job = job_of(meta)
+        except (TypeError, AttributeError):
+            job = where
         try:
             gpus = requested_gpus(pod.spec.containers or [])
             if gpus == 0 or pod.status.phase != "Running":
@@ -213,7 +218,7 @@ def gpu_pods(listing: Any) -> tuple[list[GpuPod], list[JobProblem]]:
                     name=meta.name,
                     node=pod.spec.node_name,
                     gpus=gpus,
-                    job=job_of(meta),
+                    job=job,
                     annotations=meta.annotations or {},
                     service_account=pod.spec.service_account_name,
                     start=pod.status.start_time,
@@ -221,8 +226,9 @@ def gpu_pods(listing: Any) -> tuple[list[GpuPod], list[JobProblem]]:
                 )
             )
         except (ValueError, TypeError, AttributeError) as exc:
-            problems.append(JobProblem(where, f"the pod cannot be read: {exc}"))
-    return pods, problems
+            problems.append(JobProblem(job, f"pod {where} cannot be read: {exc}"))
+    unreadable = {p.id for p in problems}  # a job is whole or not at all
+    return [p for p in pods if p.job not in unreadable], problems
 
 
 def requested_gpus(containers: list[Any]) -> int:

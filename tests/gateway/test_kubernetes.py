@@ -138,15 +138,21 @@ def test_bad_pods_and_a_failing_api_cost_nothing(cluster_site):
     cluster.run(
         pod("split-1", "node-b", 1, owner="split", annotations={"flexgate.io/pfi": "2"}), [5]
     )
+    # A pod of a job whose GPU count cannot be read: the whole job is left out.
+    broken = pod("half-1", "node-b", 1, owner="half")
+    broken["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1.5"
+    cluster.run(pod("half-0", "node-b", 1, owner="half"), [3])
+    cluster.run(broken, [2])
     problems = wait_for(
-        lambda: p if len(p := site.api.get("/v1/jobs").json()["source"]["problems"]) == 3 else None,
-        "three problems reported",
+        lambda: p if len(p := site.api.get("/v1/jobs").json()["source"]["problems"]) == 4 else None,
+        "four problems reported",
         seconds=20,
     )
     text = " | ".join(problems)
     assert "job 'ml/bad-tier': annotation flexgate.io/tier: the tier 'high'" in text
     assert "pod ml/unreported: the agent of node 'node-b' reports no GPUs for it" in text
     assert "its pods disagree on flexgate.io/pfi: 1.2, 2" in text
+    assert "job 'ml/half': pod ml/half-1 cannot be read: container 'main' asks for '1.5'" in text
     assert set(site.jobs()) == {"ml/good", "ml/sweep"}
     assert site.api.get("/health").json()["status"] == "degraded"
 
