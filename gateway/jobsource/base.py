@@ -82,8 +82,8 @@ class JobChanges:
         return bool(self.started or self.ended or self.changed)
 
 
-def changes(before: Mapping[str, SourceJob], after: Mapping[str, SourceJob]) -> JobChanges:
-    """What changed between two looks, by job id."""
+def changes(before: Mapping[str, object], after: Mapping[str, object]) -> JobChanges:
+    """What changed between two looks at the jobs (by id: a job, or its job-mix entry)."""
     return JobChanges(
         started=tuple(sorted(set(after) - set(before))),
         ended=tuple(sorted(set(before) - set(after))),

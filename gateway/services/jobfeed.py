@@ -25,7 +25,7 @@ from flexmodel.errors import FlexModelError
 from flexmodel.jobmix import parse_job
 from gateway.clock import Clock
 from gateway.errors import GatewayError
-from gateway.jobsource import JobProblem, JobSource, SourceJob, SourceReading
+from gateway.jobsource import JobChanges, JobProblem, JobSource, SourceJob, SourceReading, changes
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.settings import GatewaySettings
@@ -59,6 +59,8 @@ class JobFeed:
         self.reads = 0  #: looks that worked
         self.failures = 0  #: looks that failed
         self.last_read_at: datetime | None = None
+        self.last_changes: JobChanges | None = None  #: the last look that changed the mix
+        self.last_changed_at: datetime | None = None
         self._since_s = clock.monotonic()  #: the last good look (or the start) [monotonic s]
         self._nudged = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -102,6 +104,14 @@ class JobFeed:
             "problems": self.problems,
             "reads": self.reads,
             "failures": self.failures,
+            "last_changes": None
+            if self.last_changes is None
+            else {
+                "started": list(self.last_changes.started),
+                "ended": list(self.last_changes.ended),
+                "changed": list(self.last_changes.changed),
+                "at": iso(self.last_changed_at),
+            },
         }
 
     def job_info(self) -> list[dict[str, Any]]:
@@ -183,8 +193,12 @@ class JobFeed:
                 if problem.id in self.jobs:
                     accepted[problem.id] = self.jobs[problem.id]
         self._report(problems)
-        entries = self._entries(current, docs, accepted)
-        if entries:
+        found = changes(
+            {i: without_time_left(d) for i, d in current.items()},
+            {i: without_time_left(d) for i, d in docs.items()},
+        )
+        if found:
+            entries = self._entries(found, accepted)
             try:
                 await self.book.follow(list(docs.values()), f"jobsource:{self.kind}", entries)
             except GatewayError as exc:  # the whole view refused (two jobs on one GPU ...)
@@ -193,28 +207,22 @@ class JobFeed:
             log.info(
                 "job source %s: %s", self.kind, ", ".join(f"{a} {d['id']}" for a, d in entries)
             )
+            self.last_changes, self.last_changed_at = found, now
         self.jobs = accepted
         self.fault, self.reads, self.last_read_at = None, self.reads + 1, now
         self._since_s = self.clock.monotonic()
         return True
 
     def _entries(
-        self,
-        current: dict[str, dict[str, Any]],
-        docs: dict[str, dict[str, Any]],
-        accepted: dict[str, SourceJob],
+        self, found: JobChanges, accepted: dict[str, SourceJob]
     ) -> list[tuple[str, dict[str, Any]]]:
         """The audit entries of what changed between the book and the new view."""
-        out: list[tuple[str, dict[str, Any]]] = []
-        for job_id in sorted(set(docs) - set(current)):
-            out.append(("jobsource.start", accepted[job_id].audit()))
-        for job_id in sorted(set(current) - set(docs)):
-            known = self.jobs.get(job_id)
-            out.append(("jobsource.end", known.audit() if known else {"id": job_id}))
-        for job_id in sorted(set(docs) & set(current)):
-            if without_time_left(docs[job_id]) != without_time_left(current[job_id]):
-                out.append(("jobsource.change", accepted[job_id].audit()))
-        return out
+        ended = [self.jobs[i].audit() if i in self.jobs else {"id": i} for i in found.ended]
+        return [
+            *(("jobsource.start", accepted[i].audit()) for i in found.started),
+            *(("jobsource.end", detail) for detail in ended),
+            *(("jobsource.change", accepted[i].audit()) for i in found.changed),
+        ]
 
     def _doc(self, job: SourceJob, now: datetime) -> dict[str, Any]:
         settings = self.settings

@@ -205,6 +205,8 @@ def test_the_job_mix_follows_the_source_with_tiers_and_who_runs_what(tmp_path, s
             ]
         )
         assert site.wait_jobs({"41", "42"})["42"]["tier"] == 1
+        last = site.api.get("/v1/jobs").json()["source"]["last_changes"]
+        assert (last["started"], last["ended"], last["changed"]) == (["42"], [], [])
         # The API does not edit a mix a scheduler owns; it says where to change it.
         refused = site.api.put("/v1/jobs", headers=API, json={"jobs": []})
         assert refused.status_code == 409
