@@ -143,3 +143,20 @@ def test_the_notify_script_never_fails_a_job(tmp_path):
         assert done.returncode == 0
         assert done.stdout == b""
     assert Path(NOTIFY).stat().st_mode & 0o111
+
+
+def test_a_job_running_before_the_gateway_starts_is_found_at_its_first_look(
+    cluster, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    (cluster.root / "notify.conf").unlink(missing_ok=True)  # no gateway to tell yet
+    try:
+        job = cluster.sbatch("--gres=gpu:3", "--comment=flexgate:tier=0", "--time=15")
+        wait_for(lambda: cluster.state(job) == "RUNNING", f"job {job} running")
+        with following_site(tmp_path, nodes=(NODE,), job_source_poll_s=3600.0) as site:
+            jobs = site.wait_jobs({job})
+            assert jobs[job]["placement"] == [{"node": NODE, "gpus": [0, 1, 2]}]
+            (bounds,) = site.api.get("/v1/jobs").json()["bounds"]
+            assert (bounds["tier"], bounds["protected"]) == (0, True)  # tier 0: never capped
+    finally:
+        cluster.cancel_all()
