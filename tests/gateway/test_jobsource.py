@@ -342,6 +342,23 @@ def test_the_static_mix_has_no_source_to_refresh(tmp_path):
         assert "flexgate_job_source" not in site.api.get("/metrics").text
 
 
+def test_a_static_mix_takes_tiers_read_as_the_site_defines_them(tmp_path):
+    placed = {"node": "node-01", "gpus": [0, 1, 2, 3]}
+    job = {"id": "a", "gpus": 4, "power_w": 600.0, "throughput": 4000.0, "placement": [placed]}
+    with following_site(
+        tmp_path, job_source="static", tiers="0,0.2", tier_slowdown_means="duration"
+    ) as site:
+        assert site.api.put("/v1/jobs", headers=API, json={"jobs": [{**job, "tier": 1}]}).is_success
+        doc = site.api.get("/v1/jobs").json()
+        (bounds,) = doc["bounds"]
+        assert bounds["min_throughput_fraction"] == pytest.approx(1 / 1.2)
+        assert [t["slowdown"] for t in doc["tiers"]] == [0.0, 0.2]
+        refused = site.api.put("/v1/jobs", headers=API, json={"jobs": [{**job, "tier": 2}]})
+        assert refused.status_code == 422
+        assert "job 'a': 'tier' must be a whole number from 0 to 1, got 2" in refused.text
+        assert site.jobs()["a"]["tier"] == 1  # nothing changed
+
+
 def test_the_slurm_source_audits_who_started_and_ended_jobs(tmp_path, squeue):
     squeue.answer_jobs([squeue_job(1, user="bob", account="vision")])
     with following_site(tmp_path, slurm_bin_dir=str(squeue.folder)) as site:
