@@ -121,6 +121,16 @@ class JobBook:
         await self._changed(mix)
         return mix
 
+    def retime(self, docs: list[dict[str, Any]]) -> None:
+        """The source's view with only the jobs' time left moved on: stored and in force for
+        quotes, with no audit entry and no re-plan (caps do not depend on it)."""
+        mix = self.validate(docs)
+        with self.store.session() as s:
+            repo.replace_jobs(s, docs=docs)
+            s.commit()
+        self._mix = mix
+        self.version += 1
+
     def _refuse_when_managed(self) -> None:
         if self.managed_by is not None:
             raise ConflictError(

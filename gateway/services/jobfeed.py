@@ -7,6 +7,7 @@
   PFI, the time left to its limit; power and throughput from the site's defaults), written to
   the book only when the view changed. The book's listeners re-plan an active event, as for
   `PUT /v1/jobs`; a job that ended is gone from the next plan, and its GPUs' caps with it.
+  The time left is written anew, without a re-plan, once it is off by more than `RETIME_S`.
 - **Bad input never costs the last good view.** A job the source cannot read, placed on a node
   no agent reports, or that the model refuses is reported (`problems`) and left out, or kept as
   it was last read when it was known. A source that fails (times out, answers garbage) changes
@@ -35,6 +36,9 @@ log = logging.getLogger("flexgate.gateway")
 #: A source times out its own calls (naming them); the feed's guard, this much later, catches
 #: a source that does not.
 GUARD_GRACE_S = 1.0
+#: A job's time left in the mix is written anew once it is off by more than this [s] (it
+#: shrinks on its own, and a time limit can be extended).
+RETIME_S = 60.0
 
 
 def without_time_left(doc: dict[str, Any]) -> dict[str, Any]:
@@ -208,10 +212,24 @@ class JobFeed:
                 "job source %s: %s", self.kind, ", ".join(f"{a} {d['id']}" for a, d in entries)
             )
             self.last_changes, self.last_changed_at = found, now
+        elif self._time_left_drifted(current, docs):
+            self.book.retime(list(docs.values()))
         self.jobs = accepted
         self.fault, self.reads, self.last_read_at = None, self.reads + 1, now
         self._since_s = self.clock.monotonic()
         return True
+
+    @staticmethod
+    def _time_left_drifted(
+        current: dict[str, dict[str, Any]], docs: dict[str, dict[str, Any]]
+    ) -> bool:
+        for job_id, doc in docs.items():
+            was, now = current[job_id].get("remaining_s"), doc.get("remaining_s")
+            if (was is None) != (now is None) or (
+                was is not None and now is not None and abs(was - now) > RETIME_S
+            ):
+                return True
+        return False
 
     def _entries(
         self, found: JobChanges, accepted: dict[str, SourceJob]

@@ -342,6 +342,18 @@ def test_the_static_mix_has_no_source_to_refresh(tmp_path):
         assert "flexgate_job_source" not in site.api.get("/metrics").text
 
 
+def test_the_time_left_follows_an_extended_limit_without_a_replan(tmp_path, squeue):
+    squeue.answer_jobs([squeue_job(1, time_limit=60)])
+    with following_site(tmp_path, slurm_bin_dir=str(squeue.folder)) as site:
+        assert site.wait_jobs({"1"})["1"]["remaining_s"] <= 3600
+        event = site.start_event(reduction_kw=0.5)
+        plan_id = site.plan(event)["id"]
+        squeue.answer_jobs([squeue_job(1, time_limit=600)])  # scontrol update TimeLimit=600
+        wait_for(lambda: site.jobs()["1"]["remaining_s"] > 590 * 60, "the longer time left")
+        assert site.api.get(f"/v1/events/{event}").json()["plan_id"] == plan_id
+        assert site.api.get("/v1/jobs").json()["source"]["last_changes"]["started"] == ["1"]
+
+
 def test_a_static_mix_takes_tiers_read_as_the_site_defines_them(tmp_path):
     placed = {"node": "node-01", "gpus": [0, 1, 2, 3]}
     job = {"id": "a", "gpus": 4, "power_w": 600.0, "throughput": 4000.0, "placement": [placed]}
