@@ -129,6 +129,17 @@ class DelayStats(BaseModel):
 DELAY_SAMPLES = 32
 
 
+class PodGpus(BaseModel):
+    """A Kubernetes pod's GPUs on this node, from the kubelet's PodResources API."""
+
+    namespace: str
+    name: str
+    gpus: list[int]  #: this node's GPU indices
+    unknown_devices: list[str] = Field(
+        default_factory=list, description="device ids the pod holds that name no GPU here"
+    )
+
+
 class TelemetryResponse(BaseModel):
     node_id: str
     gpus: list[GpuPower]
@@ -137,6 +148,10 @@ class TelemetryResponse(BaseModel):
     #: the agent's monotonic clock when it answered [s]: the time base of `phase_at`, from
     #: which the gateway estimates this agent's clock offset
     agent_time_s: float | None = None
+    pods: list[PodGpus] | None = Field(
+        default=None, description="pods' GPUs (PodResources); null when the agent reads none"
+    )
+    pods_error: str | None = Field(default=None, description="why the kubelet gave no answer")
 
 
 class Health(BaseModel):

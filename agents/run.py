@@ -8,6 +8,7 @@ import uvicorn
 
 from agents.backend import GpuBackend
 from agents.logs import decision, show_on_stderr
+from agents.podresources import PodGpuReader, PodResourcesClient
 from agents.service import AgentNode, create_app
 from agents.settings import AgentSettings
 from agents.simulated import SimulatedBackend
@@ -31,7 +32,16 @@ def build_node(settings: AgentSettings) -> AgentNode:
         jobs=jobs_on_node(mix, settings.agent_node_id, backend.count()),
         sample_hz=settings.agent_sample_hz,
         window_s=settings.agent_telemetry_window_s,
+        pods=pod_reader(settings, backend),
     )
+
+
+def pod_reader(settings: AgentSettings, backend: GpuBackend) -> PodGpuReader | None:
+    """The pods' GPUs from the kubelet, when its PodResources socket is configured."""
+    if settings.agent_podresources_socket is None:
+        return None
+    uuids = {backend.identity(i)[0]: i for i in range(backend.count())}
+    return PodGpuReader(PodResourcesClient(str(settings.agent_podresources_socket)), uuids)
 
 
 def read_mix(settings: AgentSettings) -> JobMix | None:

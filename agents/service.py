@@ -29,6 +29,7 @@ from agents.backend import GpuBackend
 from agents.caps import CapController
 from agents.errors import AgentError, NodeNotFoundError, UnauthorizedError
 from agents.logs import decision
+from agents.podresources import PodGpuReader
 from agents.protocol import (
     CapCommand,
     CapResponse,
@@ -55,8 +56,10 @@ class AgentNode:
         clock: Callable[[], float] = time.monotonic,
         sample_hz: float = 20.0,
         window_s: float = 60.0,
+        pods: PodGpuReader | None = None,
     ) -> None:
         self.node_id = node_id
+        self.pods = pods  #: the pods' GPUs (Kubernetes), None where there is no kubelet
         self.backend = backend
         self.controller = CapController(backend, OriginalLimits(state_dir), clock, node_id=node_id)
         # sample_hz = 0: no sampling thread (many simulated nodes in one process).
@@ -77,6 +80,8 @@ class AgentNode:
             decision(logging.INFO, "stopping", node=self.node_id, restored_gpus=[])
         self.sampler.stop()
         self.backend.close()
+        if self.pods is not None:
+            self.pods.close()
 
     def gpus(self) -> GpusResponse:
         out = []
@@ -119,12 +124,15 @@ class AgentNode:
         return self.controller.apply(command, self.controller.clock())
 
     def telemetry(self) -> TelemetryResponse:
+        pods, pods_error = self.pods.read() if self.pods is not None else (None, None)
         return TelemetryResponse(
             node_id=self.node_id,
             gpus=self.sampler.gpu_power(),
             jobs=self.sampler.job_telemetry(),
             actuation_delay=self.controller.delay_stats(),
             agent_time_s=self.controller.clock(),
+            pods=pods,
+            pods_error=pods_error,
         )
 
     def metrics(self) -> str:

@@ -27,6 +27,7 @@ class AgentSettings(BaseSettings):
     agent_sample_hz: float = Field(default=20.0, ge=10.0, le=1000.0)
     agent_telemetry_window_s: float = Field(default=60.0, gt=1.0)
     agent_lease_check_s: float = Field(default=0.1, gt=0.0, le=10.0)
+    agent_podresources_socket: Path | None = None  #: the kubelet's; None: no Kubernetes
     lab: bool = False
 
     @model_validator(mode="after")

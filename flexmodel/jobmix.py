@@ -29,6 +29,7 @@ from flexmodel.jobs import (
     Placement,
 )
 from flexmodel.pfi import check_grid
+from flexmodel.tiers import DEFAULT_TIERS, TierTable
 
 # Plausible ranges, inclusive. Each is wide enough for any GPU or job we know of and narrow
 # enough to catch the usual slip of unit (kW for W, ms for s, percent for a fraction).
@@ -49,11 +50,13 @@ OVERHEAD_FACTOR_RANGE = (1.0, 3.0)
 STATIC_LOAD_RANGE_KW = (0.0, 1_000_000.0)
 
 
-def parse_job_mix_json(text: str, *, source: str = "job mix") -> JobMix:
+def parse_job_mix_json(
+    text: str, *, source: str = "job mix", tiers: TierTable = DEFAULT_TIERS
+) -> JobMix:
     """Decode and validate a job-mix document; errors start with `source` (a file name)."""
     doc = parse_json(text, source=source)
     try:
-        return parse_job_mix(doc)
+        return parse_job_mix(doc, tiers=tiers)
     except FlexModelError as exc:
         raise type(exc)(f"{source}: {exc}") from exc
 
@@ -84,15 +87,16 @@ _REQUIRED = ("id", "gpus", "power_w", "throughput")
 _POINT_FIELDS = ("cap_w", "power_w", "throughput")
 
 
-def parse_job_mix(doc: Any) -> JobMix:
-    """Validate a decoded job-mix document; raise `InvalidJobError` naming the first problem."""
+def parse_job_mix(doc: Any, *, tiers: TierTable = DEFAULT_TIERS) -> JobMix:
+    """Validate a decoded job-mix document; raise `InvalidJobError` naming the first problem.
+    A job's `tier` is read in `tiers`."""
     if not isinstance(doc, dict):
         raise InvalidJobError("job mix: expected a JSON object with a 'jobs' list")
     _refuse_unknown(doc, _MIX_FIELDS, "job mix")
     jobs_doc = doc.get("jobs")
     if not isinstance(jobs_doc, list):
         raise InvalidJobError("job mix: 'jobs' must be a list of job objects")
-    jobs = tuple(parse_job(item, i) for i, item in enumerate(jobs_doc))
+    jobs = tuple(parse_job(item, i, tiers) for i, item in enumerate(jobs_doc))
     seen: set[str] = set()
     for job in jobs:
         if job.id in seen:
@@ -115,8 +119,8 @@ def parse_job_mix(doc: Any) -> JobMix:
     return mix
 
 
-def parse_job(doc: Any, index: int = 0) -> Job:
-    """Validate one job object of a job mix."""
+def parse_job(doc: Any, index: int = 0, tiers: TierTable = DEFAULT_TIERS) -> Job:
+    """Validate one job object of a job mix; its `tier` is read in `tiers`."""
     if not isinstance(doc, dict):
         raise InvalidJobError(f"jobs[{index}]: expected a job object")
     ident = doc.get("id")
@@ -149,6 +153,12 @@ def parse_job(doc: Any, index: int = 0) -> Job:
     if grid is not None:
         grid = tuple(_number_list(grid, f"{where}: 'pfi_grid_w'", **watts))
         check_grid(grid, where)
+    tier = _tier(doc.get("tier"), where, tiers)
+    floor = _number(doc, "min_throughput_fraction", where, 0.0, within=_SHARE)
+    protected = _boolean(doc, "protected", where)
+    if tier is not None:  # the stricter of the job's own bounds and its tier's
+        floor = max(floor, tiers.floor(tier))
+        protected = protected or tiers.protected(tier)
     job = Job(
         id=ident,
         gpus=gpus,
@@ -160,8 +170,9 @@ def parse_job(doc: Any, index: int = 0) -> Job:
         sweep=_sweep(doc.get("sweep"), where),
         min_cap_w=min_cap,
         max_cap_w=max_cap,
-        min_throughput_fraction=_number(doc, "min_throughput_fraction", where, 0.0, within=_SHARE),
-        protected=_boolean(doc, "protected", where),
+        min_throughput_fraction=floor,
+        protected=protected,
+        tier=tier,
         weight=_number(doc, "weight", where, 1.0, minimum=0.0),
         remaining_s=_optional(doc, "remaining_s", where, minimum=0.0, unit="s"),
         period_s=_number(doc, "period_s", where, DEFAULT_PERIOD_S, within=PERIOD_RANGE_S, unit="s"),
@@ -298,6 +309,16 @@ def _optional(doc: dict[str, Any], name: str, where: str, **bounds: Any) -> floa
     if doc.get(name) is None:
         return None
     return _number(doc, name, where, **bounds)
+
+
+def _tier(value: Any, where: str, tiers: TierTable) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < tiers.count:
+        raise InvalidJobError(
+            f"{where}: 'tier' must be a whole number from 0 to {tiers.count - 1}, got {value!r}"
+        )
+    return value
 
 
 def _boolean(doc: dict[str, Any], name: str, where: str) -> bool:

@@ -57,8 +57,9 @@ class Job:
     sweep: tuple[tuple[float, float, float], ...] | None = None
     min_cap_w: float = DEFAULT_MIN_CAP_W
     max_cap_w: float = DEFAULT_MAX_CAP_W
-    min_throughput_fraction: float = 0.0
-    protected: bool = False
+    min_throughput_fraction: float = 0.0  #: the stricter of the job's own and its tier's
+    protected: bool = False  #: the job's own, or its tier tolerates no slowdown
+    tier: int | None = None  #: flexibility tier (flexmodel.tiers), when tagged
     weight: float = 1.0
     remaining_s: float | None = None
     period_s: float = DEFAULT_PERIOD_S

@@ -1,7 +1,8 @@
 """The gateway's composition root: `create_app(settings)` builds every service and wires them.
 
-The outside world comes in as parts: the clock, the agent transport (HTTP unless given) and
-the grid protocol (OpenADR 2.0b when a VTN is configured); tests pass their own.
+The outside world comes in as parts: the clock, the agent transport (HTTP unless given), the
+grid protocol (OpenADR 2.0b when a VTN is configured) and the job source (a scheduler, when
+`FLEXGATE_JOB_SOURCE` names one); tests pass their own.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ from gateway.api.deps import Services
 from gateway.api.routes import routers
 from gateway.clock import Clock, SystemClock
 from gateway.errors import GatewayError
+from gateway.jobsource import JobSource
+from gateway.jobsource.slurm import SlurmSource
 from gateway.services.events import Events
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
+from gateway.services.jobfeed import JobFeed
 from gateway.services.overhead import Overhead
 from gateway.services.quotes import Quotes
 from gateway.services.reconciler import Reconciler
@@ -45,8 +49,10 @@ def create_app(
     clock: Clock | None = None,
     agents: AgentClient | None = None,
     http_trace: HttpTrace = (),
+    job_source: JobSource | None = None,
 ) -> FastAPI:
-    """The gateway. `http_trace` sees every request of its own HTTP clients (agents, VTN)."""
+    """The gateway. `http_trace` sees every request of its own HTTP clients (agents, VTN);
+    `job_source` replaces the one `FLEXGATE_JOB_SOURCE` names."""
     settings = settings or get_settings()
     clock = clock or SystemClock()
 
@@ -67,7 +73,8 @@ def create_app(
             ven = Ven(settings, tuple(http_trace))
         fleet = Fleet(settings, store, clock, client)
         overhead = Overhead(settings, store, clock)
-        book = JobBook(store, clock, overhead)
+        source = job_source or open_job_source(settings, fleet)
+        book = JobBook(store, clock, overhead, settings.tier_table, source.kind if source else None)
         power = SitePower(settings, clock, fleet, book, overhead, open_feed(settings, clock=clock))
         targets = Targets(settings, store, clock, client, fleet, book, power)
         tracker = Tracker(settings, clock, power, targets, book, fleet)
@@ -76,12 +83,17 @@ def create_app(
         events = Events(settings, store, clock, book, power, quotes, targets, tracker, ven)
         book.subscribe(events.apply_targets)
         reconciler = Reconciler(settings.reconcile_period_s, clock, fleet, targets, events)
-        status = Status(settings, fleet, book, power, targets, events)
-        app.state.services = Services(book, fleet, power, targets, tracker, quotes, events, status)
+        feed = JobFeed(settings, clock, book, fleet, source) if source else None
+        status = Status(settings, fleet, book, power, targets, events, feed)
+        app.state.services = Services(
+            book, fleet, power, targets, tracker, quotes, events, status, feed
+        )
         await fleet.discover()
         await events.start()
         reconciler.start()
         power.start()
+        if feed is not None:
+            feed.start()
         if ven is not None:
             await ven.start(events, power)
         try:
@@ -89,6 +101,8 @@ def create_app(
         finally:
             if ven is not None:
                 await ven.stop()
+            if feed is not None:
+                await feed.stop()
             reconciler.stop()
             power.stop()
             targets.stop()
@@ -127,3 +141,21 @@ def create_app(
         return JSONResponse({"detail": validation_detail(exc.errors())}, status_code=422)
 
     return app
+
+
+def open_job_source(settings: GatewaySettings, fleet: Fleet) -> JobSource | None:
+    """The scheduler `FLEXGATE_JOB_SOURCE` names; None for the static mix. Kubernetes pods'
+    GPU indices come from the fleet (each agent reads its kubelet's)."""
+    if settings.job_source == "slurm":
+        return SlurmSource(timeout_s=settings.job_source_timeout_s, bin_dir=settings.slurm_bin_dir)
+    if settings.job_source == "kubernetes":
+        from gateway.jobsource.kubernetes import KubernetesSource, open_api  # loads the client
+
+        return KubernetesSource(
+            open_api(settings.kubernetes_kubeconfig),
+            fleet.pod_gpus,
+            timeout_s=settings.job_source_timeout_s,
+            namespace=settings.kubernetes_namespace,
+            watch_s=settings.kubernetes_watch_s,
+        )
+    return None

@@ -6,7 +6,8 @@ GatewayError (500)
 ├── ConflictError (409)           e.g. cancelling an event that has ended
 ├── InvalidRequestError (422)     a body the model refuses (a job mix, a reduction ...)
 ├── StoreVersionError (500)       the database was made by another schema version
-└── MeterError (503)              the facility meter gave no reading (gateway.meter)
+├── MeterError (503)              the facility meter gave no reading (gateway.meter)
+└── JobSourceError (503)          the scheduler gave no usable answer (gateway.jobsource)
 """
 
 from __future__ import annotations
@@ -37,4 +38,8 @@ class StoreVersionError(GatewayError):
 
 
 class MeterError(GatewayError):
+    status_code = 503
+
+
+class JobSourceError(GatewayError):
     status_code = 503

@@ -14,6 +14,8 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agents.protocol import LAB_TOKEN, MIN_TOKEN_CHARS, PLACEHOLDER_TOKENS
+from flexmodel.errors import InvalidJobError
+from flexmodel.tiers import TierTable
 from gateway.meter.sources import DEFAULT_JSON_KEY, open_meter
 
 LAB_API_TOKEN = "lab-api-token"
@@ -72,6 +74,34 @@ class GatewaySettings(BaseSettings):
     loop_window_s: float | None = Field(default=None, gt=0.0)  #: None: from the jobs' periods
     loop_gain: float = Field(default=0.5, gt=0.0, le=1.5)  #: share of the error taken per sample
     loop_max_correction: float = Field(default=1.0, gt=0.0, le=2.0)
+    job_source: Literal["static", "slurm", "kubernetes"] = "static"  #: where the jobs come from
+    job_source_poll_s: float = Field(default=15.0, gt=0.0)
+    job_source_timeout_s: float = Field(default=10.0, gt=0.0)
+    job_source_stale_s: float = Field(default=120.0, gt=0.0)
+    job_source_default_tier: int = Field(default=1, ge=0)  #: a job that names no tier
+    job_source_gpu_power_w: float = Field(default=600.0, ge=50.0, le=2000.0)
+    job_source_throughput_per_gpu: float = Field(default=1000.0, gt=0.0)
+    slurm_bin_dir: str = ""  #: where squeue is; empty: PATH
+    kubernetes_kubeconfig: Path | None = None  #: None: the pod's service account (in-cluster)
+    kubernetes_namespace: str = ""  #: empty: every namespace
+    kubernetes_watch_s: float = Field(default=300.0, ge=1.0)  #: one watch request's length
+    tiers: str = Field(default="0,0.10,0.25,0.50", description="tolerated slowdown per tier")
+    tier_slowdown_means: Literal["throughput", "duration"] = "throughput"
+
+    @property
+    def tier_table(self) -> TierTable:
+        """The flexibility tiers (FLEXGATE_TIERS read as FLEXGATE_TIER_SLOWDOWN_MEANS says)."""
+        try:
+            slowdowns = tuple(float(s) for s in self.tiers.split(","))
+        except ValueError:
+            raise ValueError(
+                f"FLEXGATE_TIERS must be comma-separated fractions (0,0.10,0.25,0.50), "
+                f"got {self.tiers!r}"
+            ) from None
+        try:
+            return TierTable(slowdowns, self.tier_slowdown_means)
+        except InvalidJobError as exc:
+            raise ValueError(f"FLEXGATE_TIERS: {exc}") from None
 
     @property
     def agent_urls(self) -> list[str]:
@@ -102,6 +132,12 @@ class GatewaySettings(BaseSettings):
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("FLEXGATE_TLS_CERT and FLEXGATE_TLS_KEY go together")
         self._check_meter()
+        if self.job_source_default_tier >= self.tier_table.count:
+            raise ValueError(
+                f"FLEXGATE_JOB_SOURCE_DEFAULT_TIER ({self.job_source_default_tier}) names no tier "
+                f"of FLEXGATE_TIERS ({self.tier_table.count} tiers, 0 to "
+                f"{self.tier_table.count - 1})"
+            )
         return self
 
     def _check_meter(self) -> None:

@@ -6,10 +6,11 @@
 - gateway: flexmodel, and of agents only agents.protocol (the wire schemas).
 - inside gateway every module belongs to a named layer, and imports only its own layer and
   those below it: root (app, run) -> api -> grid protocol (openadr) -> services -> settings
-  -> outside world (the agent client, the meter) -> store -> base (clock, errors). Routes
-  call services, never the store.
+  -> outside world (the agent client, the meter, the job source) -> store -> base (clock,
+  errors). Routes call services, never the store.
 - in gateway, only the grid-protocol package imports openleadr, and only it and the
-  outside-world parts (agent client, meter) import aiohttp.
+  outside-world parts (agent client, meter) import aiohttp; only the outside world (the job
+  source) imports the Kubernetes client.
 - flexgate (the CLI, the composition root) may import all three; nothing imports it.
 """
 
@@ -52,7 +53,7 @@ GATEWAY_LAYERS = {
     "grid protocol": ("gateway.openadr",),
     "services": ("gateway.services",),
     "settings": ("gateway.settings",),
-    "outside world": ("gateway.agentclient", "gateway.meter"),
+    "outside world": ("gateway.agentclient", "gateway.meter", "gateway.jobsource"),
     "store": ("gateway.store",),
     "base": ("gateway.clock", "gateway.errors", "gateway.units", "gateway"),
 }
@@ -61,6 +62,7 @@ LAYER_ORDER = list(GATEWAY_LAYERS)
 GATEWAY_ONLY_IN = {
     "openleadr": {"grid protocol"},
     "aiohttp": {"grid protocol", "outside world"},
+    "kubernetes": {"outside world"},
 }
 
 
@@ -167,6 +169,10 @@ def test_imports_point_one_way():
         ("gateway", "gateway.openadr.ven", "gateway.services.events", None),
         ("gateway", "gateway.dashboard", "fastapi", "belongs to no gateway layer"),
         ("gateway", "gateway.services.fleet", "agents.protocol", None),
+        ("gateway", "gateway.jobsource.slurm", "gateway.services.jobbook", "never back"),
+        ("gateway", "gateway.services.jobfeed", "gateway.jobsource", None),
+        ("gateway", "gateway.services.jobfeed", "kubernetes", "only the outside world"),
+        ("gateway", "gateway.jobsource.kubernetes", "kubernetes", None),
         ("flexmodel", "flexmodel.x", "numpy.typing", None),
         ("gateway", "gateway.x", "flexgate.cli", "nothing imports"),
         ("flexgate", "flexgate.cli", "agents.service", None),

@@ -13,6 +13,7 @@ from gateway.errors import UnauthorizedError
 from gateway.services.events import Events
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
+from gateway.services.jobfeed import JobFeed
 from gateway.services.quotes import Quotes
 from gateway.services.site import SitePower
 from gateway.services.status import Status
@@ -33,6 +34,7 @@ class Services:
     quotes: Quotes
     events: Events
     status: Status
+    feed: JobFeed | None = None  #: the scheduler the jobs follow; None: the static mix
 
 
 def _services(request: Request) -> Services:

@@ -133,6 +133,9 @@ class JobCap(_Open):
     power_w: float
     throughput: float
     throughput_fraction: float
+    tier: int | None = Field(default=None, description="the job's flexibility tier, if tagged")
+    min_throughput_fraction: float = Field(default=0.0, description="its floor, tier in force")
+    protected: bool = False
 
 
 class Cap(BaseModel):
@@ -218,3 +221,6 @@ class Health(_Open):
     agents_configured: int
     agents_known: int
     ven: str | None
+    job_source: dict[str, Any] | None = Field(
+        default=None, description="the scheduler the jobs follow; null for the static mix"
+    )

@@ -158,6 +158,15 @@ class Fleet:
             self.clocks.observe(node, asked, doc.agent_time_s, self.clock.monotonic())
         return doc
 
+    async def pod_gpus(self) -> dict[tuple[str, str, str], tuple[int, ...]]:
+        """Each Kubernetes pod's GPU indices, as its node's agent reads them from the kubelet:
+        (node, namespace, pod) -> indices."""
+        return {
+            (node, pod.namespace, pod.name): tuple(pod.gpus)
+            for node, telemetry in (await self.telemetry()).items()
+            for pod in telemetry.pods or ()
+        }
+
     async def power(self, mix: JobMix) -> FleetPower:
         """What the placed jobs' GPUs draw now, by the agents' recent samples; the baseline
         and maximum count only the jobs whose every node reports (a job on a silent node can

@@ -1,7 +1,10 @@
 """The job book: the site's job mix as stored, validated whole before anything is kept.
 
 It holds the parsed mix until it changes (`version` counts the changes), and tells its
-listeners (the events, which re-plan) after every change.
+listeners (the events, which re-plan) after every change. A job's `tier` is read in the site's
+tier table. When a scheduler is the source of the jobs (`managed_by`), the API's changes are
+refused and the source's view comes in through `follow`, each job started or ended audited
+with its user and account.
 """
 
 from __future__ import annotations
@@ -12,14 +15,17 @@ from typing import Any
 from flexmodel.errors import FlexModelError
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.jobs import JobMix
+from flexmodel.tiers import DEFAULT_TIERS, TierTable
 from gateway.clock import Clock
-from gateway.errors import InvalidRequestError, NotFoundError
+from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
 from gateway.services.overhead import Overhead, OverheadModel
 from gateway.store import repo
 from gateway.store.db import Store
 
 
-def site_mix(jobs: list[dict[str, Any]], overhead: OverheadModel) -> JobMix:
+def site_mix(
+    jobs: list[dict[str, Any]], overhead: OverheadModel, tiers: TierTable = DEFAULT_TIERS
+) -> JobMix:
     """These jobs with the site's overhead in force, validated by flexmodel."""
     try:
         return parse_job_mix(
@@ -28,15 +34,24 @@ def site_mix(jobs: list[dict[str, Any]], overhead: OverheadModel) -> JobMix:
                 "overhead_factor_stderr": overhead.k_stderr,
                 "static_load_kw": overhead.static_kw,
                 "jobs": jobs,
-            }
+            },
+            tiers=tiers,
         )
     except FlexModelError as exc:
         raise InvalidRequestError(str(exc)) from exc
 
 
 class JobBook:
-    def __init__(self, store: Store, clock: Clock, overhead: Overhead) -> None:
-        self.store, self.clock, self.overhead = store, clock, overhead
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        overhead: Overhead,
+        tiers: TierTable = DEFAULT_TIERS,
+        managed_by: str | None = None,
+    ) -> None:
+        self.store, self.clock, self.overhead, self.tiers = store, clock, overhead, tiers
+        self.managed_by = managed_by  #: the scheduler the jobs come from; None: the API
         overhead.subscribe(self._forget)
         self._mix: JobMix | None = None
         self.version = 0  #: rises with every change of the mix in force
@@ -52,12 +67,17 @@ class JobBook:
 
     def mix(self) -> JobMix:
         if self._mix is None:
-            self._mix = site_mix(self.docs(), self.overhead.current())
+            self._mix = self.validate(self.docs())
             self.version += 1
         return self._mix
 
+    def validate(self, docs: list[dict[str, Any]]) -> JobMix:
+        """These jobs as the site's mix; `InvalidRequestError` naming the first problem."""
+        return site_mix(docs, self.overhead.current(), self.tiers)
+
     async def replace(self, docs: list[dict[str, Any]], actor: str) -> JobMix:
-        mix = site_mix(docs, self.overhead.current())  # refused whole, before anything is stored
+        self._refuse_when_managed()
+        mix = self.validate(docs)  # refused whole, before anything is stored
         with self.store.session() as s:
             repo.replace_jobs(s, docs=docs)
             self._audit(s, actor, "jobs.replace", {"jobs": len(docs)})
@@ -67,10 +87,11 @@ class JobBook:
 
     async def put(self, doc: dict[str, Any], actor: str) -> bool:
         """Add or replace one job; True when it is new."""
+        self._refuse_when_managed()
         docs = self.docs()
         new = doc["id"] not in {d.get("id") for d in docs}
         merged = [*docs, doc] if new else [doc if d.get("id") == doc["id"] else d for d in docs]
-        mix = site_mix(merged, self.overhead.current())  # refused whole, before anything is stored
+        mix = self.validate(merged)  # refused whole, before anything is stored
         with self.store.session() as s:
             repo.put_job(s, doc=doc)
             self._audit(s, actor, "jobs.put", {"id": doc["id"]})
@@ -79,12 +100,43 @@ class JobBook:
         return new
 
     async def delete(self, job_id: str, actor: str) -> None:
+        self._refuse_when_managed()
         with self.store.session() as s:
             if not repo.delete_job(s, job_id=job_id):
                 raise NotFoundError(f"no job '{job_id}'")
             self._audit(s, actor, "jobs.delete", {"id": job_id})
             s.commit()
         await self._changed(None)
+
+    async def follow(
+        self, docs: list[dict[str, Any]], actor: str, entries: list[tuple[str, dict[str, Any]]]
+    ) -> JobMix:
+        """The source's whole view, with an audit entry (action, detail) for each change."""
+        mix = self.validate(docs)  # refused whole, before anything is stored
+        with self.store.session() as s:
+            repo.replace_jobs(s, docs=docs)
+            for action, detail in entries:
+                self._audit(s, actor, action, detail)
+            s.commit()
+        await self._changed(mix)
+        return mix
+
+    def retime(self, docs: list[dict[str, Any]]) -> None:
+        """The source's view with only the jobs' time left moved on: stored and in force for
+        quotes, with no audit entry and no re-plan (caps do not depend on it)."""
+        mix = self.validate(docs)
+        with self.store.session() as s:
+            repo.replace_jobs(s, docs=docs)
+            s.commit()
+        self._mix = mix
+        self.version += 1
+
+    def _refuse_when_managed(self) -> None:
+        if self.managed_by is not None:
+            raise ConflictError(
+                f"the job mix follows {self.managed_by} (FLEXGATE_JOB_SOURCE={self.managed_by}): "
+                "change the jobs there; POST /v1/jobs/refresh reads it now"
+            )
 
     def _forget(self) -> None:
         """The overhead in force changed: the mix is rebuilt with it when next asked for."""

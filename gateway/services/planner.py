@@ -40,6 +40,11 @@ def plan(
     doc = allocate_mix(mix, max(facility_kw, 0.0), strategy="optimal", excluded=~reachable)
     caps: dict[str, list[dict[str, float]]] = defaultdict(list)
     for job, answer, ok in zip(mix.jobs, doc["jobs"], reachable, strict=True):
+        answer.update(
+            tier=job.tier,
+            min_throughput_fraction=job.min_throughput_fraction,
+            protected=job.protected,
+        )
         cap = answer["cap_w"]
         if ok and cap < job.max_cap_w - UNCAPPED_MARGIN_W:
             for where in job.placement:

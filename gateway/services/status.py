@@ -9,6 +9,7 @@ from sqlalchemy.exc import OperationalError
 from gateway.services.events import Events
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
+from gateway.services.jobfeed import JobFeed
 from gateway.services.site import SitePower
 from gateway.services.targets import Targets
 from gateway.settings import GatewaySettings
@@ -23,9 +24,10 @@ class Status:
         power: SitePower,
         targets: Targets,
         events: Events,
+        feed: JobFeed | None = None,
     ) -> None:
         self.settings, self.fleet, self.book, self.power = settings, fleet, book, power
-        self.targets, self.events = targets, events
+        self.targets, self.events, self.feed = targets, events, feed
 
     def health(self) -> dict[str, Any]:
         """`status` ok when the store answers, unhealthy (with the reason) when it does not;
@@ -47,6 +49,7 @@ class Status:
                 f"no agent reports (of {len(self.settings.agent_urls)} configured): the site's "
                 "figures are empty and nothing can be capped"
             )
+        degraded += self._job_source_reasons()
         status = "unhealthy" if store != "ok" else "degraded" if degraded else "ok"
         return {
             "status": status,
@@ -57,7 +60,28 @@ class Status:
             "agents_configured": len(self.settings.agent_urls),
             "agents_known": len(self.fleet.nodes),
             "ven": grid.state if grid is not None else None,
+            "job_source": None if self.feed is None else self.feed.state(),
         }
+
+    def _job_source_reasons(self) -> list[str]:
+        feed = self.feed
+        if feed is None:
+            return []
+        out = []
+        if feed.fault:
+            out.append(f"job source {feed.kind}: {feed.fault}; planning on its last good view")
+        if feed.stale:
+            out.append(
+                f"job source {feed.kind}: no good answer for {feed.age_s:.0f} s "
+                f"(FLEXGATE_JOB_SOURCE_STALE_S {self.settings.job_source_stale_s:g} s): the job "
+                "mix is stale"
+            )
+        if feed.problems:
+            out.append(
+                f"job source {feed.kind}: {len(feed.problems)} job(s) left out, first "
+                f"{feed.problems[0]}"
+            )
+        return out
 
     def metrics(self) -> str:
         live = self.events.live()
@@ -71,8 +95,22 @@ class Status:
             ("flexgate_jobs", "gauge", len(self.book.mix().jobs)),
         ]
         lines = [f"# TYPE {name} {kind}\n{name} {value}" for name, kind, value in gauges]
-        lines += self._meter_lines()
+        lines += self._meter_lines() + self._job_source_lines()
         return "\n".join(lines) + "\n"
+
+    def _job_source_lines(self) -> list[str]:
+        feed = self.feed
+        if feed is None:
+            return []
+        gauges = [
+            ("flexgate_job_source_reads_total", "counter", feed.reads),
+            ("flexgate_job_source_failures_total", "counter", feed.failures),
+            ("flexgate_job_source_fault", "gauge", int(feed.fault is not None)),
+            ("flexgate_job_source_stale", "gauge", int(feed.stale)),
+            ("flexgate_job_source_age_seconds", "gauge", round(feed.age_s, 3)),
+            ("flexgate_job_source_jobs_left_out", "gauge", len(feed.problems)),
+        ]
+        return [f"# TYPE {name} {kind}\n{name} {value}" for name, kind, value in gauges]
 
     def _meter_lines(self) -> list[str]:
         feed = self.power.feed

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from agents.protocol import problems
 from gateway.api.deps import ServicesDep, Writer, v1_router
 from gateway.api.schemas import JobsBody
-from gateway.errors import InvalidRequestError
+from gateway.errors import ConflictError, InvalidRequestError
 
 router = v1_router()
 log = logging.getLogger("flexgate.gateway")
@@ -20,7 +20,35 @@ log = logging.getLogger("flexgate.gateway")
 
 @router.get("/jobs")
 async def list_jobs(services: ServicesDep) -> dict[str, Any]:
-    return {"jobs": services.book.docs()}
+    """The job mix as stored (`jobs`); each job's floor and protection with its tier in force
+    (`bounds`); the tier table (`tiers`); the scheduler it follows (`source`, null for the
+    static mix: its state, and per job its start, end, user and account)."""
+    feed = services.feed
+    return {
+        "jobs": services.book.docs(),
+        "bounds": [
+            {
+                "id": job.id,
+                "tier": job.tier,
+                "min_throughput_fraction": job.min_throughput_fraction,
+                "protected": job.protected,
+            }
+            for job in services.book.mix().jobs
+        ],
+        "tiers": services.book.tiers.rows(),
+        "source": None if feed is None else {**feed.state(), "jobs": feed.job_info()},
+    }
+
+
+@router.post("/jobs/refresh", status_code=202, responses=problems(409))
+async def refresh_jobs(services: ServicesDep, _: Writer, job: str | None = None) -> dict[str, Any]:
+    """Read the job source now (the Slurm prolog and epilog call this, naming the `job`):
+    answers at once, the look follows within moments."""
+    if services.feed is None:
+        raise ConflictError("no job source: the job mix is static (FLEXGATE_JOB_SOURCE=static)")
+    log.debug("job source %s: refresh asked for job %s", services.feed.kind, job)
+    services.feed.nudge()
+    return {"source": services.feed.kind}
 
 
 @router.put(
