@@ -19,6 +19,7 @@ the locking range of every attractive harmonic, and splay phase offsets, with th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,9 +66,12 @@ class ControlLoop:
         one for all jobs or one per job (`sync.rate_coupling_per_s` from their swing and rate
         per watt, so the loop's own gains are its real ones)."""
         periods = np.atleast_1d(np.asarray(period_s, dtype=float))
+        delays = np.asarray(self.response.delay_samples_s or [self.response.delay_s])
         base = {
             "name": self.name,
             "delay_s": self.response.delay_s,
+            "delay_p99_s": float(np.percentile(delays, 99)),
+            "delays_measured": len(self.response.delay_samples_s),
             "window_s": self.response.window_s,
             "couples_jobs": self.couples_jobs,
             "shortest_half_period_s": float(periods.min() / 2) if periods.size else None,
@@ -83,6 +87,21 @@ class ControlLoop:
         }
 
 
+def combine_delays(stages: Sequence[ArrayLike], points: int = 8) -> tuple[float, ...]:
+    """The distribution of a delay made of independent stages (dispatch, actuation, a meter's
+    age), each given by measured samples: every sum of one point from each stage, each stage
+    cut to `points` evenly spaced quantiles (so at most `points ** len(stages)` sums)."""
+    total = np.zeros(1)
+    for stage in stages:
+        samples = np.asarray(stage, dtype=float).ravel()
+        if samples.size == 0:
+            continue
+        if samples.size > points:
+            samples = np.quantile(samples, (np.arange(points) + 0.5) / points)
+        total = (total[:, None] + samples[None, :]).ravel()
+    return tuple(float(v) for v in total)
+
+
 def site_loops(
     *,
     periods_s: ArrayLike,
@@ -90,17 +109,23 @@ def site_loops(
     dispatch_delay_s: float = 0.0,
     agent_delay_s: float | None = None,
     agent_window_s: float = 0.0,
+    measured_delays_s: Sequence[float] = (),
 ) -> list[ControlLoop]:
-    """The loops of a site; the agent loop only when agents hold node budgets."""
+    """The loops of a site; the agent loop only when agents hold node budgets.
+    `measured_delays_s`: the distribution of the gateway's dispatch and the agents' actuation
+    (`combine_delays`), which then replaces `dispatch_delay_s`."""
     periods = np.atleast_1d(np.asarray(periods_s, dtype=float))
     longest = float(periods.max()) if periods.size else 0.0
     loops = [ControlLoop("firmware", LoopResponse(FIRMWARE_DELAY_S), couples_jobs=False)]
     if agent_delay_s is not None:
         agent = LoopResponse(agent_delay_s, agent_window_s)
         loops.append(ControlLoop("agent-node-budget", agent, couples_jobs=True))
-    gateway = LoopResponse(
-        delay_s=reconcile_period_s + dispatch_delay_s, window_s=GATEWAY_WINDOW_PERIODS * longest
-    )
+    window_s = GATEWAY_WINDOW_PERIODS * longest
+    if measured_delays_s:
+        delays = [reconcile_period_s + d for d in measured_delays_s]
+        gateway = LoopResponse.measured(delays, window_s=window_s)
+    else:
+        gateway = LoopResponse(delay_s=reconcile_period_s + dispatch_delay_s, window_s=window_s)
     loops.append(ControlLoop("gateway", gateway, couples_jobs=True))
     return loops
 

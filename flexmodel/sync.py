@@ -50,7 +50,7 @@ Everything is vectorised over jobs (arrays of periods and duties).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -123,12 +123,36 @@ class LoopResponse:
     hold_s: float = 0.0
     proportional_gain: float = 1.0
     integral_gain_per_s: float = 0.0
+    #: Measured delays [s]: where given, the loop's delay is their distribution, not one value
+    #: (`delay_s` is then their mean: `LoopResponse.measured`). The attractive windows repeat
+    #: every period, so a single percentile is not a worst case: the response averages
+    #: `exp(-i W tau)` over them.
+    delay_samples_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("delay_s", "window_s", "hold_s", "proportional_gain", "integral_gain_per_s"):
             value = getattr(self, name)
             if not np.isfinite(value) or value < 0:
                 raise FlexModelError(f"{name} must be a finite number of at least 0, got {value!r}")
+        samples = np.asarray(self.delay_samples_s, dtype=float)
+        if np.any(~np.isfinite(samples)) or np.any(samples < 0):
+            raise FlexModelError("delay_samples_s must be finite delays of at least 0")
+        if samples.size and abs(float(samples.mean()) - self.delay_s) > 1e-9 * max(
+            1.0, self.delay_s
+        ):
+            raise FlexModelError("delay_s must be the mean of delay_samples_s")
+
+    @classmethod
+    def measured(cls, delay_samples_s: ArrayLike, **loop: float) -> LoopResponse:
+        """The loop with its delay distributed as measured (at least one sample)."""
+        samples = tuple(float(v) for v in np.atleast_1d(np.asarray(delay_samples_s, dtype=float)))
+        if not samples:
+            raise FlexModelError("a measured delay needs at least one sample")
+        return cls(delay_s=float(np.mean(samples)), delay_samples_s=samples, **loop)
+
+    def at_delay(self, delay_s: float) -> LoopResponse:
+        """The same loop with one fixed delay."""
+        return replace(self, delay_s=delay_s, delay_samples_s=())
 
     @property
     def effective_delay_s(self) -> float:
@@ -145,8 +169,24 @@ class LoopResponse:
         w = np.asarray(w_rad_per_s, dtype=float)
         return np.asarray(self.proportional_gain + self.integral_gain_per_s / (1j * w))
 
+    def undelayed(self, w_rad_per_s: ArrayLike) -> Complex:
+        """`H(i w)` without the delay: the controller behind the filters and their lags."""
+        w = np.asarray(w_rad_per_s, dtype=float)
+        lag = np.exp(-1j * w * (self.window_s / 2.0 + self.hold_s / 2.0))
+        return np.asarray(self.controller(w) * self.filter_gain(w) * lag)
+
+    def delay_factor(self, w_rad_per_s: ArrayLike) -> Complex:
+        """`E[exp(-i w tau)]` over the delay's distribution (one value: `exp(-i w delay)`)."""
+        w = np.asarray(w_rad_per_s, dtype=float)
+        if not self.delay_samples_s:
+            return np.asarray(np.exp(-1j * w * self.delay_s))
+        samples = np.asarray(self.delay_samples_s, dtype=float)
+        return np.asarray(np.exp(-1j * w[..., None] * samples).mean(axis=-1))
+
     def response(self, w_rad_per_s: ArrayLike) -> Complex:
-        """`H(i w)`: the controller behind the filters and the effective delay."""
+        """`H(i w)`: the controller behind the filters and the delay."""
+        if self.delay_samples_s:
+            return np.asarray(self.undelayed(w_rad_per_s) * self.delay_factor(w_rad_per_s))
         w = np.asarray(w_rad_per_s, dtype=float)
         lag = np.exp(-1j * w * self.effective_delay_s)
         return np.asarray(self.controller(w) * self.filter_gain(w) * lag)
@@ -295,6 +335,9 @@ def in_phase_sum(period_s: Array, duty: Array, loop: LoopResponse) -> Array:
     same point, `integral from x of g = -(G_1(x) - mean G_1) / w` (`G_1` an antiderivative of
     `g`; the mean removed because a band-limited integrator passes no DC).
     """
+    if loop.delay_samples_s:  # linear in h: the mean over the delay's distribution
+        sums = [in_phase_sum(period_s, duty, loop.at_delay(d)) for d in loop.delay_samples_s]
+        return np.asarray(np.mean(sums, axis=0), dtype=float)
     w = 2.0 * np.pi / period_s
     pulse = 2.0 * np.pi * duty
     start = np.mod(w * loop.delay_s, 2.0 * np.pi)  # S repeats every period of the delay
@@ -353,7 +396,8 @@ def _step_antiderivative(x: Array, pulse: Array, order: int) -> Array:
 
 
 def max_safe_delay_s(period_s: Array, significant: Mask, loop: LoopResponse) -> Array:
-    """The largest delay [s] below which no significant harmonic attracts.
+    """The largest delay [s] below which no significant harmonic attracts (for one fixed
+    delay; a loop with a measured distribution is judged on all of it by its verdict).
 
     `a_m` goes as `sin(psi_m - m w tau)`, `psi_m` the phase of the loop's response at no
     delay; it attracts while `m w tau - psi_m` lies in `(pi, 2 pi)` modulo `2 pi`, so the first
@@ -361,7 +405,7 @@ def max_safe_delay_s(period_s: Array, significant: Mask, loop: LoopResponse) -> 
     """
     w = 2.0 * np.pi / period_s[:, None]
     mw = HARMONICS[None, :].astype(float) * w
-    undelayed = loop.response(mw) * np.exp(1j * mw * loop.delay_s)
+    undelayed = loop.undelayed(mw)
     theta0 = np.mod(-np.angle(undelayed), 2.0 * np.pi)
     inside = (theta0 > np.pi + 1e-12) & (theta0 < 2.0 * np.pi - 1e-12)
     to_next = np.where(inside, 0.0, np.mod(np.pi - theta0, 2.0 * np.pi))

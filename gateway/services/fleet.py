@@ -57,6 +57,17 @@ class FleetPower:
     nodes_reporting: int
 
 
+@dataclass(frozen=True)
+class LoopMeasurements:
+    """What the sync verdicts judge the site's loops on: the jobs' periods and duties as the
+    agents measure them under the present caps, and the delays as measured."""
+
+    periods_s: dict[str, float]  #: job id -> iteration period under its caps [s]
+    duties: dict[str, float]  #: job id -> compute share
+    dispatch_s: tuple[float, ...] = ()  #: the last commands' round trips [s]
+    actuation_s: tuple[float, ...] = ()  #: the agents' latest actuation delays [s]
+
+
 def mean_power_w(gpu: GpuPower) -> float | None:
     """A GPU's power over its recent samples [W], None without samples."""
     return sum(gpu.power_w) / len(gpu.power_w) if gpu.power_w else None
@@ -82,6 +93,7 @@ class Fleet:
         #: node id -> why it is unreachable: its last command failed (after the retries). The
         #: one definition, used by plans (`unreachable_nodes`), /v1/nodes, quotes and metrics.
         self.unreachable: dict[str, str] = {}
+        self.dispatch_s: tuple[float, ...] = ()  #: the last commands' round trips [s]
         self.alarm = RayleighAlarm()
         self.clocks = AgentClocks()
         self.phases: dict[str, float] = {}  #: job id -> phase [rad] at the last watch
@@ -113,6 +125,7 @@ class Fleet:
     def note_answers(self, acks: list[Ack]) -> bool:
         """Record which nodes failed their command and why; True when the set changed."""
         unreachable = {a.node: a.error or "no answer" for a in acks if a.failed}
+        self.dispatch_s = tuple(a.delay_s for a in acks if a.delay_s is not None)
         changed = set(unreachable) != set(self.unreachable)
         self.unreachable = unreachable
         if changed:
@@ -157,6 +170,19 @@ class Fleet:
         if doc is not None and doc.agent_time_s is not None:
             self.clocks.observe(node, asked, doc.agent_time_s, self.clock.monotonic())
         return doc
+
+    def loop_measurements(self) -> LoopMeasurements:
+        """The last round's measured periods, duties and delays (no new round is asked)."""
+        telemetry = self._last or {}
+        readings = job_readings(telemetry)
+        return LoopMeasurements(
+            periods_s={j.job_id: j.period_s for j in readings if j.period_s},
+            duties={j.job_id: j.duty for j in readings if j.duty},
+            dispatch_s=self.dispatch_s,
+            actuation_s=tuple(
+                d for report in telemetry.values() for d in report.actuation_delay.recent_s
+            ),
+        )
 
     async def pod_gpus(self) -> dict[tuple[str, str, str], tuple[int, ...]]:
         """Each Kubernetes pod's GPU indices, as its node's agent reads them from the kubelet:

@@ -15,8 +15,9 @@ import numpy as np
 
 from flexmodel.allocate import allocate_mix
 from flexmodel.jobs import JobMix
-from flexmodel.loops import site_loops
+from flexmodel.loops import combine_delays, site_loops
 from flexmodel.sync import worst_verdict
+from gateway.services.fleet import LoopMeasurements
 from gateway.settings import GatewaySettings
 
 #: A job whose cap is within this of its maximum is left uncapped.
@@ -29,9 +30,11 @@ def plan(
     nodes: set[str],
     settings: GatewaySettings,
     down: frozenset[str] = frozenset(),
+    measured: LoopMeasurements | None = None,
 ) -> dict[str, Any]:
     """The allocation for `facility_kw` at the meter, as per-node commands. Jobs on a node
-    that is `down` give nothing; that node is sent no caps."""
+    that is `down` give nothing; that node is sent no caps. The loops' verdict is on what the
+    agents measure (`measured`), where they do."""
     up = nodes - down
     reachable = np.array(
         [bool(job.placement) and all(p.node in up for p in job.placement) for job in mix.jobs],
@@ -53,18 +56,28 @@ def plan(
     doc["unplaced_jobs"] = [j.id for j, ok in zip(mix.jobs, reachable, strict=True) if not ok]
     doc["unreachable_nodes"] = sorted(down & nodes)
     doc["shortfall_kw"] = max(facility_kw - doc["achieved_facility_kw"], 0.0)
-    doc["sync"] = loops_report(mix, settings)
+    doc["sync"] = loops_report(mix, settings, measured)
     return doc
 
 
-def loops_report(mix: JobMix, settings: GatewaySettings) -> dict[str, Any]:
-    """Each control loop's delay and window against the jobs it touches, and the verdict."""
-    periods = [j.period_s for j in mix.waving]
-    duties = [j.duty for j in mix.waving]
+def loops_report(
+    mix: JobMix, settings: GatewaySettings, measured: LoopMeasurements | None = None
+) -> dict[str, Any]:
+    """Each control loop's delay and window against the jobs it touches, and the verdict: on
+    the jobs' periods and duties under their present caps and the delays' whole distribution
+    as the agents and the dispatch measure them (`measured`); declared values where nothing
+    was measured yet."""
+    measured = measured or LoopMeasurements({}, {})
+    periods = [measured.periods_s.get(j.id, j.period_s) for j in mix.waving]
+    duties = [measured.duties.get(j.id, j.duty) for j in mix.waving]
+    duties = [d if 0.0 < d < 1.0 else j.duty for d, j in zip(duties, mix.waving, strict=True)]
+    delays = combine_delays([measured.dispatch_s, measured.actuation_s])
     loops = [
         loop.evaluate(periods, duties)
         for loop in site_loops(
-            periods_s=periods or [1.0], reconcile_period_s=settings.reconcile_period_s
+            periods_s=periods or [1.0],
+            reconcile_period_s=settings.reconcile_period_s,
+            measured_delays_s=delays if measured.dispatch_s or measured.actuation_s else (),
         )
     ]
     return {"loops": loops, "verdict": worst_verdict([loop["verdict"] for loop in loops])}

@@ -125,6 +125,7 @@ class Targets:
                 set(self.fleet.nodes),
                 self.settings,
                 frozenset(self.fleet.unreachable),
+                self.fleet.loop_measurements(),
             )
             if tracking is not None:
                 doc["tracking"] = tracking

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from flexmodel.jobs import Job, JobMix
-from flexmodel.loops import ControlLoop
+from flexmodel.loops import ControlLoop, combine_delays
 from flexmodel.sync import LoopResponse, rate_coupling_per_s, worst_verdict
 from gateway.clock import Clock
 from gateway.services.fleet import Fleet, job_readings
@@ -95,6 +95,7 @@ class Tracker:
         self.gain = settings.loop_gain
         self.delay_s = 0.0  #: the loop's delay: dead time and the cooling's lag [s]
         self.lag_s = 0.0  #: of which the cooling's first-order lag [s]
+        self.delays_s: tuple[float, ...] = (0.0,)  #: its distribution (delay_s is the mean)
         self.verdict: str | None = None
         self.reason: str | None = None  #: why the loop was adjusted, held or refused
         self._checked: tuple[float, float] | None = None  #: (longest period, delay) checked
@@ -204,13 +205,11 @@ class Tracker:
         meter = self.site.meter_doc(0.0)
         age_s = float(meter["age_s"] or 0.0) if not meter["estimated"] else 0.0
         lag_s = self.site.overhead.current().lag_s or self.settings.meter_lag_s
-        actuation = [
-            r.actuation_delay.p50_s
-            for r in (self.fleet.last or {}).values()
-            if r.actuation_delay.p50_s is not None
-        ]
+        measured = self.fleet.loop_measurements()
+        fixed_s = age_s + lag_s + self._plan_s
         self.lag_s = lag_s
-        self.delay_s = age_s + lag_s + self._plan_s + max(actuation, default=0.0)
+        self.delays_s = tuple(fixed_s + d for d in combine_delays([measured.actuation_s]))
+        self.delay_s = float(np.mean(self.delays_s))
 
     def _choose(self, mix: JobMix) -> None:
         """The window from the jobs' periods (unless set), and the gain configured."""
@@ -219,7 +218,7 @@ class Tracker:
         chosen = max(WINDOW_PERIODS * longest, 2.0 * self.period_s)
         self.window_s = self.settings.loop_window_s or chosen
         self.gain = self.settings.loop_gain
-        self._checked = None
+        self._checked, self.reason = None, None
         self._check(mix)
 
     def _check(self, mix: JobMix) -> None:
@@ -231,7 +230,7 @@ class Tracker:
         self._checked = key
         verdict, why = self._verdict(mix, periods, duties)
         if verdict == "safe":
-            self.verdict, self.reason = verdict, None
+            self.verdict = verdict  # the reason of an earlier adjustment stays: it still holds
             return
         refused = f"window {self.window_s:g} s, gain {self.gain:g}: {why}"
         for _ in range(ADJUSTMENTS):
@@ -252,8 +251,8 @@ class Tracker:
             return "safe", ""
         loop = ControlLoop(
             "site",
-            LoopResponse(
-                delay_s=self.delay_s,
+            LoopResponse.measured(
+                self.delays_s,
                 window_s=self.window_s,
                 hold_s=self.period_s,
                 proportional_gain=0.0,

@@ -1,4 +1,5 @@
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from flexmodel.sync import (
     harmonic_power,
     rate_coupling_per_s,
     window_gain,
+    worst_verdict,
 )
 
 
@@ -362,3 +364,32 @@ def test_bad_loop_input():
         LoopResponse(integral_gain_per_s=-1.0)
     with pytest.raises(FlexModelError, match="hold_s"):
         LoopResponse(hold_s=float("inf"))
+
+
+def test_a_measured_delay_is_judged_on_its_whole_distribution():
+    """Harmonic 3 of a 2 s job at duty 0.5 attracts a delayed throttle for tau in (T/6, T/3)
+    modulo T/3. Delays of 0.1 s and 0.55 s average to 0.325 s, just outside that window; half
+    of them sit inside it, and the distribution attracts where its mean does not."""
+    fixed = LoopResponse(delay_s=0.325)
+    spread = LoopResponse.measured([0.1, 0.55])
+    assert spread.delay_s == pytest.approx(0.325)
+    at_mean = analyse_loop(2.0, 0.5, fixed, unit_coupling_per_s=1.0)
+    measured = analyse_loop(2.0, 0.5, spread, unit_coupling_per_s=1.0)
+    assert worst_verdict(at_mean.verdict) == "safe"
+    assert measured.attractive[0, 2]  # harmonic 3
+    assert worst_verdict(measured.verdict) != "safe"
+    # One sample is the fixed delay.
+    one = analyse_loop(2.0, 0.5, LoopResponse.measured([0.325]), unit_coupling_per_s=1.0)
+    np.testing.assert_allclose(one.coupling_per_s, at_mean.coupling_per_s, atol=1e-12)
+    np.testing.assert_allclose(one.in_phase_sum, at_mean.in_phase_sum, atol=1e-12)
+
+
+def test_a_delay_distribution_must_be_delays():
+    with pytest.raises(FlexModelError, match="finite"):
+        LoopResponse.measured([0.1, math.nan])
+    with pytest.raises(FlexModelError, match="delay_samples_s"):
+        LoopResponse(delay_s=0.0, delay_samples_s=(-1.0, 1.0))
+    with pytest.raises(FlexModelError, match="at least one sample"):
+        LoopResponse.measured([])
+    with pytest.raises(FlexModelError, match="mean"):
+        LoopResponse(delay_s=1.0, delay_samples_s=(0.1, 0.2))

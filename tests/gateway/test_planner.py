@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from gateway.services.fleet import LoopMeasurements
 from gateway.services.jobbook import site_mix
 from gateway.services.overhead import OverheadModel
 from gateway.services.planner import plan
@@ -41,3 +42,22 @@ def test_a_node_down_gets_no_caps_and_its_jobs_give_nothing():
     assert set(commands) == NODES
     everyone = {c["node"]: c["caps"] for c in plan(mix, 30.0, NODES, SETTINGS)["commands"]}
     assert everyone["node-09"]  # the most flexible job is capped when its node answers
+
+
+def test_the_loops_are_judged_on_measured_periods_and_the_delays_distribution():
+    """Caps stretch periods and delays are spread: the verdict reads what the agents measure
+    (the capped periods, the dispatch's and the actuation's delays), not the declaration."""
+    mix = site_mix(JOBS, OVERHEAD)
+    declared = plan(mix, 30.0, NODES, SETTINGS)["sync"]["loops"]
+    longest = max(j.period_s for j in mix.waving)
+    gateway = next(loop for loop in declared if loop["name"] == "gateway")
+    assert gateway["window_s"] == pytest.approx(3 * longest)
+    assert gateway["delays_measured"] == 0
+    stretched = {j.id: 1.5 * j.period_s for j in mix.waving}
+    measured = LoopMeasurements(stretched, {}, dispatch_s=(0.02, 0.04), actuation_s=(0.1, 0.3, 0.2))
+    loops = plan(mix, 30.0, NODES, SETTINGS, measured=measured)["sync"]["loops"]
+    gateway = next(loop for loop in loops if loop["name"] == "gateway")
+    assert gateway["window_s"] == pytest.approx(3 * 1.5 * longest)
+    assert gateway["delays_measured"] == 6  # every dispatch with every actuation
+    assert gateway["delay_s"] == pytest.approx(SETTINGS.reconcile_period_s + 0.03 + 0.2)
+    assert gateway["delay_p99_s"] > gateway["delay_s"]

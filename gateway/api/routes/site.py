@@ -37,5 +37,5 @@ async def nodes(services: ServicesDep) -> dict[str, Any]:
 async def sync(services: ServicesDep, settings: SettingsDep) -> dict[str, Any]:
     return {
         **await services.fleet.phase_doc(),
-        **loops_report(services.book.mix(), settings),
+        **loops_report(services.book.mix(), settings, services.fleet.loop_measurements()),
     }
