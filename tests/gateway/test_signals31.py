@@ -82,7 +82,8 @@ def test_an_event_for_another_ven_is_not_acted_on():
 def test_a_target_this_ven_was_granted_reaches_it():
     body = {**ug.SIMPLE_EVENT, "targets": ["site-a"]}
     out = read(body, now=BEFORE_2025, party=Party31("flexgate", frozenset({"site-a"})))
-    assert out.opt_out_reason is None and out.intervals
+    assert out.opt_out_reason is None
+    assert out.intervals
 
 
 def test_several_values_split_the_interval_and_the_strictest_holds_per_slice():
@@ -100,7 +101,8 @@ def test_randomize_start_shifts_every_interval_by_one_offset_within_its_bounds()
     body["intervalPeriod"]["randomizeStart"] = "PT10M"
     out = read(body, rng=random.Random(7))
     offset = out.intervals[0].start - datetime(2023, 2, 10, tzinfo=UTC)
-    assert timedelta(minutes=-10) <= offset <= timedelta(minutes=10) and offset
+    assert timedelta(minutes=-10) <= offset <= timedelta(minutes=10)
+    assert offset
     assert out.intervals[1].start - out.intervals[0].start == timedelta(minutes=30)
     assert out.start_offset_s == pytest.approx(offset.total_seconds())
 
@@ -110,14 +112,16 @@ def test_do_it_now_starts_at_receipt():
     body["intervalPeriod"] = {"start": "0001-01-01", "duration": "PT1H"}
     now = datetime(2026, 6, 1, 12, tzinfo=UTC)
     [interval] = read(body, now=now).intervals
-    assert interval.start == now and interval.end == now + timedelta(hours=1)
+    assert interval.start == now
+    assert interval.end == now + timedelta(hours=1)
 
 
 def test_a_positive_control_setpoint_asks_for_more_load_and_is_an_opt_out():
     body = copy.deepcopy(ug.SETPOINT_EVENT)
     body["intervals"][0]["payloads"][0]["values"] = [5.0]
     out = read(body)
-    assert out.intervals == [] and "more load" in out.opt_out_reason
+    assert out.intervals == []
+    assert "more load" in out.opt_out_reason
 
 
 def test_control_setpoint_in_percent_is_a_share_of_the_baseline():
