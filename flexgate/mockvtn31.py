@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable
 from datetime import UTC
 from typing import Any
+from urllib.parse import parse_qs
 
 import httpx
 from fastapi import FastAPI, Request
@@ -182,7 +183,8 @@ class MockVtn31:
 
         @app.post("/auth/token")
         async def token(request: Request) -> JSONResponse:
-            form = dict(await request.form())
+            # The form by hand: FastAPI's form parsing needs python-multipart.
+            form = {k: v[0] for k, v in parse_qs((await request.body()).decode()).items()}
             client, secret = _basic(request.headers.get("authorization", ""))
             client = client or str(form.get("client_id", ""))
             secret = secret or str(form.get("client_secret", ""))

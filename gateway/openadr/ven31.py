@@ -155,6 +155,10 @@ class Ven31:
                 log.warning("VTN: %s; the stored events run on; retrying in %g s", exc, delay)
                 attempt += 1
                 await self.clock.sleep(delay)
+            except Exception:  # a bug must not end the VEN: say so, and go on
+                log.exception("the VEN's poll failed")
+                attempt += 1
+                await self.clock.sleep(RETRY_S[-1])
 
     # --- the VTN's REST API ----------------------------------------------------------------
 
