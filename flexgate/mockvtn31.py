@@ -13,7 +13,9 @@
   `refused`; every object this VTN sends is built through the same models.
 
 Every VEN reads every event (no object privacy): the VEN's own target check decides. The
-VTN can be taken down and brought back (`down`): it then answers 503 to everything.
+VTN can be taken down and brought back (`down`): it then answers 503 to everything. For the
+lab and `flexgate mock-vtn --openadr 3.1`, `issue_after_registration` issues an event (by
+default `shed_event`) one second after the first VEN creates its ven object, by then subscribed.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import itertools
 import secrets
 import threading
 from collections.abc import Callable
-from datetime import UTC
+from datetime import UTC, timedelta
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -46,6 +48,24 @@ from gateway.openadr.oadr31 import (
 
 LAB_CLIENT_ID = "flexgate-lab-ven"
 LAB_CLIENT_SECRET = "flexgate-lab-ven-secret"
+#: The event issued after registration unless told otherwise: 25 kW less for 60 s, 10 s on.
+DEFAULT_SHED_KW, DEFAULT_START_S, DEFAULT_DURATION_S = 25.0, 10.0, 60.0
+
+
+def shed_event(
+    program_id: str, shed_kw: float, start_s: float, duration_s: float, now: Any
+) -> dict[str, Any]:
+    """A CONTROL_SETPOINT of -shed_kw kW (the 3.1 form of 2.0b's LOAD_DISPATCH delta) over one
+    interval, asking for a DEMAND report at its end."""
+    start = now + timedelta(seconds=start_s)
+    return {
+        "programID": program_id,
+        "eventName": "flexgate-shed",
+        "intervalPeriod": {"start": start.isoformat(), "duration": f"PT{duration_s:g}S"},
+        "payloadDescriptors": [{"payloadType": "CONTROL_SETPOINT", "units": "KW"}],
+        "reportDescriptors": [{"payloadType": "DEMAND", "readingType": "DIRECT_READ"}],
+        "intervals": [{"id": 0, "payloads": [{"type": "CONTROL_SETPOINT", "values": [-shed_kw]}]}],
+    }
 
 
 class MockVtn31:
@@ -75,7 +95,25 @@ class MockVtn31:
         self._tokens: dict[str, tuple[str, float]] = {}  #: token -> (client, expires at)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._after_registration: Callable[[], None] | None = None
         self.app = self._build()
+
+    def issue_after_registration(
+        self,
+        shed_kw: float = DEFAULT_SHED_KW,
+        start_s: float = DEFAULT_START_S,
+        duration_s: float = DEFAULT_DURATION_S,
+    ) -> None:
+        """Issue a `shed_event` (in a program of its own) once the first VEN has registered."""
+        program = self.add_program({"programName": "flexgate-shed"})
+
+        def issue() -> None:
+            event = self.add_event(
+                shed_event(program["id"], shed_kw, start_s, duration_s, self.clock.now())
+            )
+            self.say(f"VTN: issued event {event['id']}: {shed_kw:g} kW less for {duration_s:g} s")
+
+        self._after_registration = issue
 
     # --- the business logic's side (any thread) --------------------------------------------
 
@@ -241,6 +279,11 @@ class MockVtn31:
             stored = self._store(Ven, ven.wire(), "VEN", self.vens)
             stored["clientID"] = request.state.client
             self.say(f"VTN: ven {stored['id']} '{stored['venName']}' created")
+            if self._after_registration is not None:  # off this loop: it notifies by HTTP
+                timer = threading.Timer(1.0, self._after_registration)
+                timer.daemon = True
+                timer.start()
+                self._after_registration = None
             return JSONResponse(stored, status_code=201)
 
         @app.get("/resources")
