@@ -271,16 +271,26 @@ class Ven31:
 
     # --- events ----------------------------------------------------------------------------
 
-    async def handle(self, raw: Any) -> None:
-        """One event as the VTN sent it: read, stored, acted on or refused with the reason."""
+    async def handle(self, raw: Any) -> bool:
+        """One event as the VTN sent it: read, stored, acted on or refused with the reason.
+        False when it could not even be stored (the store down): it is read again at the next
+        poll, and the webhook answers 503, so nothing the VTN sent is lost."""
         event_id = str(raw.get("id")) if isinstance(raw, dict) and raw.get("id") else None
         async with self._lock:
             try:
                 await self._handle(raw, event_id)
+                return True
             except Exception as exc:  # the one place that catches everything
                 log.exception("event %s could not be handled", event_id)
-                if event_id:
+                if not event_id:
+                    return True
+                try:
                     await self._refuse(event_id, f"{type(exc).__name__}: {exc}")
+                except Exception:
+                    log.exception("event %s: not stored; read again at the next poll", event_id)
+                    return False
+                self._handled[event_id] = _modification_or_none(raw)  # not again until modified
+                return True
 
     async def _handle(self, raw: Any, event_id: str | None) -> None:
         try:
@@ -290,8 +300,8 @@ class Ven31:
             if event_id is None:
                 log.warning("an event without an id refused: %s", why)
             elif self._handled.get(event_id) != -1:
-                self._handled[event_id] = -1
                 await self._refuse(event_id, why)
+                self._handled[event_id] = -1
             return
         if event.id is None:
             log.warning("an event without an id refused")
@@ -299,7 +309,6 @@ class Ven31:
         modification = modification_of(event)
         if self._handled.get(event.id) == modification:
             return  # read already
-        self._handled[event.id] = modification
         assert self._power is not None
         baseline, maximum = self._power.envelope()
         try:
@@ -313,8 +322,10 @@ class Ven31:
             )
         except RefusedEventError as exc:
             await self._refuse(event.id, str(exc))
+            self._handled[event.id] = modification
             return
         opt, reason = await self.events.accept(external)
+        self._handled[event.id] = modification  # stored: only a new modification is read again
         if opt == "out":
             log.info("event %s: not acted on (%s)", event.id, reason)
             self._stop_reports(event.id)
@@ -368,24 +379,31 @@ class Ven31:
                     {"detail": f"not an OpenADR 3.1 notification: {first_error(exc)}"},
                     status_code=400,
                 )
-            await self.notified(note)
+            if not await self.notified(note):
+                return JSONResponse(
+                    {"detail": "the event could not be stored: send it again"},
+                    status_code=503,
+                    headers={"Retry-After": "5"},
+                )
             return JSONResponse({"detail": "received"})
 
         return router
 
-    async def notified(self, note: Notification) -> None:
+    async def notified(self, note: Notification) -> bool:
+        """Act on a notification; False when its event could not be stored."""
         if note.object_type == "EVENT" and note.operation == "DELETE":
             await self.deleted(str(note.object.get("id")))
         elif note.object_type == "EVENT":
-            await self.handle(note.object)
+            return await self.handle(note.object)
         elif note.object_type == "PROGRAM":
             try:
                 program = Program.model_validate(note.object)
             except ValidationError as exc:
                 log.warning("a notified program is refused: %s", first_error(exc))
-                return
+                return True
             if program.id and note.operation != "DELETE":
                 self.programs[program.id] = program
+        return True
 
     # --- reports ---------------------------------------------------------------------------
 
@@ -425,6 +443,13 @@ class Ven31:
             await self._call("POST", "/reports", json=report)
         except (VtnError, VtnAuthError) as exc:
             log.warning("report for event %s not delivered: %s", report.get("eventID"), exc)
+
+
+def _modification_or_none(raw: Any) -> int:
+    try:
+        return modification_of(Event.model_validate(raw))
+    except ValidationError:
+        return -1
 
 
 def _valid(model: Any, raw: Any, what: str) -> Any:

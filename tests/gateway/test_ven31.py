@@ -167,6 +167,38 @@ def test_a_modified_event_is_read_again(site, vtn):
     assert stored(site, event["id"])["status"] in ("pending", "active")
 
 
+def test_a_modification_with_new_intervals_replaces_the_schedule(site, vtn):
+    event = vtn.add_event(simple_event(vtn, level=1, start_s=30, interval_s=30, intervals=1))
+    site.wait(lambda: stored(site, event["id"]), what="the event")
+    assert len(stored(site, event["id"])["intervals"]) == 1
+    longer = simple_event(vtn, level=2, start_s=30, interval_s=30, intervals=1)["intervals"]
+    longer.append({"id": 1, "payloads": [{"type": "SIMPLE", "values": [3]}]})
+    vtn.update_event(event["id"], {"intervals": longer})
+    got = site.wait(
+        lambda: (s := stored(site, event["id"])) and len(s["intervals"]) == 2 and s,
+        what="the new schedule",
+    )
+    baseline = site.api.get("/v1/site").json()["baseline_facility_kw"]
+    assert [i["reduction_kw"] for i in got["intervals"]] == pytest.approx(
+        [0.25 * baseline, 0.40 * baseline], rel=1e-3
+    )
+    assert got["status"] == "pending"
+
+
+def test_cancelling_a_31_event_on_the_site_restores_and_tells_the_vtn(site, vtn):
+    event = vtn.add_event(simple_event(vtn, start_s=0.5, interval_s=60, intervals=1))
+    site.wait(lambda: capped(site), what="caps")
+    answer = site.api.delete(f"/v1/events/oadr3-{event['id']}", headers=API)
+    assert answer.status_code == 200
+    assert answer.json()["status"] == "cancelled"
+    assert answer.json()["opt"] == "out"
+    told = site.wait(
+        lambda: [r for r in vtn.reports if r["eventID"] == event["id"]], what="the VTN told"
+    )
+    assert "cancelled on the site" in told[0]["reportName"]
+    site.wait(lambda: uncapped(site), what="the restore")
+
+
 def test_a_deleted_event_is_cancelled_and_the_caps_restored(site, vtn):
     event = vtn.add_event(simple_event(vtn, start_s=0.5, interval_s=60, intervals=1))
     site.wait(lambda: capped(site), what="caps")
