@@ -45,9 +45,9 @@ from gateway.openadr.oadr31 import (
     Ven,
     first_error,
 )
+from gateway.settings import LAB_VTN_CLIENT_ID, LAB_VTN_CLIENT_SECRET
 
-LAB_CLIENT_ID = "flexgate-lab-ven"
-LAB_CLIENT_SECRET = "flexgate-lab-ven-secret"
+LAB_CLIENT_ID, LAB_CLIENT_SECRET = LAB_VTN_CLIENT_ID, LAB_VTN_CLIENT_SECRET
 #: The event issued after registration unless told otherwise: 25 kW less for 60 s, 10 s on.
 DEFAULT_SHED_KW, DEFAULT_START_S, DEFAULT_DURATION_S = 25.0, 10.0, 60.0
 

@@ -19,6 +19,10 @@ from agents.protocol import LAB_TOKEN, MIN_TOKEN_CHARS, PLACEHOLDER_TOKENS
 from gateway.meter.sources import DEFAULT_JSON_KEY, open_meter
 
 LAB_API_TOKEN = "lab-api-token"
+#: The OpenADR 3.1 mock VTN's lab client (`flexgate mock-vtn --openadr 3.1`), used with
+#: `--lab` when no client is configured.
+LAB_VTN_CLIENT_ID = "flexgate-lab-ven"
+LAB_VTN_CLIENT_SECRET = "flexgate-lab-ven-secret"
 
 
 class GatewaySettings(BaseSettings):
@@ -116,7 +120,13 @@ class GatewaySettings(BaseSettings):
         return self
 
     def _check_openadr31(self) -> None:
-        for name in ("vtn_url", "vtn_token_url"):
+        if self.lab and not self.vtn_client_id:
+            self.vtn_client_id, self.vtn_client_secret = (
+                LAB_VTN_CLIENT_ID,
+                SecretStr(LAB_VTN_CLIENT_SECRET),
+            )
+        # The callback carries the subscription's bearer token: the same rule as the VTN.
+        for name in ("vtn_url", "vtn_token_url", "ven_callback_url"):
             problem = insecure_url(getattr(self, name), allow_http=self.lab or self.vtn_allow_http)
             if problem:
                 raise ValueError(f"FLEXGATE_{name.upper()}: {problem}")

@@ -40,9 +40,16 @@ def test_a_vtn_url_that_is_not_https_is_refused_with_the_reason(url, allow, reas
         settings(vtn_url=url, vtn_allow_http=allow)
 
 
-def test_a_token_url_that_is_not_https_is_refused_too():
-    with pytest.raises(ValidationError, match="FLEXGATE_VTN_TOKEN_URL"):
-        settings(vtn_url="https://vtn.example", vtn_token_url="http://auth.example/token")
+@pytest.mark.parametrize(
+    ("name", "url"),
+    [
+        ("vtn_token_url", "http://auth.example/token"),
+        ("ven_callback_url", "http://gateway.example/openadr3/notifications"),
+    ],
+)
+def test_a_token_or_callback_url_that_is_not_https_is_refused_too(name, url):
+    with pytest.raises(ValidationError, match=f"FLEXGATE_{name.upper()}"):
+        settings(vtn_url="https://vtn.example", **{name: url})
 
 
 @pytest.mark.parametrize(
@@ -63,6 +70,12 @@ def test_31_needs_client_credentials_and_no_fingerprint():
     with pytest.raises(ValidationError, match="FLEXGATE_VTN_CLIENT_ID and"):
         GatewaySettings(**TOKENS, openadr="3.1", vtn_url="https://vtn.example")
     assert settings(vtn_url="https://vtn.example").vtn_fingerprint is None
+
+
+def test_the_lab_uses_the_mock_vtns_lab_client_when_none_is_given():
+    lab = GatewaySettings(lab=True, openadr="3.1", vtn_url="http://127.0.0.1:9")
+    assert lab.vtn_client_id == LAB_CLIENT_ID
+    assert lab.vtn_client_secret.get_secret_value() == LAB_CLIENT_SECRET
 
 
 def test_20b_is_unchanged_it_still_needs_the_fingerprint():
