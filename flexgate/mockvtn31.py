@@ -92,6 +92,7 @@ class MockVtn31:
         self.grants = 0  #: tokens granted
         self.rejected_tokens = 0  #: requests with an unknown or expired token
         self.down = False
+        self.subscribable = True  #: False: POST /subscriptions is refused (a poll-only VTN)
         self._tokens: dict[str, tuple[str, float]] = {}  #: token -> (client, expires at)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -307,6 +308,8 @@ class MockVtn31:
 
         @app.post("/subscriptions")
         async def subscribe(request: Request) -> JSONResponse:
+            if not self.subscribable:
+                return _problem(403, "subscriptions are not offered by this VTN")
             subscription = await self._read(request, Subscription)
             if isinstance(subscription, JSONResponse):
                 return subscription

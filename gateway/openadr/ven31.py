@@ -87,6 +87,7 @@ class Ven31:
         self.ven: Ven | None = None
         self.resources: list[Resource] = []
         self.subscription_id: str | None = None
+        self._subscribe_error: str | None = None
         self.programs: dict[str, Program] = {}
         self.reachable = False
         self.last_error: str | None = None
@@ -145,7 +146,7 @@ class Ven31:
                 if self.ven is None:
                     await self._register()
                 if self.subscription_id is None and self.settings.ven_callback_url:
-                    await self._subscribe()
+                    await self._try_subscribe()
                 await self.poll()
                 self.reachable, self.last_error, attempt = True, None, 0
                 await self.clock.sleep(self.settings.vtn_poll_s)
@@ -234,6 +235,21 @@ class Ven31:
         self.ven, self.resources = ven, have
         log.info("registered with the VTN as ven %s (%s)", ven.id, self.name)
 
+    async def _try_subscribe(self) -> None:
+        """Subscribe; a VTN that refuses is polled meanwhile, and asked again at each poll
+        (the reason logged when it changes)."""
+        try:
+            await self._subscribe()
+            self._subscribe_error = None
+        except (VtnError, VtnAuthError) as exc:
+            if str(exc) != self._subscribe_error:
+                log.warning(
+                    "no webhook subscription (%s): polling every %g s meanwhile",
+                    exc,
+                    self.settings.vtn_poll_s,
+                )
+            self._subscribe_error = str(exc)
+
     async def _subscribe(self) -> None:
         body = {
             "clientName": self.name,
@@ -252,7 +268,7 @@ class Ven31:
 
     async def poll(self) -> None:
         """Read the programs and every event the VTN lists for this VEN; cancel those gone."""
-        self.programs = {}
+        programs = {}
         for raw in await self._list("/programs"):
             try:
                 program = Program.model_validate(raw)
@@ -260,7 +276,8 @@ class Ven31:
                 log.warning("a program is not a 3.1 program, skipped: %s", first_error(exc))
                 continue
             if program.id:
-                self.programs[program.id] = program
+                programs[program.id] = program
+        self.programs = programs
         listed = await self._list("/events")
         ids = {str(raw.get("id")) for raw in listed if isinstance(raw, dict)}
         for raw in listed:

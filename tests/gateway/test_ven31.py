@@ -346,12 +346,13 @@ def test_while_the_vtn_is_down_stored_events_run_and_end_on_time(tmp_path, datab
 
 def test_the_token_is_refreshed_before_it_expires_mid_event(tmp_path, database_url):
     with (
-        mock_vtn(token_lifetime_s=1.5) as vtn,
+        mock_vtn(token_lifetime_s=3.0) as vtn,
         ven_site(tmp_path, database_url, vtn, webhook=False, vtn_poll_s=0.3) as site,
     ):
-        event = vtn.add_event(simple_event(vtn, start_s=0.5, interval_s=2.5, intervals=2))
+        event = vtn.add_event(simple_event(vtn, start_s=0.5, interval_s=5, intervals=2))
         site.wait(lambda: capped(site), what="caps")
-        site.wait(lambda: vtn.grants >= 4, what="several tokens over the event")
+        granted = vtn.grants
+        site.wait(lambda: vtn.grants >= granted + 2, what="new tokens during the event")
         assert vtn.rejected_tokens == 0  # each was replaced before it expired
         assert stored(site, event["id"])["status"] == "active"
         site.wait(lambda: stored(site, event["id"])["status"] == "completed", what="its end")
@@ -389,6 +390,21 @@ def test_a_ven_with_the_wrong_secret_is_refused_and_says_why(tmp_path, database_
         assert site.api.get("/health").json()["ven"] == "registering"
     assert "not-the-secret-0123456" not in caplog.text
     assert vtn.vens == {}
+
+
+def test_a_vtn_that_refuses_the_subscription_is_polled(tmp_path, database_url, vtn, caplog):
+    caplog.set_level(logging.WARNING, logger="flexgate.ven31")
+    vtn.subscribable = False
+    callback = "http://127.0.0.1:9/openadr3/notifications"
+    with ven_site(
+        tmp_path, database_url, vtn, webhook=False, vtn_poll_s=0.3, ven_callback_url=callback
+    ) as site:
+        event = vtn.add_event(simple_event(vtn, start_s=0.5, interval_s=60, intervals=1))
+        site.wait(lambda: capped(site), what="caps from a poll")
+        assert stored(site, event["id"])["status"] == "active"
+    assert vtn.subscriptions == {}
+    assert caplog.text.count("no webhook subscription") == 1  # said once, not every poll
+    assert "subscriptions are not offered" in caplog.text
 
 
 def test_the_mock_vtn_refuses_a_report_the_31_schema_forbids(vtn):
