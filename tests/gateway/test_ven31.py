@@ -319,8 +319,12 @@ def test_overlapping_events_hold_the_strictest(site, vtn):
     baseline = site.api.get("/v1/site").json()["baseline_facility_kw"]
     for event in (mild, strict):
         site.wait(lambda e=event: stored(site, e["id"])["status"] == "active", what="both active")
-    plan_id = stored(site, strict["id"])["plan_id"]
-    plan = site.wait(lambda: site.api.get(f"/v1/plans/{plan_id}").json(), what="the plan")
+
+    def strict_plan():
+        plan_id = stored(site, strict["id"])["plan_id"]
+        return plan_id and site.api.get(f"/v1/plans/{plan_id}").json()
+
+    plan = site.wait(strict_plan, what="the strictest event's plan")
     assert plan["requested_facility_kw"] == pytest.approx(0.40 * baseline, rel=1e-3)
 
 
