@@ -33,7 +33,16 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from gateway.clock import Clock
-from gateway.openadr.oadr31 import Event, Notification, Program, Resource, Ven, first_error
+from gateway.errors import ConflictError
+from gateway.openadr.oadr31 import (
+    Event,
+    Notification,
+    Program,
+    Resource,
+    Subscription,
+    Ven,
+    first_error,
+)
 from gateway.openadr.oauth import TokenSource, VtnAuthError
 from gateway.openadr.reports31 import REPORTED, interval_report, refusal_report
 from gateway.openadr.signals import SiteLoad
@@ -90,8 +99,8 @@ class Ven31:
         self._subscribe_error: str | None = None
         self.programs: dict[str, Program] = {}
         self.reachable = False
-        self.last_error: str | None = None
         self._handled: dict[str, int] = {}  #: event id -> the modification read
+        self._read_at: dict[str, float] = {}  #: event id -> when it was last stored [s]
         self._reporting: dict[str, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
@@ -148,10 +157,10 @@ class Ven31:
                 if self.subscription_id is None and self.settings.ven_callback_url:
                     await self._try_subscribe()
                 await self.poll()
-                self.reachable, self.last_error, attempt = True, None, 0
+                self.reachable, attempt = True, 0
                 await self.clock.sleep(self.settings.vtn_poll_s)
             except (VtnError, VtnAuthError) as exc:
-                self.reachable, self.last_error = False, str(exc)
+                self.reachable = False
                 delay = RETRY_S[min(attempt, len(RETRY_S) - 1)]
                 log.warning("VTN: %s; the stored events run on; retrying in %g s", exc, delay)
                 attempt += 1
@@ -232,7 +241,7 @@ class Ven31:
                         "resource",
                     )
                 )
-        self.ven, self.resources = ven, have
+        self.ven, self.resources, self.reachable = ven, have, True
         log.info("registered with the VTN as ven %s (%s)", ven.id, self.name)
 
     async def _try_subscribe(self) -> None:
@@ -262,7 +271,9 @@ class Ven31:
                 }
             ],
         }
-        created = await self._call("POST", "/subscriptions", json=body)
+        created = await self._call(
+            "POST", "/subscriptions", json=Subscription.model_validate(body).wire()
+        )
         self.subscription_id = str(created["id"]) if isinstance(created, dict) else None
         log.info("subscribed to event notifications at %s", self.settings.ven_callback_url)
 
@@ -278,13 +289,26 @@ class Ven31:
             if program.id:
                 programs[program.id] = program
         self.programs = programs
+        asked_at = self.clock.monotonic()
         listed = await self._list("/events")
         ids = {str(raw.get("id")) for raw in listed if isinstance(raw, dict)}
         for raw in listed:
             await self.handle(raw)
-        for event_id in await self.events.cancel_unlisted(ids):
-            log.info("event %s: no longer listed by the VTN, cancelled", event_id)
-            self._stop_reports(event_id.removeprefix(f"{self.id_prefix}-"))
+        async with self._lock:
+            for event in self.events.live():
+                # One a notification brought after the listing was asked for is not gone.
+                gone = (
+                    event.external_id not in ids
+                    and self._read_at.get(str(event.external_id), asked_at) <= asked_at
+                )
+                if not (event.id.startswith(f"{self.id_prefix}-") and gone):
+                    continue
+                self._stop_reports(str(event.external_id))
+                try:
+                    await self.events.cancel(event.id, "vtn")
+                except ConflictError:  # it ended meanwhile
+                    continue
+                log.info("event %s: no longer listed by the VTN, cancelled", event.id)
 
     # --- events ----------------------------------------------------------------------------
 
@@ -343,6 +367,7 @@ class Ven31:
             return
         opt, reason = await self.events.accept(external)
         self._handled[event.id] = modification  # stored: only a new modification is read again
+        self._read_at[event.id] = self.clock.monotonic()
         if opt == "out":
             log.info("event %s: not acted on (%s)", event.id, reason)
             self._stop_reports(event.id)
@@ -363,7 +388,10 @@ class Ven31:
         self._stop_reports(event_id)
         stored = self.events.external_id(event_id)
         if any(e.id == stored for e in self.events.live()):
-            await self.events.cancel(stored, "vtn")
+            try:
+                await self.events.cancel(stored, "vtn")
+            except ConflictError:  # it ended meanwhile
+                return
             log.info("event %s: deleted by the VTN, cancelled", event_id)
 
     def _party(self) -> Party31:
