@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
-from gateway.openadr.oadr31 import Event, Report
+from gateway.openadr.oadr31 import Event, Program, Report
 from gateway.openadr.signals import SiteLoad
 from gateway.openadr.signals31 import Party31, RefusedEventError, read_event31
 from tests.gateway import oadr31_examples as ug
@@ -182,3 +182,19 @@ def test_what_the_31_schema_forbids_is_refused_by_the_models(body, where):
 
 def test_the_user_guides_report_is_a_valid_31_report():
     assert Report.model_validate(ug.AGGREGATED_REPORT).resources[0].intervals[0].id == 0
+
+
+def test_units_come_from_the_program_when_the_event_has_none():
+    body = {k: v for k, v in ug.LOAD_CONTROL_EVENT.items() if k != "payloadDescriptors"}
+    event = Event.model_validate(ug.as_read(body))
+    in_kwh = Program.model_validate(
+        {
+            "id": "44",
+            "programName": "energy",
+            "payloadDescriptors": [{"payloadType": "DISPATCH_SETPOINT", "units": "KWH"}],
+        }
+    )
+    with pytest.raises(RefusedEventError, match="units KWH"):
+        read_event31(event, SITE, BEFORE_2025, program=in_kwh)
+    own = Event.model_validate(ug.as_read(ug.LOAD_CONTROL_EVENT))  # its own KW wins
+    assert read_event31(own, SITE, BEFORE_2025, program=in_kwh).intervals[0].level_kw == 0.0
