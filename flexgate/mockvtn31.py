@@ -43,6 +43,7 @@ from gateway.openadr.oadr31 import (
     Resource,
     Subscription,
     Ven,
+    crud,
     first_error,
 )
 from gateway.settings import LAB_VTN_CLIENT_ID, LAB_VTN_CLIENT_SECRET
@@ -120,7 +121,7 @@ class MockVtn31:
 
     def add_program(self, body: dict[str, Any]) -> dict[str, Any]:
         program = self._store(Program, body, "PROGRAM", self.programs)
-        self._notify("PROGRAM", "POST", program)
+        self._notify("PROGRAM", "CREATE", program)
         return program
 
     def add_event(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +129,7 @@ class MockVtn31:
         if str(body.get("programID")) not in self.programs:
             raise ValueError(f"no program {body.get('programID')!r}")
         event = self._store(Event, body, "EVENT", self.events)
-        self._notify("EVENT", "POST", event)
+        self._notify("EVENT", "CREATE", event)
         return event
 
     def add_raw_event(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -137,7 +138,7 @@ class MockVtn31:
             event = {**body, "id": body.get("id", str(next(self._ids)))}
             event.setdefault("objectType", "EVENT")
             self.events[str(event["id"])] = event
-        self._notify("EVENT", "POST", event)
+        self._notify("EVENT", "CREATE", event)
         return event
 
     def update_event(self, event_id: str, changes: dict[str, Any]) -> dict[str, Any]:
@@ -153,7 +154,7 @@ class MockVtn31:
         )
         with self._lock:
             self.events[event_id] = event
-        self._notify("EVENT", "PUT", event)
+        self._notify("EVENT", "UPDATE", event)
         return event
 
     def delete_event(self, event_id: str) -> None:
@@ -183,7 +184,7 @@ class MockVtn31:
                 op
                 for sub in self.subscriptions.values()
                 for op in sub["objectOperations"]
-                if kind in op["objects"] and operation in op["operations"]
+                if kind in op["objects"] and operation in {crud(o) for o in op["operations"]}
             ]
         note = {"objectType": kind, "operation": operation, "object": obj}
         for hook in hooks:

@@ -95,6 +95,6 @@ def test_mock_vtn_31_issues_an_event_to_a_31_gateway_and_prints_both_sides(tmp_p
         vtn.stdout.close()
     text = "\n".join(lines)
     assert "VTN: ven 2 'flexgate-cli' created" in text
-    assert "notifications of EVENT POST: 200" in text
+    assert "notifications of EVENT CREATE: 200" in text
     assert "issued event" in text
     assert "report 'not acted on: " in text  # nothing placed: the site can shed 0 kW

@@ -19,7 +19,11 @@ decided:
 - an interval's `intervalPeriod` may omit `start` (the User Guide's Example 7.4-1 does: the
   interval then follows the one before it);
 - `intervalPeriod.start` "0001-01-01" means "do it now" (User Guide 7.3);
-- a subscription's operations are the HTTP verbs GET, POST, PUT, DELETE.
+- a subscription's and a notification's operations are the CRUD names CREATE, READ, UPDATE,
+  DELETE (the change log's issue 209, "change notification operations from http verbs to
+  CRUD", and the notifier document `doc/OpenADR3 Object Operation Notifications via
+  Additional Protocols.md`); the HTTP verbs of 3.0 (POST, GET, PUT) are read too, as the
+  CRUD operation they name (`crud`), since some 3.1 implementations still send them.
 """
 
 from __future__ import annotations
@@ -35,7 +39,15 @@ DO_IT_NOW = datetime(1, 1, 1, tzinfo=UTC)
 INFINITE = timedelta(days=365 * 9000)
 
 ObjectType = Literal["PROGRAM", "EVENT", "REPORT", "SUBSCRIPTION", "VEN", "RESOURCE"]
-Operation = Literal["GET", "POST", "PUT", "DELETE"]
+Operation = Literal["CREATE", "READ", "UPDATE", "DELETE", "POST", "GET", "PUT"]
+_CRUD = {"POST": "CREATE", "GET": "READ", "PUT": "UPDATE"}
+
+
+def crud(operation: str) -> str:
+    """The CRUD name of an operation (3.0's HTTP verbs read as 3.1's names)."""
+    return _CRUD.get(operation, operation)
+
+
 #: The units of an eventPayloadDescriptor (3.1.0/enumerations/units.schema.yaml).
 Unit = Literal[
     "KWH",

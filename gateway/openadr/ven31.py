@@ -41,6 +41,7 @@ from gateway.openadr.oadr31 import (
     Resource,
     Subscription,
     Ven,
+    crud,
     first_error,
 )
 from gateway.openadr.oauth import TokenSource, VtnAuthError
@@ -265,7 +266,7 @@ class Ven31:
             "objectOperations": [
                 {
                     "objects": ["EVENT", "PROGRAM"],
-                    "operations": ["POST", "PUT", "DELETE"],
+                    "operations": ["CREATE", "UPDATE", "DELETE"],
                     "callbackUrl": self.settings.ven_callback_url,
                     "bearerToken": self.callback_token,
                 }
@@ -436,7 +437,8 @@ class Ven31:
 
     async def notified(self, note: Notification) -> bool:
         """Act on a notification; False when its event could not be stored."""
-        if note.object_type == "EVENT" and note.operation == "DELETE":
+        operation = crud(note.operation)
+        if note.object_type == "EVENT" and operation == "DELETE":
             await self.deleted(str(note.object.get("id")))
         elif note.object_type == "EVENT":
             return await self.handle(note.object)
@@ -446,7 +448,7 @@ class Ven31:
             except ValidationError as exc:
                 log.warning("a notified program is refused: %s", first_error(exc))
                 return True
-            if program.id and note.operation != "DELETE":
+            if program.id and operation != "DELETE":
                 self.programs[program.id] = program
         return True
 

@@ -287,7 +287,7 @@ def test_the_webhook_refuses_a_notification_without_the_subscriptions_token(site
     token = next(iter(vtn.subscriptions.values()))["objectOperations"][0]["bearerToken"]
     note = {
         "objectType": "EVENT",
-        "operation": "POST",
+        "operation": "CREATE",
         "object": {**simple_event(vtn, start_s=0.5, interval_s=60, intervals=1), "id": "forged"},
     }
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {token}"}):
@@ -301,6 +301,24 @@ def test_the_webhook_refuses_a_notification_without_the_subscriptions_token(site
     assert "operation" in answer.json()["detail"]
     assert stored(site, "forged") is None
     assert uncapped(site)
+
+
+def test_a_notification_in_30s_http_verbs_is_read_as_its_crud_operation(site, vtn):
+    """POST / PUT (3.0's names) are CREATE / UPDATE: a PUT of a newer version updates."""
+    event = vtn.add_event(simple_event(vtn, level=1, start_s=30, interval_s=30, intervals=1))
+    site.wait(lambda: stored(site, event["id"]), what="the event")
+    [hook] = next(iter(vtn.subscriptions.values()))["objectOperations"]
+    newer = copy.deepcopy(event)
+    newer["intervals"][0]["payloads"][0]["values"] = [3]
+    newer["modificationDateTime"] = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+    answer = httpx.post(
+        hook["callbackUrl"],
+        json={"objectType": "EVENT", "operation": "PUT", "object": newer},
+        headers={"Authorization": f"Bearer {hook['bearerToken']}"},
+    )
+    assert answer.status_code == 200
+    baseline = site.api.get("/v1/site").json()["baseline_facility_kw"]
+    assert stored(site, event["id"])["reduction_kw"] == pytest.approx(0.40 * baseline, 1e-3)
 
 
 def test_a_late_event_acts_at_once_and_one_already_over_is_not_acted_on(site, vtn):
