@@ -57,14 +57,17 @@ def shed_event(
     program_id: str, shed_kw: float, start_s: float, duration_s: float, now: Any
 ) -> dict[str, Any]:
     """A CONTROL_SETPOINT of -shed_kw kW (the 3.1 form of 2.0b's LOAD_DISPATCH delta) over one
-    interval, asking for a DEMAND report at its end."""
+    interval, asking for DEMAND and DELTA_USAGE (the shed) reports at its end."""
     start = now + timedelta(seconds=start_s)
     return {
         "programID": program_id,
         "eventName": "flexgate-shed",
         "intervalPeriod": {"start": start.isoformat(), "duration": f"PT{duration_s:g}S"},
         "payloadDescriptors": [{"payloadType": "CONTROL_SETPOINT", "units": "KW"}],
-        "reportDescriptors": [{"payloadType": "DEMAND", "readingType": "DIRECT_READ"}],
+        "reportDescriptors": [
+            {"payloadType": "DEMAND", "readingType": "DIRECT_READ"},
+            {"payloadType": "DELTA_USAGE", "readingType": "DIRECT_READ"},
+        ],
         "intervals": [{"id": 0, "payloads": [{"type": "CONTROL_SETPOINT", "values": [-shed_kw]}]}],
     }
 

@@ -116,10 +116,8 @@ def test_the_ven_registers_itself_and_its_resources_and_subscribes(site, vtn):
 
 
 def test_an_event_by_webhook_becomes_caps_and_interval_reports(site, vtn):
-    body = simple_event(
-        vtn,
-        reportDescriptors=[{"payloadType": "DEMAND"}, {"payloadType": "USAGE"}],
-    )
+    asked = ["DEMAND", "USAGE", "BASELINE", "DELTA_USAGE", "READING"]  # READING: not sent
+    body = simple_event(vtn, reportDescriptors=[{"payloadType": t} for t in asked])
     event = vtn.add_event(body)
     # Polls are 30 s apart: only the webhook can bring it this soon.
     got = site.wait(lambda: stored(site, event["id"]), seconds=10, what="the event by webhook")
@@ -144,13 +142,24 @@ def test_an_event_by_webhook_becomes_caps_and_interval_reports(site, vtn):
     assert {d["payloadType"]: d["units"] for d in first["payloadDescriptors"]} == {
         "DEMAND": "KW",
         "USAGE": "KWH",
+        "BASELINE": "KW",
+        "DELTA_USAGE": "KW",
     }
     by_name = {r["resourceName"]: r for r in first["resources"]}
     assert set(by_name) == {"FACILITY", "GPUS"}
-    payloads = {p["type"]: p["values"][0] for p in by_name["FACILITY"]["intervals"][0]["payloads"]}
-    assert payloads["DEMAND"] > 0
-    assert payloads["USAGE"] == pytest.approx(payloads["DEMAND"] * 3.0 / 3600, abs=1e-3)
-    assert payloads["DEMAND"] < baseline  # measured during the shed
+
+    def values(resource):
+        return {p["type"]: p["values"][0] for p in by_name[resource]["intervals"][0]["payloads"]}
+
+    facility, gpus = values("FACILITY"), values("GPUS")
+    assert facility["USAGE"] == pytest.approx(facility["DEMAND"] * 3.0 / 3600, abs=1e-3)
+    assert facility["BASELINE"] == pytest.approx(baseline, rel=1e-3)
+    assert facility["DEMAND"] < baseline  # measured during the shed
+    shed = -facility["DELTA_USAGE"]
+    assert shed == pytest.approx(facility["BASELINE"] - facility["DEMAND"], abs=1e-3)
+    assert shed > 0.1 * baseline  # the site shed (25% asked)
+    k = site.api.get("/v1/site").json()["overhead_factor"]
+    assert facility["DEMAND"] == pytest.approx(k * gpus["DEMAND"], rel=1e-2)  # no static load
 
 
 def test_a_modified_event_is_read_again(site, vtn):
