@@ -122,6 +122,10 @@ class MockVtn31:
 
     # --- the business logic's side (any thread) --------------------------------------------
 
+    def revoke_tokens(self) -> None:
+        """Forget every token granted: each is refused from now on, lifetime or not."""
+        self._tokens.clear()
+
     def add_program(self, body: dict[str, Any]) -> dict[str, Any]:
         program = self._store(Program, body, "PROGRAM", self.programs)
         self._notify("PROGRAM", "CREATE", program)

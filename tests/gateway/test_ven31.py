@@ -390,6 +390,18 @@ def test_the_token_is_refreshed_before_it_expires_mid_event(tmp_path, database_u
         assert site.api.get("/health").json()["ven"] == "registered"
 
 
+def test_a_token_the_vtn_revokes_early_is_replaced_at_the_next_request(tmp_path, database_url, vtn):
+    with ven_site(tmp_path, database_url, vtn, webhook=False, vtn_poll_s=0.3) as site:
+        granted = vtn.grants
+        vtn.revoke_tokens()  # long before the lifetime it stated (an hour)
+        event = vtn.add_event(simple_event(vtn, start_s=0.5, interval_s=60, intervals=1))
+        site.wait(lambda: capped(site), what="caps from the next poll")
+        assert vtn.rejected_tokens >= 1
+        assert vtn.grants == granted + 1
+        assert stored(site, event["id"])["status"] == "active"
+        assert site.api.get("/health").json()["ven"] == "registered"
+
+
 def test_the_client_secret_is_never_logged(tmp_path, database_url, caplog):
     caplog.set_level(logging.DEBUG)
     secret = "a-secret-never-logged-0123"
