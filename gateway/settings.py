@@ -130,10 +130,18 @@ class GatewaySettings(BaseSettings):
             problem = insecure_url(getattr(self, name), allow_http=self.lab or self.vtn_allow_http)
             if problem:
                 raise ValueError(f"FLEXGATE_{name.upper()}: {problem}")
-        if not self.vtn_client_id or not self.vtn_client_secret.get_secret_value():
+        secret = self.vtn_client_secret.get_secret_value()
+        if not self.vtn_client_id or not secret:
             raise ValueError(
                 "FLEXGATE_VTN_CLIENT_ID and FLEXGATE_VTN_CLIENT_SECRET must be set with "
                 "FLEXGATE_OPENADR=3.1: the VTN answers only OAuth2 clients it issued"
+            )
+        if not self.lab and (
+            secret.lower() in PLACEHOLDER_TOKENS or secret == LAB_VTN_CLIENT_SECRET
+        ):
+            raise ValueError(
+                "FLEXGATE_VTN_CLIENT_SECRET is a placeholder or the lab's secret: set the one "
+                "the VTN's operator issued (placeholders are refused outside the lab)"
             )
 
     def _check_meter(self) -> None:

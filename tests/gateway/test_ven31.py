@@ -14,12 +14,14 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from flexgate.mockvtn31 import LAB_CLIENT_ID, LAB_CLIENT_SECRET, MockVtn31
+from flexgate.mockvtn31 import LAB_CLIENT_ID, MockVtn31
 from flexgate.serve import ServerThread, free_port
 from gateway.openadr.ven31 import CALLBACK_PATH
 from tests.gateway.conftest import API, running_site
 
 VEN_NAME = "flexgate-test"
+#: The mock VTN's client secret in these tests (the lab's is refused outside the lab).
+SECRET = "ven31-test-client-secret"
 
 
 @pytest.fixture
@@ -29,7 +31,7 @@ def database_url(tmp_path):
 
 @contextlib.contextmanager
 def mock_vtn(**options):
-    vtn = MockVtn31(**options)
+    vtn = MockVtn31(**{"clients": {LAB_CLIENT_ID: SECRET}, **options})
     with ServerThread(vtn.app) as url:
         vtn.url = url
         vtn.program = vtn.add_program({"programName": "flexgate-dr"})
@@ -43,7 +45,7 @@ def ven_site(tmp_path, database_url, vtn, webhook=True, **changes):
         "openadr": "3.1",
         "vtn_url": vtn.url,
         "vtn_client_id": LAB_CLIENT_ID,
-        "vtn_client_secret": LAB_CLIENT_SECRET,
+        "vtn_client_secret": SECRET,
         "vtn_allow_http": True,
         "vtn_poll_s": 30.0 if webhook else 0.5,
         "ven_callback_url": f"http://127.0.0.1:{port}{CALLBACK_PATH}" if webhook else "",
@@ -117,7 +119,7 @@ def test_the_ven_registers_itself_and_its_resources_and_subscribes(site, vtn):
 
 def test_an_event_by_webhook_becomes_caps_and_interval_reports(site, vtn):
     asked = ["DEMAND", "USAGE", "BASELINE", "DELTA_USAGE", "READING"]  # READING: not sent
-    body = simple_event(vtn, reportDescriptors=[{"payloadType": t} for t in asked])
+    body = simple_event(vtn, interval_s=5.0, reportDescriptors=[{"payloadType": t} for t in asked])
     event = vtn.add_event(body)
     # Polls are 30 s apart: only the webhook can bring it this soon.
     got = site.wait(lambda: stored(site, event["id"]), seconds=10, what="the event by webhook")
@@ -133,9 +135,11 @@ def test_an_event_by_webhook_becomes_caps_and_interval_reports(site, vtn):
         lambda: (
             (r := [r for r in vtn.reports if "interval" in r["reportName"]]) and len(r) == 2 and r
         ),
+        seconds=30,
         what="a report per interval",
     )
     assert vtn.refused == []
+    assert [r["resources"][0]["intervals"][0]["id"] for r in reports] == [0, 1]
     first = reports[0]
     assert first["eventID"] == event["id"]
     assert first["clientName"] == VEN_NAME
@@ -145,21 +149,22 @@ def test_an_event_by_webhook_becomes_caps_and_interval_reports(site, vtn):
         "BASELINE": "KW",
         "DELTA_USAGE": "KW",
     }
-    by_name = {r["resourceName"]: r for r in first["resources"]}
-    assert set(by_name) == {"FACILITY", "GPUS"}
+    assert {r["resourceName"] for r in first["resources"]} == {"FACILITY", "GPUS"}
 
-    def values(resource):
-        return {p["type"]: p["values"][0] for p in by_name[resource]["intervals"][0]["payloads"]}
+    def values(report, resource):
+        [where] = [r for r in report["resources"] if r["resourceName"] == resource]
+        return {p["type"]: p["values"][0] for p in where["intervals"][0]["payloads"]}
 
-    facility, gpus = values("FACILITY"), values("GPUS")
-    assert facility["USAGE"] == pytest.approx(facility["DEMAND"] * 3.0 / 3600, abs=1e-3)
-    assert facility["BASELINE"] == pytest.approx(baseline, rel=1e-3)
-    assert facility["DEMAND"] < baseline  # measured during the shed
-    shed = -facility["DELTA_USAGE"]
-    assert shed == pytest.approx(facility["BASELINE"] - facility["DEMAND"], abs=1e-3)
-    assert shed > 0.1 * baseline  # the site shed (25% asked)
     k = site.api.get("/v1/site").json()["overhead_factor"]
-    assert facility["DEMAND"] == pytest.approx(k * gpus["DEMAND"], rel=1e-2)  # no static load
+    for report in reports:  # each the site as GET /v1/site showed it at the interval's end
+        facility, gpus = values(report, "FACILITY"), values(report, "GPUS")
+        assert facility["USAGE"] == pytest.approx(facility["DEMAND"] * 5.0 / 3600, abs=1e-3)
+        assert facility["BASELINE"] == pytest.approx(baseline, rel=1e-3)
+        shed = -facility["DELTA_USAGE"]
+        assert shed == pytest.approx(facility["BASELINE"] - facility["DEMAND"], abs=1e-3)
+        assert facility["DEMAND"] == pytest.approx(k * gpus["DEMAND"], rel=1e-2)  # no static kW
+    # By the end of the second interval the agents' telemetry window shows the caps.
+    assert -values(reports[-1], "FACILITY")["DELTA_USAGE"] > 0.1 * baseline  # 25% asked
 
 
 def test_a_modified_event_is_read_again(site, vtn):
@@ -454,7 +459,7 @@ def test_the_mock_vtn_refuses_a_report_the_31_schema_forbids(vtn):
     token = httpx.post(
         f"{vtn.url}/auth/token",
         data={"grant_type": "client_credentials"},
-        auth=(LAB_CLIENT_ID, LAB_CLIENT_SECRET),
+        auth=(LAB_CLIENT_ID, SECRET),
     ).json()["access_token"]
     answer = httpx.post(
         f"{vtn.url}/reports",

@@ -72,6 +72,12 @@ def test_31_needs_client_credentials_and_no_fingerprint():
     assert settings(vtn_url="https://vtn.example").vtn_fingerprint is None
 
 
+@pytest.mark.parametrize("secret", ["changeme", LAB_CLIENT_SECRET])
+def test_a_placeholder_client_secret_is_refused_outside_the_lab(secret):
+    with pytest.raises(ValidationError, match="placeholder or the lab's secret"):
+        settings(vtn_url="https://vtn.example", vtn_client_secret=secret)
+
+
 def test_the_lab_uses_the_mock_vtns_lab_client_when_none_is_given():
     lab = GatewaySettings(lab=True, openadr="3.1", vtn_url="http://127.0.0.1:9")
     assert lab.vtn_client_id == LAB_CLIENT_ID
