@@ -253,7 +253,8 @@ class MockVtn31:
 
         @app.get("/programs")
         async def programs(skip: int = 0, limit: int = 50) -> list[dict[str, Any]]:
-            return list(self.programs.values())[skip : skip + limit]
+            with self._lock:  # the business logic adds from other threads
+                return list(self.programs.values())[skip : skip + limit]
 
         @app.get("/events")
         async def events(
@@ -261,7 +262,8 @@ class MockVtn31:
             skip: int = 0,
             limit: int = 50,
         ) -> list[dict[str, Any]]:
-            found = [e for e in self.events.values() if programID in (None, e.get("programID"))]
+            with self._lock:
+                found = [e for e in self.events.values() if programID in (None, e.get("programID"))]
             return found[skip : skip + limit]
 
         @app.get("/vens")
@@ -301,7 +303,8 @@ class MockVtn31:
             skip: int = 0,
             limit: int = 50,
         ) -> list[dict[str, Any]]:
-            found = [r for r in self.resources.values() if venID in (None, r["venID"])]
+            with self._lock:
+                found = [r for r in self.resources.values() if venID in (None, r["venID"])]
             return found[skip : skip + limit]
 
         @app.post("/resources")
@@ -328,7 +331,8 @@ class MockVtn31:
 
         @app.delete("/subscriptions/{subscription_id}")
         async def unsubscribe(subscription_id: str) -> JSONResponse:
-            gone = self.subscriptions.pop(subscription_id, None)
+            with self._lock:
+                gone = self.subscriptions.pop(subscription_id, None)
             if gone is None:
                 return _problem(404, f"no subscription {subscription_id!r}")
             return JSONResponse(gone)
@@ -341,7 +345,8 @@ class MockVtn31:
             if report.event_id not in self.events:
                 return self._refuse(400, f"eventID: no event {report.event_id!r}")
             stored = self._store(Report, report.wire(), "REPORT", {})
-            self.reports.append(stored)
+            with self._lock:
+                self.reports.append(stored)
             self.say(f"VTN: report '{stored.get('reportName')}' for event {report.event_id}")
             return JSONResponse(stored, status_code=201)
 

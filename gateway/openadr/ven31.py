@@ -65,6 +65,7 @@ RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 #: The path the gateway serves the VTN's notifications on.
 CALLBACK_PATH = "/openadr3/notifications"
 PAGE = 50  #: objects asked for per request (the VTN's `limit`)
+UNDELIVERED_KEPT = 100  #: reports kept for the VTN while it cannot take them
 
 
 class VtnError(Exception):
@@ -103,6 +104,7 @@ class Ven31:
         self._handled: dict[str, int] = {}  #: event id -> the modification read
         self._read_at: dict[str, float] = {}  #: event id -> when it was last stored [s]
         self._reporting: dict[str, asyncio.Task[None]] = {}
+        self._undelivered: list[dict[str, Any]] = []
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
         self._events: Events | None = None
@@ -159,6 +161,7 @@ class Ven31:
                     await self._try_subscribe()
                 await self.poll()
                 self.reachable, attempt = True, 0
+                await self._send_undelivered()
                 await self.clock.sleep(self.settings.vtn_poll_s)
             except (VtnError, VtnAuthError) as exc:
                 self.reachable = False
@@ -176,7 +179,8 @@ class Ven31:
     async def _call(
         self, method: str, path: str, json: Any = None, params: dict[str, Any] | None = None
     ) -> Any:
-        """One request with a fresh token; a 401 fetches a new token and tries once more."""
+        """One request with a fresh token; a 401 fetches a new token and tries once more, and
+        so does a connection the VTN closed as it was reused (a keep-alive race)."""
         for attempt in (1, 2):
             token = await self.tokens.token()
             try:
@@ -188,6 +192,8 @@ class Ven31:
                     headers={"Authorization": f"Bearer {token}"},
                 )
             except httpx.HTTPError as exc:
+                if attempt == 1 and isinstance(exc, httpx.ReadError | httpx.RemoteProtocolError):
+                    continue
                 raise VtnError(f"{method} {path}: unreachable ({type(exc).__name__})") from None
             if answer.status_code == 401 and attempt == 1:
                 self.tokens.invalidate()
@@ -484,12 +490,19 @@ class Ven31:
             task.cancel()
 
     async def _post_report(self, report: dict[str, Any] | None) -> None:
+        """Send a report; one the VTN cannot take now is kept and sent after the next poll."""
         if report is None:
             return
         try:
             await self._call("POST", "/reports", json=report)
         except (VtnError, VtnAuthError) as exc:
-            log.warning("report for event %s not delivered: %s", report.get("eventID"), exc)
+            log.warning("report for event %s not delivered yet: %s", report.get("eventID"), exc)
+            self._undelivered = [*self._undelivered, report][-UNDELIVERED_KEPT:]
+
+    async def _send_undelivered(self) -> None:
+        waiting, self._undelivered = self._undelivered, []
+        for report in waiting:
+            await self._post_report(report)
 
 
 def _modification_or_none(raw: Any) -> int:
