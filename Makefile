@@ -42,7 +42,8 @@ reliability: $(STAMP)  # the fault, bad-input and security tests of docs/reliabi
 	    tests/gateway/test_api.py tests/gateway/test_store.py tests/gateway/test_signals.py \
 	    tests/test_cli_fuzz.py tests/test_lab.py tests/gateway/test_agent_down.py \
 	    tests/gateway/test_planner.py tests/test_clock_step.py tests/test_openapi_fuzz.py \
-	    tests/test_soak.py tests/test_bind.py
+	    tests/test_soak.py tests/test_bind.py tests/gateway/test_ven31.py \
+	    tests/gateway/test_ven31_security.py tests/gateway/test_signals31.py
 
 soak: $(STAMP)  # 60 s, 50 clients, 1000 nodes: bench/results/soak.json
 	$(BIN)/python bench/soak.py

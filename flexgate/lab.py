@@ -13,6 +13,9 @@ With `mismatch`, the agents run a truth drawn away from the declared mix and the
 different overhead factor and a static load (`flexgate.simsite.draw_truth`), and the lab runs
 the event twice, open loop (the model's plan alone) and closed loop (the site loop at the
 meter). Exit 0 when the (closed-loop) site met the target within 5%.
+
+With `openadr="3.1"` the VTN is the OpenADR 3.1 mock VTN (`flexgate.mockvtn31`) and the event
+the 3.1 form of the same request (CONTROL_SETPOINT, -requested kW), delivered by webhook.
 """
 
 from __future__ import annotations
@@ -34,11 +37,13 @@ from agents.simulated import SimulatedBackend
 from flexgate import labmeter
 from flexgate.labreport import START_AFTER_S, read_result, report, watch
 from flexgate.mockvtn import MockVtn
+from flexgate.mockvtn31 import LAB_CLIENT_ID, LAB_CLIENT_SECRET, MockVtn31
 from flexgate.serve import ServerThread, free_port
 from flexgate.simsite import Truth, draw_truth
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.workload import MAIN_TYPES, POWER_W
 from gateway.app import create_app
+from gateway.openadr.ven31 import CALLBACK_PATH
 from gateway.settings import LAB_API_TOKEN, GatewaySettings
 
 OVERHEAD_FACTOR = 1.3
@@ -93,6 +98,7 @@ def run_lab(
     mismatch: bool = False,
     seed: int = 7,
     console: Console | None = None,
+    openadr: str = "2.0b",
 ) -> int:
     console = console or Console()
     # openleadr's advice to VTN implementers (ven_lookup, report handlers) is not for lab users.
@@ -167,6 +173,7 @@ def run_lab(
                     tracking,
                     console,
                     frozenset(r["event"]["id"] for r in results if r["event"]),
+                    openadr,
                 )
             )
         return report(results, jobs, requested, out, console)
@@ -182,9 +189,53 @@ def run_event(
     tracking: bool,
     console: Console,
     earlier: frozenset[str],
+    openadr: str = "2.0b",
 ) -> dict[str, Any]:
     """One event from the mock VTN through a fresh gateway on the lab's store (`earlier`: the
     events of the runs before): the trace and what it read."""
+
+    def say(line: str) -> None:
+        console.print(f"[dim]{line}[/]")
+
+    with contextlib.ExitStack() as stack:
+        vtn_settings, port = (
+            _vtn31(stack, requested, duration_s, say)
+            if openadr == "3.1"
+            else (_vtn20b(stack, requested, duration_s, say), 0)
+        )
+        settings = GatewaySettings(
+            database_url=f"sqlite:///{folder / 'gateway.db'}",
+            lab=True,
+            agent_token=AGENT_TOKEN,
+            overhead_factor=OVERHEAD_FACTOR,
+            agents=",".join(agent_urls),
+            lease_s=20.0,
+            reconcile_period_s=2.0,
+            recovery_ramp_s=4.0,
+            recovery_steps=2,
+            ven_name="flexgate-lab",
+            meter_url=meter_url,
+            meter_period_s=METER_PERIOD_S,
+            meter_lag_s=METER_TIME_CONSTANT_S,
+            calibrate=False,
+            tracking=tracking,
+            **vtn_settings,
+        )
+        url = stack.enter_context(ServerThread(create_app(settings), port=port))
+        api = stack.enter_context(
+            httpx.Client(
+                base_url=url, timeout=20, headers={"Authorization": f"Bearer {LAB_API_TOKEN}"}
+            )
+        )
+        api.put("/v1/jobs", json={"jobs": jobs}).raise_for_status()
+        trace = watch(api, duration_s, requested, console, earlier=earlier)
+        return read_result(api, trace, tracking)
+
+
+def _vtn20b(
+    stack: contextlib.ExitStack, requested: float, duration_s: float, say: Any
+) -> dict[str, Any]:
+    """openleadr's VTN issuing a LOAD_DISPATCH delta; the gateway's settings for it."""
     scenario = {
         "vtn_id": "LAB_VTN",
         "poll_s": 1,
@@ -197,34 +248,26 @@ def run_event(
             }
         ],
     }
-    vtn = MockVtn(scenario, port=free_port(), say=lambda line: console.print(f"[dim]{line}[/]"))
-    with contextlib.ExitStack() as stack:
-        stack.callback(vtn.stop)
-        vtn.start()
-        settings = GatewaySettings(
-            database_url=f"sqlite:///{folder / 'gateway.db'}",
-            lab=True,
-            agent_token=AGENT_TOKEN,
-            overhead_factor=OVERHEAD_FACTOR,
-            agents=",".join(agent_urls),
-            lease_s=20.0,
-            reconcile_period_s=2.0,
-            recovery_ramp_s=4.0,
-            recovery_steps=2,
-            vtn_url=vtn.url,
-            ven_name="flexgate-lab",
-            meter_url=meter_url,
-            meter_period_s=METER_PERIOD_S,
-            meter_lag_s=METER_TIME_CONSTANT_S,
-            calibrate=False,
-            tracking=tracking,
-        )
-        url = stack.enter_context(ServerThread(create_app(settings)))
-        api = stack.enter_context(
-            httpx.Client(
-                base_url=url, timeout=20, headers={"Authorization": f"Bearer {LAB_API_TOKEN}"}
-            )
-        )
-        api.put("/v1/jobs", json={"jobs": jobs}).raise_for_status()
-        trace = watch(api, duration_s, requested, console, earlier=earlier)
-        return read_result(api, trace, tracking)
+    vtn = MockVtn(scenario, port=free_port(), say=say)
+    stack.callback(vtn.stop)
+    vtn.start()
+    return {"vtn_url": vtn.url}
+
+
+def _vtn31(
+    stack: contextlib.ExitStack, requested: float, duration_s: float, say: Any
+) -> tuple[dict[str, Any], int]:
+    """The OpenADR 3.1 mock VTN issuing a CONTROL_SETPOINT once the VEN registered; the
+    gateway's settings for it, and the port the gateway must serve its webhook on."""
+    vtn = MockVtn31(say=say)
+    vtn.issue_after_registration(requested, START_AFTER_S, duration_s)
+    vtn_url = stack.enter_context(ServerThread(vtn.app))
+    port = free_port()
+    return {
+        "openadr": "3.1",
+        "vtn_url": vtn_url,
+        "vtn_client_id": LAB_CLIENT_ID,
+        "vtn_client_secret": LAB_CLIENT_SECRET,
+        "vtn_poll_s": 5.0,
+        "ven_callback_url": f"http://127.0.0.1:{port}{CALLBACK_PATH}",
+    }, port

@@ -1,8 +1,9 @@
 """The gateway's composition root: `create_app(settings)` builds every service and wires them.
 
 The outside world comes in as parts: the clock, the agent transport (HTTP unless given), the
-grid protocol (OpenADR 2.0b when a VTN is configured) and the job source (a scheduler, when
-`FLEXGATE_JOB_SOURCE` names one); tests pass their own.
+grid protocol (OpenADR 2.0b or 3.1 when a VTN is configured: FLEXGATE_OPENADR) and the job
+source (a scheduler, when `FLEXGATE_JOB_SOURCE` names one); tests pass their own. The 3.1 VEN
+is built with the app, because the gateway serves its webhook.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -55,6 +57,11 @@ def create_app(
     `job_source` replaces the one `FLEXGATE_JOB_SOURCE` names."""
     settings = settings or get_settings()
     clock = clock or SystemClock()
+    ven31 = None
+    if settings.vtn_url and settings.openadr == "3.1":
+        from gateway.openadr.ven31 import Ven31
+
+        ven31 = Ven31(settings, clock)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -66,8 +73,8 @@ def create_app(
             clock=clock,
             trace_configs=http_trace,
         )
-        ven = None
-        if settings.vtn_url:
+        ven: Any = ven31
+        if settings.vtn_url and ven31 is None:
             from gateway.openadr.ven import Ven  # openleadr loads only when a VTN is configured
 
             ven = Ven(settings, tuple(http_trace))
@@ -120,6 +127,8 @@ def create_app(
     app.state.settings = settings
     for router in routers:
         app.include_router(router)
+    if ven31 is not None:
+        app.include_router(ven31.router())
 
     @app.exception_handler(GatewayError)
     async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:

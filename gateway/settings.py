@@ -6,9 +6,11 @@ an argument so tests pass their own.
 
 from __future__ import annotations
 
+import ipaddress
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -19,6 +21,10 @@ from flexmodel.tiers import TierTable
 from gateway.meter.sources import DEFAULT_JSON_KEY, open_meter
 
 LAB_API_TOKEN = "lab-api-token"
+#: The OpenADR 3.1 mock VTN's lab client (`flexgate mock-vtn --openadr 3.1`), used with
+#: `--lab` when no client is configured.
+LAB_VTN_CLIENT_ID = "flexgate-lab-ven"
+LAB_VTN_CLIENT_SECRET = "flexgate-lab-ven-secret"
 
 
 class GatewaySettings(BaseSettings):
@@ -46,7 +52,14 @@ class GatewaySettings(BaseSettings):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     log_level: str = "info"
-    vtn_url: str = Field(default="", description="the VTN's OpenADR 2.0b endpoint; empty: no VEN")
+    vtn_url: str = Field(default="", description="the VTN's endpoint; empty: no VEN")
+    openadr: Literal["2.0b", "3.1"] = "2.0b"  #: the OpenADR version the VEN speaks
+    vtn_client_id: str = ""  #: OpenADR 3.1: the OAuth2 client the VTN's operator issued
+    vtn_client_secret: SecretStr = SecretStr("")  #: OpenADR 3.1: its secret
+    vtn_token_url: str = ""  #: OpenADR 3.1: the token service; empty: `GET /auth/server`
+    vtn_allow_http: bool = False  #: OpenADR 3.1: plain HTTP to a VTN on loopback
+    vtn_poll_s: float = Field(default=10.0, gt=0.0)  #: OpenADR 3.1: events are read this often
+    ven_callback_url: str = ""  #: OpenADR 3.1: where the VTN posts notifications; empty: poll
     ven_name: str = "flexgate"
     ven_groups: str = Field(default="", description="comma-separated groupIDs this VEN answers")
     ven_resources: str = Field(default="", description="comma-separated resourceIDs it controls")
@@ -120,7 +133,9 @@ class GatewaySettings(BaseSettings):
                     f"FLEXGATE_{name.upper()} must be set to a secret of at least "
                     f"{MIN_TOKEN_CHARS} characters (placeholders are refused outside the lab)"
                 )
-        if self.vtn_url and not (self.lab or self.vtn_fingerprint or self.vtn_allow_unsigned):
+        if self.vtn_url and self.openadr == "3.1":
+            self._check_openadr31()
+        elif self.vtn_url and not (self.lab or self.vtn_fingerprint or self.vtn_allow_unsigned):
             raise ValueError(
                 "FLEXGATE_VTN_FINGERPRINT must be set with FLEXGATE_VTN_URL: without it openleadr "
                 "checks no signature and a forged event would cap real GPUs (set "
@@ -140,6 +155,31 @@ class GatewaySettings(BaseSettings):
             )
         return self
 
+    def _check_openadr31(self) -> None:
+        if self.lab and not self.vtn_client_id:
+            self.vtn_client_id, self.vtn_client_secret = (
+                LAB_VTN_CLIENT_ID,
+                SecretStr(LAB_VTN_CLIENT_SECRET),
+            )
+        # The callback carries the subscription's bearer token: the same rule as the VTN.
+        for name in ("vtn_url", "vtn_token_url", "ven_callback_url"):
+            problem = insecure_url(getattr(self, name), allow_http=self.lab or self.vtn_allow_http)
+            if problem:
+                raise ValueError(f"FLEXGATE_{name.upper()}: {problem}")
+        secret = self.vtn_client_secret.get_secret_value()
+        if not self.vtn_client_id or not secret:
+            raise ValueError(
+                "FLEXGATE_VTN_CLIENT_ID and FLEXGATE_VTN_CLIENT_SECRET must be set with "
+                "FLEXGATE_OPENADR=3.1: the VTN answers only OAuth2 clients it issued"
+            )
+        if not self.lab and (
+            secret.lower() in PLACEHOLDER_TOKENS or secret == LAB_VTN_CLIENT_SECRET
+        ):
+            raise ValueError(
+                "FLEXGATE_VTN_CLIENT_SECRET is a placeholder or the lab's secret: set the one "
+                "the VTN's operator issued (placeholders are refused outside the lab)"
+            )
+
     def _check_meter(self) -> None:
         try:
             open_meter(self.meter_url, json_key=self.meter_json_key, timeout_s=self.meter_timeout_s)
@@ -155,6 +195,38 @@ class GatewaySettings(BaseSettings):
                 f"FLEXGATE_METER_MAX_AGE_S ({self.meter_max_age_s:g} s) must be longer than "
                 f"FLEXGATE_METER_PERIOD_S ({self.meter_period_s:g} s), or every reading is stale"
             )
+
+
+def insecure_url(url: str, *, allow_http: bool) -> str | None:
+    """Why an OpenADR 3 URL may not be used, or None: HTTPS always, plain HTTP only to a
+    loopback address and only when allowed (the lab, FLEXGATE_VTN_ALLOW_HTTP)."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme == "https" and parts.hostname:
+        return None
+    if parts.scheme != "http" or not parts.hostname:
+        return f"{url!r} is not an https:// URL"
+    if not _is_loopback(parts.hostname):
+        return (
+            f"{url} is plain HTTP to another machine: OpenADR 3 carries bearer tokens and "
+            "events, so it must be https://"
+        )
+    if not allow_http:
+        return (
+            f"{url} is plain HTTP: use https://, or for a VTN on this machine set "
+            "FLEXGATE_VTN_ALLOW_HTTP=true"
+        )
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @lru_cache

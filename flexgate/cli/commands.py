@@ -295,12 +295,15 @@ def run_lab(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         out=args.out,
         mismatch=args.mismatch,
+        openadr=args.openadr,
     )
 
 
 def run_mock_vtn(args: argparse.Namespace) -> int:
     import time
 
+    if args.openadr == "3.1":
+        return _run_mock_vtn31(args)
     from flexgate.mockvtn import DEFAULT_SCENARIO, MockVtn, read_scenario
 
     try:
@@ -318,6 +321,26 @@ def run_mock_vtn(args: argparse.Namespace) -> int:
             time.sleep(1)
     finally:
         vtn.stop()
+
+
+def _run_mock_vtn31(args: argparse.Namespace) -> int:
+    import time
+
+    from flexgate.mockvtn31 import LAB_CLIENT_ID, MockVtn31
+    from flexgate.serve import ServerThread
+
+    if args.scenario:
+        raise BadInputError("--scenario is a 2.0b scenario: the 3.1 mock VTN issues its own event")
+    vtn = MockVtn31(say=lambda line: print(line, flush=True))
+    vtn.issue_after_registration()
+    with ServerThread(vtn.app, host=args.host, port=args.port) as url:
+        print(
+            f"mock OpenADR 3.1 VTN at {url}; OAuth2 client {LAB_CLIENT_ID!r} with the lab secret "
+            "(docs/openadr.md); waiting for a VEN (Ctrl-C stops)",
+            file=sys.stderr,
+        )
+        while True:
+            time.sleep(1)
 
 
 def _first_error(exc: Any) -> str:

@@ -243,15 +243,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="the agents and the meter run a truth drawn away from the declared mix; the "
         "event runs open loop, then closed loop at the meter (give it --duration 60 or more)",
     )
+    lab.add_argument(
+        "--openadr",
+        choices=("2.0b", "3.1"),
+        default="2.0b",
+        help="the OpenADR version of the mock VTN and the VEN (default 2.0b)",
+    )
     lab.set_defaults(command=commands.run_lab, name="lab")
 
-    vtn = sub.add_parser("mock-vtn", help="an OpenADR 2.0b VTN (openleadr) issuing a scenario")
+    vtn = sub.add_parser(
+        "mock-vtn", help="an OpenADR 2.0b VTN (openleadr) issuing a scenario, or a 3.1 VTN"
+    )
     vtn.add_argument(
         "--scenario",
         type=Path,
         metavar="FILE",
         help="events to issue, JSON like examples/scenario.json (default: one event asking "
         "for 25 kW less, 10 s after the VEN registers, for 60 s)",
+    )
+    vtn.add_argument(
+        "--openadr",
+        choices=("2.0b", "3.1"),
+        default="2.0b",
+        help="3.1: the OpenADR 3.1 mock VTN (OAuth2, programs, events, webhooks, reports), "
+        "issuing one event asking for 25 kW less, 10 s after a VEN registers, for 60 s",
     )
     vtn.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     vtn.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")

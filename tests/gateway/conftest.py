@@ -116,9 +116,10 @@ def start_site(tmp_path, database_url, **overrides):
 
 
 @contextlib.contextmanager
-def running_site(tmp_path, database_url, http_trace=(), clock=None, **changes):
+def running_site(tmp_path, database_url, http_trace=(), clock=None, gateway_port=0, **changes):
     """Agents and a gateway (short timers; `changes` override settings), the job mix put;
-    `http_trace` sees every request of the gateway's own HTTP clients; `clock` is its clock."""
+    `http_trace` sees every request of the gateway's own HTTP clients; `clock` is its clock;
+    `gateway_port` its port (0: any free one)."""
     jobs, nodes, agents = start_site(tmp_path, database_url)
     with ServerThread(agents) as agents_url:
         settings = GatewaySettings(
@@ -135,7 +136,9 @@ def running_site(tmp_path, database_url, http_trace=(), clock=None, **changes):
             }
         )
         with (
-            ServerThread(create_app(settings, http_trace=http_trace, clock=clock)) as url,
+            ServerThread(
+                create_app(settings, http_trace=http_trace, clock=clock), port=gateway_port
+            ) as url,
             httpx.Client(base_url=url, timeout=20) as api,
         ):
             answer = api.put("/v1/jobs", json={"jobs": jobs}, headers=API)

@@ -1,0 +1,398 @@
+"""An OpenADR 3.1 mock VTN for the lab and the tests: a FastAPI app on a real uvicorn server.
+
+- OAuth2 client credentials: `GET /auth/server` names `POST /auth/token`, which grants a
+  bearer token (lifetime `token_lifetime_s`, on the clock given) to the clients it knows
+  (HTTP Basic or form fields); every other path needs a token it granted and has not expired.
+- programs, events (read by VENs; created, changed and deleted by the business logic: the
+  Python methods `add_program`, `add_event`, `update_event`, `delete_event`), vens and
+  resources (a VEN creates its own), subscriptions, with webhook delivery of each change to
+  the callbacks that asked for it (the subscription's bearer token on each), and reports,
+  stored.
+- **Validation**: every object a VEN sends is read with the 3.1 models
+  (`gateway.openadr.oadr31`) and refused with a 400 problem naming the field, recorded in
+  `refused`; every object this VTN sends is built through the same models.
+
+Every VEN reads every event (no object privacy): the VEN's own target check decides. The
+VTN can be taken down and brought back (`down`): it then answers 503 to everything. For the
+lab and `flexgate mock-vtn --openadr 3.1`, `issue_after_registration` issues an event (by
+default `shed_event`) one second after the first VEN creates its ven object, by then subscribed.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import secrets
+import threading
+from collections.abc import Callable
+from datetime import UTC, timedelta
+from typing import Any
+from urllib.parse import parse_qs
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from gateway.clock import Clock, SystemClock
+from gateway.openadr.oadr31 import (
+    Event,
+    Model,
+    Program,
+    Report,
+    Resource,
+    Subscription,
+    Ven,
+    crud,
+    first_error,
+)
+from gateway.settings import LAB_VTN_CLIENT_ID, LAB_VTN_CLIENT_SECRET
+
+LAB_CLIENT_ID, LAB_CLIENT_SECRET = LAB_VTN_CLIENT_ID, LAB_VTN_CLIENT_SECRET
+#: The event issued after registration unless told otherwise: 25 kW less for 60 s, 10 s on.
+DEFAULT_SHED_KW, DEFAULT_START_S, DEFAULT_DURATION_S = 25.0, 10.0, 60.0
+
+
+def shed_event(
+    program_id: str, shed_kw: float, start_s: float, duration_s: float, now: Any
+) -> dict[str, Any]:
+    """A CONTROL_SETPOINT of -shed_kw kW (the 3.1 form of 2.0b's LOAD_DISPATCH delta) over one
+    interval, asking for DEMAND and DELTA_USAGE (the shed) reports at its end."""
+    start = now + timedelta(seconds=start_s)
+    return {
+        "programID": program_id,
+        "eventName": "flexgate-shed",
+        "intervalPeriod": {"start": start.isoformat(), "duration": f"PT{duration_s:g}S"},
+        "payloadDescriptors": [{"payloadType": "CONTROL_SETPOINT", "units": "KW"}],
+        "reportDescriptors": [
+            {"payloadType": "DEMAND", "readingType": "DIRECT_READ"},
+            {"payloadType": "DELTA_USAGE", "readingType": "DIRECT_READ"},
+        ],
+        "intervals": [{"id": 0, "payloads": [{"type": "CONTROL_SETPOINT", "values": [-shed_kw]}]}],
+    }
+
+
+class MockVtn31:
+    def __init__(
+        self,
+        clients: dict[str, str] | None = None,
+        *,
+        token_lifetime_s: float = 3600.0,
+        clock: Clock | None = None,
+        say: Callable[[str], None] = lambda _line: None,
+    ) -> None:
+        self.clients = clients or {LAB_CLIENT_ID: LAB_CLIENT_SECRET}
+        self.token_lifetime_s = token_lifetime_s
+        self.clock = clock or SystemClock()
+        self.say = say
+        self.programs: dict[str, dict[str, Any]] = {}
+        self.events: dict[str, dict[str, Any]] = {}
+        self.vens: dict[str, dict[str, Any]] = {}
+        self.resources: dict[str, dict[str, Any]] = {}
+        self.subscriptions: dict[str, dict[str, Any]] = {}
+        self.reports: list[dict[str, Any]] = []
+        self.refused: list[str] = []  #: why each refused VEN message was refused
+        self.delivered: list[tuple[str, int]] = []  #: (callback URL, HTTP status) per notification
+        self.grants = 0  #: tokens granted
+        self.rejected_tokens = 0  #: requests with an unknown or expired token
+        self.down = False
+        self.subscribable = True  #: False: POST /subscriptions is refused (a poll-only VTN)
+        self._tokens: dict[str, tuple[str, float]] = {}  #: token -> (client, expires at)
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._after_registration: Callable[[], None] | None = None
+        self.app = self._build()
+
+    def issue_after_registration(
+        self,
+        shed_kw: float = DEFAULT_SHED_KW,
+        start_s: float = DEFAULT_START_S,
+        duration_s: float = DEFAULT_DURATION_S,
+    ) -> None:
+        """Issue a `shed_event` (in a program of its own) once the first VEN has registered."""
+        program = self.add_program({"programName": "flexgate-shed"})
+
+        def issue() -> None:
+            event = self.add_event(
+                shed_event(program["id"], shed_kw, start_s, duration_s, self.clock.now())
+            )
+            self.say(f"VTN: issued event {event['id']}: {shed_kw:g} kW less for {duration_s:g} s")
+
+        self._after_registration = issue
+
+    # --- the business logic's side (any thread) --------------------------------------------
+
+    def revoke_tokens(self) -> None:
+        """Forget every token granted: each is refused from now on, lifetime or not."""
+        self._tokens.clear()
+
+    def add_program(self, body: dict[str, Any]) -> dict[str, Any]:
+        program = self._store(Program, body, "PROGRAM", self.programs)
+        self._notify("PROGRAM", "CREATE", program)
+        return program
+
+    def add_event(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Store an event (checked against the 3.1 models) and notify the subscribers."""
+        if str(body.get("programID")) not in self.programs:
+            raise ValueError(f"no program {body.get('programID')!r}")
+        event = self._store(Event, body, "EVENT", self.events)
+        self._notify("EVENT", "CREATE", event)
+        return event
+
+    def add_raw_event(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Store an event as given, unchecked: a VTN sending what the specification forbids."""
+        with self._lock:
+            event = {**body, "id": body.get("id", str(next(self._ids)))}
+            event.setdefault("objectType", "EVENT")
+            self.events[str(event["id"])] = event
+        self._notify("EVENT", "CREATE", event)
+        return event
+
+    def update_event(self, event_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            known = self.events[event_id]
+        body = {k: v for k, v in {**known, **changes}.items() if k not in _STAMPS}
+        event = Event.model_validate(body).wire()
+        event.update(
+            id=event_id,
+            objectType="EVENT",
+            createdDateTime=known.get("createdDateTime"),
+            modificationDateTime=_now(self.clock),
+        )
+        with self._lock:
+            self.events[event_id] = event
+        self._notify("EVENT", "UPDATE", event)
+        return event
+
+    def delete_event(self, event_id: str) -> None:
+        with self._lock:
+            event = self.events.pop(event_id)
+        self._notify("EVENT", "DELETE", event)
+
+    def _store(
+        self, model: type[Model], body: dict[str, Any], kind: str, into: dict[str, Any]
+    ) -> dict[str, Any]:
+        obj = model.model_validate(body).wire()
+        stamp = _now(self.clock)
+        with self._lock:
+            obj.update(
+                id=str(next(self._ids)),
+                objectType=kind,
+                createdDateTime=stamp,
+                modificationDateTime=stamp,
+            )
+            into[obj["id"]] = obj
+        return obj
+
+    def _notify(self, kind: str, operation: str, obj: dict[str, Any]) -> None:
+        """Post the change to every callback subscribed to it, now, from the caller's thread."""
+        with self._lock:
+            hooks = [
+                op
+                for sub in self.subscriptions.values()
+                for op in sub["objectOperations"]
+                if kind in op["objects"] and operation in {crud(o) for o in op["operations"]}
+            ]
+        note = {"objectType": kind, "operation": operation, "object": obj}
+        for hook in hooks:
+            headers = {"Authorization": f"Bearer {hook.get('bearerToken') or ''}"}
+            try:
+                answer = httpx.post(hook["callbackUrl"], json=note, headers=headers, timeout=10)
+                status = answer.status_code
+            except httpx.HTTPError:
+                status = 0
+            self.delivered.append((hook["callbackUrl"], status))
+            self.say(f"VTN: notified {hook['callbackUrl']} of {kind} {operation}: {status}")
+
+    # --- the REST API ----------------------------------------------------------------------
+
+    def _build(self) -> FastAPI:
+        app = FastAPI(title="flexgate mock VTN (OpenADR 3.1)")
+
+        @app.middleware("http")
+        async def gate(request: Request, call_next: Any) -> Any:
+            if self.down:
+                return _problem(503, "the VTN is down")
+            path = request.url.path
+            if path in ("/auth/server", "/auth/token"):
+                return await call_next(request)
+            token = request.headers.get("authorization", "").removeprefix("Bearer ")
+            granted = self._tokens.get(token)
+            if granted is None or self.clock.monotonic() >= granted[1]:
+                self.rejected_tokens += 1
+                return _problem(401, "no valid bearer token (unknown or expired)")
+            request.state.client = granted[0]
+            return await call_next(request)
+
+        @app.get("/auth/server")
+        async def auth_server(request: Request) -> dict[str, str]:
+            return {"tokenURL": f"{str(request.base_url).rstrip('/')}/auth/token"}
+
+        @app.post("/auth/token")
+        async def token(request: Request) -> JSONResponse:
+            # The form by hand: FastAPI's form parsing needs python-multipart.
+            form = {k: v[0] for k, v in parse_qs((await request.body()).decode()).items()}
+            client, secret = _basic(request.headers.get("authorization", ""))
+            client = client or str(form.get("client_id", ""))
+            secret = secret or str(form.get("client_secret", ""))
+            if form.get("grant_type") != "client_credentials":
+                return JSONResponse({"error": "unsupported_grant_type"}, status_code=400)
+            known = self.clients.get(client)
+            if known is None or not secrets.compare_digest(known, secret):
+                return JSONResponse({"error": "invalid_client"}, status_code=401)
+            issued = secrets.token_urlsafe(24)
+            self._tokens[issued] = (client, self.clock.monotonic() + self.token_lifetime_s)
+            self.grants += 1
+            return JSONResponse(
+                {
+                    "access_token": issued,
+                    "token_type": "Bearer",
+                    "expires_in": self.token_lifetime_s,
+                }
+            )
+
+        @app.get("/programs")
+        async def programs(skip: int = 0, limit: int = 50) -> list[dict[str, Any]]:
+            with self._lock:  # the business logic adds from other threads
+                return list(self.programs.values())[skip : skip + limit]
+
+        @app.get("/events")
+        async def events(
+            programID: str | None = None,
+            skip: int = 0,
+            limit: int = 50,
+        ) -> list[dict[str, Any]]:
+            with self._lock:
+                found = [e for e in self.events.values() if programID in (None, e.get("programID"))]
+            return found[skip : skip + limit]
+
+        @app.get("/vens")
+        async def vens(
+            request: Request,
+            venName: str | None = None,
+            skip: int = 0,
+            limit: int = 50,
+        ) -> list[dict[str, Any]]:
+            mine = [
+                v
+                for v in self.vens.values()
+                if v.get("clientID") == request.state.client and venName in (None, v["venName"])
+            ]
+            return mine[skip : skip + limit]
+
+        @app.post("/vens")
+        async def create_ven(request: Request) -> JSONResponse:
+            ven = await self._read(request, Ven)
+            if isinstance(ven, JSONResponse):
+                return ven
+            if ven.object_type != "VEN_VEN_REQUEST":
+                return self._refuse(400, "objectType: a VEN creates a VEN_VEN_REQUEST")
+            stored = self._store(Ven, ven.wire(), "VEN", self.vens)
+            stored["clientID"] = request.state.client
+            self.say(f"VTN: ven {stored['id']} '{stored['venName']}' created")
+            if self._after_registration is not None:  # off this loop: it notifies by HTTP
+                timer = threading.Timer(1.0, self._after_registration)
+                timer.daemon = True
+                timer.start()
+                self._after_registration = None
+            return JSONResponse(stored, status_code=201)
+
+        @app.get("/resources")
+        async def resources(
+            venID: str | None = None,
+            skip: int = 0,
+            limit: int = 50,
+        ) -> list[dict[str, Any]]:
+            with self._lock:
+                found = [r for r in self.resources.values() if venID in (None, r["venID"])]
+            return found[skip : skip + limit]
+
+        @app.post("/resources")
+        async def create_resource(request: Request) -> JSONResponse:
+            resource = await self._read(request, Resource)
+            if isinstance(resource, JSONResponse):
+                return resource
+            if resource.ven_id not in self.vens:
+                return self._refuse(400, f"venID: no ven {resource.ven_id!r}")
+            stored = self._store(Resource, resource.wire(), "RESOURCE", self.resources)
+            return JSONResponse(stored, status_code=201)
+
+        @app.post("/subscriptions")
+        async def subscribe(request: Request) -> JSONResponse:
+            if not self.subscribable:
+                return _problem(403, "subscriptions are not offered by this VTN")
+            subscription = await self._read(request, Subscription)
+            if isinstance(subscription, JSONResponse):
+                return subscription
+            stored = self._store(
+                Subscription, subscription.wire(), "SUBSCRIPTION", self.subscriptions
+            )
+            return JSONResponse(stored, status_code=201)
+
+        @app.delete("/subscriptions/{subscription_id}")
+        async def unsubscribe(subscription_id: str) -> JSONResponse:
+            with self._lock:
+                gone = self.subscriptions.pop(subscription_id, None)
+            if gone is None:
+                return _problem(404, f"no subscription {subscription_id!r}")
+            return JSONResponse(gone)
+
+        @app.post("/reports")
+        async def report(request: Request) -> JSONResponse:
+            report = await self._read(request, Report)
+            if isinstance(report, JSONResponse):
+                return report
+            if report.event_id not in self.events:
+                return self._refuse(400, f"eventID: no event {report.event_id!r}")
+            stored = self._store(Report, report.wire(), "REPORT", {})
+            with self._lock:
+                self.reports.append(stored)
+            self.say(f"VTN: report '{stored.get('reportName')}' for event {report.event_id}")
+            return JSONResponse(stored, status_code=201)
+
+        @app.get("/reports")
+        async def reports() -> list[dict[str, Any]]:
+            return self.reports
+
+        return app
+
+    async def _read(self, request: Request, model: type[Model]) -> Any:
+        try:
+            return model.model_validate(await request.json())
+        except ValidationError as exc:
+            return self._refuse(400, f"not a 3.1 {model.__name__}: {first_error(exc)}")
+        except ValueError:
+            return self._refuse(400, "the body is not JSON")
+
+    def _refuse(self, status: int, detail: str) -> JSONResponse:
+        self.refused.append(detail)
+        self.say(f"VTN: refused a VEN message: {detail}")
+        return _problem(status, detail)
+
+
+_STAMPS = ("id", "objectType", "createdDateTime", "modificationDateTime")
+
+
+def _problem(status: int, detail: str) -> JSONResponse:
+    return JSONResponse(
+        {"type": "about:blank", "title": detail, "status": status, "detail": detail},
+        status_code=status,
+        media_type="application/problem+json",
+    )
+
+
+def _basic(header: str) -> tuple[str, str]:
+    if not header.startswith("Basic "):
+        return "", ""
+    try:
+        client, _, secret = base64.b64decode(header[6:]).decode().partition(":")
+    except ValueError:
+        return "", ""
+    return client, secret
+
+
+def _now(clock: Clock) -> str:
+    return clock.now().astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+__all__ = ["LAB_CLIENT_ID", "LAB_CLIENT_SECRET", "MockVtn31"]
