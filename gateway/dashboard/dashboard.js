@@ -229,33 +229,42 @@ function drawEvents() {
   const site = state.site;
   const active = state.events.find((e) => e.id === site.active_event_id);
   if (active) state.delivered[active.id] = delivered(active, site);
-  const rows = $("events-rows");
-  rows.replaceChildren();
   const sorted = [...state.events].sort((a, b) => b.start.localeCompare(a.start));
-  for (const event of sorted) {
-    const row = document.createElement("tr");
-    row.dataset.eventId = event.id;
-    row.className = event.status;
-    cell(row, event.id);
-    cell(row, event.source);
-    cell(row, event.status, "status");
-    cell(row, clock(event.start));
-    cell(row, clock(event.end));
-    cell(row, num(event.reduction_kw), "requested");
-    cell(row, num(state.delivered[event.id]), "delivered");
-    cell(row, event.opt);
-    cell(row, event.reason || "");
-    const actions = cell(row, "");
-    if (event.status === "pending" || event.status === "active") {
-      const button = document.createElement("button");
-      button.textContent = "Cancel…";
-      button.className = "cancel";
-      button.addEventListener("click", () => cancelEvent(event.id));
-      actions.appendChild(button);
-    }
-    rows.appendChild(row);
-  }
   drawTimeline();
+  // Rows are redrawn only when they change, so a button is not replaced under the pointer.
+  const rows = $("events-rows");
+  const signature = JSON.stringify(sorted);
+  if (rows.dataset.signature !== signature) {
+    rows.dataset.signature = signature;
+    rows.replaceChildren(...sorted.map(eventRow));
+  }
+  for (const row of rows.children) {
+    row.querySelector("td.delivered").textContent = num(state.delivered[row.dataset.eventId]);
+  }
+}
+
+function eventRow(event) {
+  const row = document.createElement("tr");
+  row.dataset.eventId = event.id;
+  row.className = event.status;
+  cell(row, event.id);
+  cell(row, event.source);
+  cell(row, event.status, "status");
+  cell(row, clock(event.start));
+  cell(row, clock(event.end));
+  cell(row, num(event.reduction_kw), "requested");
+  cell(row, "", "delivered");
+  cell(row, event.opt);
+  cell(row, event.reason || "");
+  const actions = cell(row, "");
+  if (event.status === "pending" || event.status === "active") {
+    const button = document.createElement("button");
+    button.textContent = "Cancel…";
+    button.className = "cancel";
+    button.addEventListener("click", () => cancelEvent(event.id));
+    actions.appendChild(button);
+  }
+  return row;
 }
 
 function drawTimeline() {
