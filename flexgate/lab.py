@@ -220,6 +220,7 @@ def run_event(
             tracking=tracking,
         )
         url = stack.enter_context(ServerThread(create_app(settings)))
+        console.print(f"dashboard: {url}/ (API token {LAB_API_TOKEN})")
         api = stack.enter_context(
             httpx.Client(
                 base_url=url, timeout=20, headers={"Authorization": f"Bearer {LAB_API_TOKEN}"}

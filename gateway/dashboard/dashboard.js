@@ -130,6 +130,17 @@ function niceTicks(lo, hi, count) {
   return ticks;
 }
 
+const TIME_STEPS_S = [10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200];
+
+function xTicks(xDomain, count = 6) {
+  if (!xDomain.time) return niceTicks(xDomain[0], xDomain[1], count);
+  const wanted = (xDomain[1] - xDomain[0]) / count;
+  const step = TIME_STEPS_S.find((s) => s >= wanted) || 3 * 3600;
+  const ticks = [];
+  for (let t = Math.ceil(xDomain[0] / step) * step; t <= xDomain[1]; t += step) ticks.push(t);
+  return ticks;
+}
+
 // series: [{cls, points: [[x, y], ...]}]; vlines: [{cls, x}]; xLabel(x) formats the x axis.
 function lineChart(svg, { series, xDomain, yDomain, xLabel, vlines = [], marks = [] }) {
   const [, , width, height] = svg.getAttribute("viewBox").split(" ").map(Number);
@@ -140,7 +151,7 @@ function lineChart(svg, { series, xDomain, yDomain, xLabel, vlines = [], marks =
     svg.appendChild(svgNode("line", { x1: PAD.left, x2: width - PAD.right, y1: y(v), y2: y(v), class: "grid" }));
     svg.appendChild(svgNode("text", { x: PAD.left - 6, y: y(v) + 4, class: "tick end" }, num(v, v % 1 ? 1 : 0)));
   }
-  for (const v of niceTicks(xDomain[0], xDomain[1], 6)) {
+  for (const v of xTicks(xDomain)) {
     svg.appendChild(svgNode("text", { x: x(v), y: height - 6, class: "tick middle" }, xLabel(v)));
   }
   for (const line of vlines) {
@@ -165,9 +176,26 @@ function span(values, floor) {
   return [floor !== undefined && lo >= floor ? floor : lo - margin, hi + margin];
 }
 
+function timeDomain(from, to) {
+  const domain = [from, to];
+  domain.time = true; // ticks on whole seconds, minutes or hours
+  return domain;
+}
+
+function timeLabel(seconds) {
+  const parts = { hour12: false, hour: "2-digit", minute: "2-digit" };
+  if (seconds <= 600) parts.second = "2-digit";
+  return (t) => new Date(t * 1000).toLocaleTimeString([], parts);
+}
+
 function timeAxis(seconds) {
   const now = Date.now() / 1000;
-  return { xDomain: [now - seconds, now], xLabel: (t) => new Date(t * 1000).toLocaleTimeString([], { hour12: false, hour: "2-digit", minute: "2-digit" }) };
+  return { xDomain: timeDomain(now - seconds, now), xLabel: timeLabel(seconds) };
+}
+
+function emptyNote(svg, note) {
+  const [, , width, height] = svg.getAttribute("viewBox").split(" ").map(Number);
+  svg.appendChild(svgNode("text", { x: width / 2, y: height / 2, class: "tick middle" }, note));
 }
 
 // ---- panels ------------------------------------------------------------------------------
@@ -247,7 +275,7 @@ function eventRow(event) {
   const row = document.createElement("tr");
   row.dataset.eventId = event.id;
   row.className = event.status;
-  cell(row, event.id);
+  cell(row, event.id, "id");
   cell(row, event.source);
   cell(row, event.status, "status");
   cell(row, clock(event.start));
@@ -270,7 +298,7 @@ function eventRow(event) {
 function drawTimeline() {
   const seconds = Number($("span").value);
   const now = Date.now() / 1000;
-  const xDomain = [now - seconds, now + seconds / 3];
+  const xDomain = timeDomain(now - seconds, now + seconds / 3);
   const shown = state.events.filter((e) => new Date(e.end).getTime() / 1000 > xDomain[0]);
   const svg = $("events-chart");
   const lanes = Math.max(1, Math.min(4, shown.length));
@@ -287,7 +315,7 @@ function drawTimeline() {
   lineChart(svg, {
     xDomain,
     yDomain: [0, 1],
-    xLabel: timeAxis(seconds).xLabel,
+    xLabel: timeLabel(seconds),
     series: [],
     vlines: [{ cls: "now", x: now }],
     marks,
@@ -400,6 +428,7 @@ function drawSync() {
     yDomain: [0, 1],
     series: [["meter", "r1"], ["model", "r2"], ["target", "r3"]].map(([cls, key]) => ({ cls, points: shown.map((p) => [p.t, p[key]]) })),
   });
+  if (shown.length === 0) emptyNote($("sync-chart"), "no job has reported a phase yet");
 }
 
 function drawQuote(quote) {
