@@ -23,6 +23,7 @@ const state = {
   delivered: {}, // event id -> the last kW delivered at the meter this page saw
   sortKey: "id",
   sortUp: true,
+  quoteWindowS: null, // the window of the last quote asked on the page; the curve follows it
 };
 
 const $ = (id) => document.getElementById(id);
@@ -498,7 +499,10 @@ async function poll() {
   try {
     const planChanged = await fast();
     if (planChanged || state.round % SLOW_EVERY === 0) await slow();
-    if (state.round % QUOTE_EVERY === 0) drawQuote(await api("/v1/quotes", { method: "POST", body: {} }));
+    if (state.round % QUOTE_EVERY === 0) {
+      const body = state.quoteWindowS === null ? {} : { window_s: state.quoteWindowS };
+      drawQuote(await api("/v1/quotes", { method: "POST", body }));
+    }
     state.round += 1;
     setText("status", "live");
     setText("updated", new Date().toLocaleTimeString([], { hour12: false }));
@@ -560,6 +564,7 @@ async function askQuote(submit) {
   };
   try {
     const quote = await api("/v1/quotes", { method: "POST", body });
+    state.quoteWindowS = quote.window_s;
     drawQuote(quote);
     const loss = quote.requested_throughput_loss;
     setText("quote-result", quote.requested_feasible

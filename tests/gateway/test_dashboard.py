@@ -88,15 +88,15 @@ def event_row(driver, event_id: str):
     return rows[0] if rows else None
 
 
-def row_status(driver, event_id: str) -> str | None:
-    """The event's status on the page, None while its row is missing or being redrawn."""
-    from selenium.common.exceptions import StaleElementReferenceException
+def css_text(driver, selector: str) -> str | None:
+    """The text of the first element matching `selector`, None without one; read in one
+    script, so a table redrawn meanwhile cannot leave a stale element behind."""
+    script = "const e = document.querySelector(arguments[0]); return e ? e.textContent : null"
+    return driver.execute_script(script, selector)
 
-    try:
-        row = event_row(driver, event_id)
-        return row.find_element("css selector", "td.status").text if row else None
-    except StaleElementReferenceException:
-        return None
+
+def row_status(driver, event_id: str) -> str | None:
+    return css_text(driver, f'#events-rows tr[data-event-id="{event_id}"] td.status')
 
 
 def create_event(api: httpx.Client, reduction_kw: float = 5.0, duration_s: float = 300) -> dict:
@@ -189,32 +189,42 @@ def test_the_page_shows_what_the_api_says_without_console_errors(tmp_path, brows
         plan = site.api.get(f"/v1/plans/{plan_id}").json()
         caps = {j["id"]: j["cap_w"] for j in plan["jobs"]}
 
-        def cap_shown(job_id: str) -> str:
-            row = browser.find_element("css selector", f'#jobs-rows tr[data-job-id="{job_id}"]')
-            return row.find_element("css selector", "td.cap").text
-
         for job in jobs:
+            row = f'#jobs-rows tr[data-job-id="{job["id"]}"]'
             wait_for(
-                lambda job=job: cap_shown(job["id"]) == f"{caps[job['id']]:.1f}",
+                lambda row=row, job=job: (
+                    css_text(browser, f"{row} td.cap") == f"{caps[job['id']]:.1f}"
+                ),
                 f"{job['id']}'s cap",
                 ONE_UPDATE_S * 3,
             )
-            row = browser.find_element("css selector", f'#jobs-rows tr[data-job-id="{job["id"]}"]')
-            assert row.find_element("css selector", "td.pfi").text == f"{job['pfi']:.2f}"
+            assert css_text(browser, f"{row} td.pfi") == f"{job['pfi']:.2f}"
+
+        # Sortable: a heading sorts by its column, a second click reverses.
+        def job_order() -> list[str]:
+            script = (
+                "return [...document.querySelectorAll('#jobs-rows tr')].map(r => r.dataset.jobId)"
+            )
+            return browser.execute_script(script)
+
+        by_pfi = [j["id"] for j in sorted(jobs, key=lambda j: j["pfi"])]
+        browser.find_element("css selector", '#jobs th[data-key="pfi"]').click()
+        assert job_order() == by_pfi
+        browser.find_element("css selector", '#jobs th[data-key="pfi"]').click()
+        assert job_order() == by_pfi[::-1]
 
         nodes = site.api.get("/v1/nodes").json()["nodes"]
         for node in nodes:
-            row = browser.find_element(
-                "css selector", f'#nodes-rows tr[data-node="{node["node"]}"]'
+            assert (
+                css_text(browser, f'#nodes-rows tr[data-node="{node["node"]}"] td.reachable')
+                == "yes"
             )
-            assert row.find_element("css selector", "td.reachable").text == "yes"
         sync = site.api.get("/v1/sync").json()
         assert text(browser, "sync-verdict") == sync["verdict"]
         for loop in sync["loops"]:
-            row = browser.find_element(
-                "css selector", f'#loops-rows tr[data-loop="{loop["name"]}"]'
-            )
-            assert row.find_element("css selector", "td.delay").text == f"{loop['delay_s']:.3f}"
+            row = f'#loops-rows tr[data-loop="{loop["name"]}"]'
+            assert css_text(browser, f"{row} td.delay") == f"{loop['delay_s']:.3f}"
+            assert css_text(browser, f"{row} td.verdict") == loop["verdict"]
 
         quote = site.api.post("/v1/quotes", json={}).json()
         assert shown(browser, "flex-expected-kw", "the quote") == f"{quote['achievable_kw']:.1f}"
@@ -298,6 +308,16 @@ def test_a_bad_form_value_shows_the_apis_error_and_changes_nothing(tmp_path, bro
         )
         assert "window_s" in text(browser, "error")
         assert text(browser, "quote-result") == ""
+
+        window.clear()
+        window.send_keys("1800")
+        browser.find_element("css selector", "#quote-form button[type=submit]").click()
+        asked = {"reduction_kw": 10, "window_s": 1800}
+        quote = site.api.post("/v1/quotes", json=asked).json()
+        answer = f"costs {quote['requested_throughput_loss']:.0f} throughput"
+        wait_for(lambda: answer in text(browser, "quote-result"), "the quote", ONE_UPDATE_S)
+        assert "10 kW for 1800 s: feasible" in text(browser, "quote-result")
+        assert text(browser, "flex-window-s") == "1800"
 
         # A good value goes through, and the page says what came back.
         reduction.clear()
