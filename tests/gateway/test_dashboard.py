@@ -138,6 +138,7 @@ def test_the_page_and_its_assets_are_served_locally(tmp_path):
             assert answer.status_code == 200
             assert answer.headers["content-type"].startswith(kind)
         assert "http://" not in page.text
+        assert page.headers["content-security-policy"].startswith("default-src 'self'")
         assert "https://" not in page.text  # no CDN: everything comes from the gateway
         missing = site.api.get("/dashboard/secrets.env")
         assert missing.status_code == 404

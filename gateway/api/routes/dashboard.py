@@ -20,8 +20,13 @@ MEDIA_TYPES = {
     "dashboard.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
 }
-#: A browser asks again each load (cheap: a few kB), so an upgraded gateway serves its new page.
-CACHE = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
+HEADERS = {
+    # A browser asks again each load (a few kB), so an upgraded gateway serves its new page.
+    "Cache-Control": "no-cache",
+    "X-Content-Type-Options": "nosniff",
+    # Only the gateway's own files and API: the browser itself refuses anything else.
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+}
 
 router = APIRouter(include_in_schema=False)
 
@@ -34,7 +39,7 @@ def _read(name: str) -> bytes:
 def _asset(name: str) -> Response:
     if name not in MEDIA_TYPES:
         raise NotFoundError(f"no dashboard asset '{name}'")
-    return Response(_read(name), media_type=MEDIA_TYPES[name], headers=CACHE)
+    return Response(_read(name), media_type=MEDIA_TYPES[name], headers=HEADERS)
 
 
 @router.get("/")
