@@ -149,14 +149,18 @@ function lineChart(svg, { series, xDomain, yDomain, xLabel, vlines = [], marks =
   const x = scale(xDomain, [PAD.left, width - PAD.right]);
   const y = scale(yDomain, [height - PAD.bottom, PAD.top]);
   for (const v of niceTicks(yDomain[0], yDomain[1], 4)) {
-    svg.appendChild(svgNode("line", { x1: PAD.left, x2: width - PAD.right, y1: y(v), y2: y(v), class: "grid" }));
-    svg.appendChild(svgNode("text", { x: PAD.left - 6, y: y(v) + 4, class: "tick end" }, num(v, v % 1 ? 1 : 0)));
+    const [left, right] = [PAD.left, width - PAD.right];
+    svg.appendChild(svgNode("line", { x1: left, x2: right, y1: y(v), y2: y(v), class: "grid" }));
+    const label = num(v, v % 1 ? 1 : 0);
+    svg.appendChild(svgNode("text", { x: left - 6, y: y(v) + 4, class: "tick end" }, label));
   }
   for (const v of xTicks(xDomain)) {
     svg.appendChild(svgNode("text", { x: x(v), y: height - 6, class: "tick middle" }, xLabel(v)));
   }
   for (const line of vlines) {
-    svg.appendChild(svgNode("line", { x1: x(line.x), x2: x(line.x), y1: PAD.top, y2: height - PAD.bottom, class: `v ${line.cls}` }));
+    const at = x(line.x);
+    const bottom = height - PAD.bottom;
+    svg.appendChild(svgNode("line", { x1: at, x2: at, y1: PAD.top, y2: bottom, class: `v ${line.cls}` }));
   }
   for (const s of series) {
     const points = s.points.filter(([, v]) => v !== null && v !== undefined);
@@ -218,7 +222,8 @@ function drawSite() {
   const site = state.site;
   const loop = site.tracking || {};
   setText("site-meter-kw", num(site.meter.facility_power_kw));
-  setText("site-meter-source", `${site.meter.source}${site.meter.fault ? `, fault: ${site.meter.fault}` : ""}`);
+  const fault = site.meter.fault ? `, fault: ${site.meter.fault}` : "";
+  setText("site-meter-source", `${site.meter.source}${fault}`);
   setText("site-model-kw", num(modelKw(site)));
   setText("site-target-kw", loop.active ? num(loop.target_facility_kw) : "–");
   setText("site-baseline-kw", num(site.baseline_facility_kw));
@@ -228,7 +233,8 @@ function drawSite() {
   setText("loop-measured-kw", num(loop.measured_facility_kw));
   setText("loop-error-kw", num(loop.error_kw));
   setText("loop-correction-kw", num(loop.correction_kw));
-  setText("loop-verdict", loop.active ? `${loop.verdict || "–"}${loop.reason ? ` (${loop.reason})` : ""}` : "idle");
+  const why = loop.reason ? ` (${loop.reason})` : "";
+  setText("loop-verdict", loop.active ? `${loop.verdict || "–"}${why}` : "idle");
 
   const seconds = Number($("span").value);
   const axis = timeAxis(seconds);
@@ -310,7 +316,8 @@ function drawTimeline() {
     const top = y(1 - (i % lanes) / lanes);
     const height = (y(0) - y(1)) / lanes - 2;
     g.appendChild(svgNode("rect", { x: x0, y: top, width: Math.max(2, x1 - x0), height }));
-    g.appendChild(svgNode("text", { x: x0 + 4, y: top + height / 2 + 4 }, `${event.id} ${num(event.reduction_kw)} kW ${event.status}`));
+    const label = `${event.id} ${num(event.reduction_kw)} kW ${event.status}`;
+    g.appendChild(svgNode("text", { x: x0 + 4, y: top + height / 2 + 4 }, label));
     return g;
   });
   lineChart(svg, {
@@ -391,7 +398,11 @@ function drawNodes() {
     const command = commands.get(node.node);
     const caps = new Map(((command && command.caps) || []).map((c) => [c.gpu, c.cap_w]));
     const enforced = new Map(((command && command.enforced) || []).map((c) => [c.gpu, c.enforced_w]));
-    const gpus = node.gpus.map((g) => `${g.index}: ${num(g.power_w, 0)} / ${caps.has(g.index) ? num(caps.get(g.index), 0) : "none"} / ${enforced.has(g.index) ? num(enforced.get(g.index), 0) : "–"}`);
+    const gpus = node.gpus.map((g) => {
+      const cap = caps.has(g.index) ? num(caps.get(g.index), 0) : "none";
+      const limit = enforced.has(g.index) ? num(enforced.get(g.index), 0) : "–";
+      return `${g.index}: ${num(g.power_w, 0)} / ${cap} / ${limit}`;
+    });
     cell(row, gpus.join("  ·  ") || "no telemetry", "gpus");
     body.appendChild(row);
   }
@@ -427,7 +438,10 @@ function drawSync() {
   lineChart($("sync-chart"), {
     ...axis,
     yDomain: [0, 1],
-    series: [["meter", "r1"], ["model", "r2"], ["target", "r3"]].map(([cls, key]) => ({ cls, points: shown.map((p) => [p.t, p[key]]) })),
+    series: [["meter", "r1"], ["model", "r2"], ["target", "r3"]].map(([cls, key]) => ({
+      cls,
+      points: shown.map((p) => [p.t, p[key]]),
+    })),
   });
   if (shown.length === 0) emptyNote($("sync-chart"), "no job has reported a phase yet");
 }
@@ -566,10 +580,10 @@ async function askQuote(submit) {
     const quote = await api("/v1/quotes", { method: "POST", body });
     state.quoteWindowS = quote.window_s;
     drawQuote(quote);
-    const loss = quote.requested_throughput_loss;
+    const asked = `${body.reduction_kw} kW for ${body.window_s} s`;
     setText("quote-result", quote.requested_feasible
-      ? `${body.reduction_kw} kW for ${body.window_s} s: feasible, costs ${num(loss, 0)} throughput`
-      : `${body.reduction_kw} kW for ${body.window_s} s: not feasible (at most ${num(quote.achievable_kw)} kW)`);
+      ? `${asked}: feasible, costs ${num(quote.requested_throughput_loss, 0)} throughput`
+      : `${asked}: not feasible (at most ${num(quote.achievable_kw)} kW)`);
     showError("");
   } catch (error) {
     setText("quote-result", "");
@@ -593,19 +607,28 @@ function forgetToken() {
   $("token").placeholder = "read or API token";
 }
 
+function redrawCharts() {
+  if (state.site) {
+    drawSite();
+    drawEvents();
+  }
+  if (state.sync) drawSync();
+}
+
 function start() {
   $("token-form").addEventListener("submit", useToken);
   $("forget").addEventListener("click", forgetToken);
   $("event-form").addEventListener("submit", createEvent);
   $("quote-form").addEventListener("submit", askQuote);
-  $("span").addEventListener("change", () => { if (state.site) { drawSite(); drawEvents(); } if (state.sync) drawSync(); });
+  $("span").addEventListener("change", redrawCharts);
   document.querySelectorAll("#jobs th").forEach((th) => th.addEventListener("click", () => {
     state.sortUp = state.sortKey === th.dataset.key ? !state.sortUp : true;
     state.sortKey = th.dataset.key;
     drawJobs();
   }));
   if (state.token) $("token").placeholder = "token set for this tab";
-  setText("poll-note", `site and events every ${FAST_S} s, jobs, nodes and sync every ${FAST_S * SLOW_EVERY} s, the supply curve every ${FAST_S * QUOTE_EVERY} s`);
+  setText("poll-note", `site and events every ${FAST_S} s, jobs, nodes and sync every `
+    + `${FAST_S * SLOW_EVERY} s, the supply curve every ${FAST_S * QUOTE_EVERY} s`);
   poll();
 }
 
