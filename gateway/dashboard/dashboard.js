@@ -518,6 +518,7 @@ async function poll() {
       drawQuote(await api("/v1/quotes", { method: "POST", body }));
     }
     state.round += 1;
+    document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
     setText("status", "live");
     setText("updated", new Date().toLocaleTimeString([], { hour12: false }));
     showError("");
