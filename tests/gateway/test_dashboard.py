@@ -219,6 +219,16 @@ def test_the_page_shows_what_the_api_says_without_console_errors(tmp_path, brows
         browser.find_element("css selector", '#jobs th[data-key="pfi"]').click()
         assert job_order() == by_pfi[::-1]
 
+        # Per GPU: the cap sent and the limit the agent read back (the plan's `enforced`).
+        assert any(command["caps"] for command in plan["commands"])
+        for command in plan["commands"]:
+            enforced = {e["gpu"]: e["enforced_w"] for e in command["enforced"]}
+            limits = site.limits()[command["node"]]
+            gpus = css_text(browser, f'#nodes-rows tr[data-node="{command["node"]}"] td.gpus')
+            for cap in command["caps"]:
+                assert enforced[cap["gpu"]] == pytest.approx(limits[cap["gpu"]])
+                assert f" / {cap['cap_w']:.0f} / {enforced[cap['gpu']]:.0f}" in gpus, gpus
+
         nodes = site.api.get("/v1/nodes").json()["nodes"]
         for node in nodes:
             assert (
