@@ -222,6 +222,7 @@ def run_event(
             **vtn_settings,
         )
         url = stack.enter_context(ServerThread(create_app(settings), port=port))
+        console.print(f"dashboard: {url}/ (API token {LAB_API_TOKEN})")
         api = stack.enter_context(
             httpx.Client(
                 base_url=url, timeout=20, headers={"Authorization": f"Bearer {LAB_API_TOKEN}"}

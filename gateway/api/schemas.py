@@ -143,6 +143,12 @@ class Cap(BaseModel):
     cap_w: float
 
 
+class EnforcedCap(BaseModel):
+    gpu: int
+    enforced_w: float | None
+    clamped: bool
+
+
 class NodeCommand(BaseModel):
     """The caps sent to one node and its last answer (`pending` until the first)."""
 
@@ -155,6 +161,9 @@ class NodeCommand(BaseModel):
     acked_at: str | None = None
     delay_s: float | None = None
     error: str | None = None
+    enforced: list[EnforcedCap] = Field(
+        default_factory=list, description="per GPU, the limit the agent read back in its answer"
+    )
 
 
 class Plan(_Open):

@@ -224,6 +224,10 @@ class Targets:
                 "acked_at": iso(c.acked_at),
                 "delay_s": c.delay_s,
                 "error": c.error,
+                "enforced": [
+                    {"gpu": r["gpu"], "enforced_w": r["enforced_w"], "clamped": r["clamped"]}
+                    for r in (c.answer or {}).get("results", [])
+                ],
             }
             for c in commands
         }

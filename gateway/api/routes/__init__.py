@@ -1,5 +1,13 @@
 """The gateway's HTTP API, one module per resource. Routes stay thin: they call services."""
 
-from gateway.api.routes import events, health, jobs, plans, quotes, site
+from gateway.api.routes import dashboard, events, health, jobs, plans, quotes, site
 
-routers = [health.router, site.router, jobs.router, quotes.router, events.router, plans.router]
+routers = [
+    health.router,
+    site.router,
+    jobs.router,
+    quotes.router,
+    events.router,
+    plans.router,
+    dashboard.router,
+]
