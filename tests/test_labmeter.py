@@ -121,7 +121,9 @@ def test_the_calibration_recovers_the_lab_sites_true_overhead_factor(agents):
     gpu_kw, facility_kw = asyncio.run(sample())
     fit = fit_overhead(gpu_kw, facility_kw, period_s=1.0, window_s=10.0, settle_s=40.0)
     assert isinstance(fit, OverheadCalibration), fit
-    assert fit.points >= 7
+    # Of the nine steps at least six stand out from the jobs' own swing: the halves of a
+    # job on several nodes swing together (one job, one phase), as they do on a real site.
+    assert fit.points >= 6
     assert abs(fit.k - K) < 5 * fit.k_stderr
     assert abs(fit.static_kw - STATIC_KW) < 5 * fit.static_stderr_kw
     assert np.polyfit(gpu_kw, facility_kw, 1)[0] < K - 10 * fit.k_stderr

@@ -239,10 +239,11 @@ def test_the_page_shows_what_the_api_says_without_console_errors(tmp_path, brows
         assert text(browser, "sync-verdict") == sync["verdict"]
         for loop in sync["loops"]:
             row = f'#loops-rows tr[data-loop="{loop["name"]}"]'
-            # A measured delay moves between the page's read and this one: the same value to
-            # within a dispatch's jitter, at the precision shown.
+            # A measured delay moves between the page's read and this one (each re-plan's
+            # dispatch is measured anew): both hold the fixed reconciliation period and agree to
+            # within a loaded machine's dispatch jitter.
             shown_s = float(css_text(browser, f"{row} td.delay"))
-            assert shown_s == pytest.approx(loop["delay_s"], abs=0.1)
+            assert shown_s == pytest.approx(loop["delay_s"], abs=0.5)
             assert css_text(browser, f"{row} td.verdict") == loop["verdict"]
 
         quote = site.api.post("/v1/quotes", json={}).json()
