@@ -180,7 +180,7 @@ def _remove_line(x: Array, valid: NDArray[np.bool_]) -> Array:
 def _drift(x: Array, valid: NDArray[np.bool_], lag: float) -> Array:
     """Slow drift [W, mean 0] at every sample: means over whole periods hold no waveform, and
     their running median over `DRIFT_BLOCKS` periods is robust to the pauses among them."""
-    width = max(int(round(lag)), 1)
+    width = max(round(lag), 1)
     blocks = x.size // width
     if blocks < 3:
         return np.zeros_like(x)

@@ -1,4 +1,4 @@
-"""The waveform estimator on traces with real jobs' irregularity (tests/flexmodel/synthetic_traces.py)."""
+"""The waveform estimator on traces with real jobs' irregularity (synthetic_traces.py)."""
 
 import numpy as np
 import pytest
