@@ -208,11 +208,13 @@ def _pauses(
     """Samples in runs at one level longer than `PAUSE_PERIODS` periods of `lag` samples.
 
     Without a period, the typical iteration is the median high run plus the median low run:
-    pauses are too rare to move a median.
+    pauses are too rare to move a median. A run is cut where a gap in the samples longer
+    than a tenth of a period hides what happened (a phase may have been lost in it).
     """
     index = np.flatnonzero(valid)
     labels = ndimage.median_filter(high[index].astype(np.uint8), size=3, mode="nearest")
-    edges = np.flatnonzero(np.diff(labels)) + 1
+    gap = max(3.0, 0.1 * lag) if lag is not None else 3.0
+    edges = np.flatnonzero((np.diff(labels) != 0) | (np.diff(index) > gap)) + 1
     starts = np.concatenate([[0], edges])
     ends = np.concatenate([edges, [labels.size]]) - 1
     lengths = index[ends] - index[starts] + 1
