@@ -89,16 +89,18 @@ def analyse_trace(
             f"(it must cover {PERIODS_COVERED:g} of them)"
         )
     valid = np.isfinite(x)
+    found: Waveform | None = None
+    phase_rad: float | None = None
+    why: str | None = None
     try:
         found = estimate_waveform(x, dt, min_period_s=shortest, max_period_s=longest)
     except NoPeriodError as exc:
-        found, phase_rad, why = None, None, str(exc)
-    else:
+        why = str(exc)
+    if found is not None:
         index = np.arange(x.size)
         filled = np.interp(index, index[valid], x[valid])
         phase = estimate_phase(filled, dt, found.period_s)
         phase_rad = None if phase is None else phase_at_end(phase, grid, found.period_s)
-        why = None
     return TraceAnalysis(
         samples=int(np.asarray(times_s).size),
         span_s=span,
