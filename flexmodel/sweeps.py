@@ -38,6 +38,8 @@ MAX_NOISE = 0.02
 #: A cap binds when it lowers throughput by more than this many standard deviations of the
 #: difference of two points (each with the noise): about 1.4% at the default noise.
 BINDING_SIGMAS = 2.0
+#: Even without noise, a cap binds only where it lowered throughput by more than this.
+_LEAST_LOSS = 1e-9
 
 Point = tuple[float, float, float]
 
@@ -102,7 +104,8 @@ def fit_sweep(
     for label, col in (("power_w", power), ("throughput", thr)):
         _refuse_rise(caps, col, margin, label, name, sigma)
     loss = 1.0 - thr / thr[-1]
-    kept = loss > margin
+    # The fit's loss too: Eq. 1 runs on the fit, and must never divide by nothing.
+    kept = (loss > max(margin, _LEAST_LOSS)) & (1.0 - fit_thr / fit_thr[-1] > _LEAST_LOSS)
     kept[-1] = True
     aside = tuple(
         SetAside(

@@ -168,3 +168,11 @@ def test_a_sweep_within_the_noise_is_never_refused_and_its_fit_is_monotone(caps,
     assert np.all(np.diff(sweep.fit_throughput) >= 0)
     assert sweep.kept[-1]
     assert len(sweep.set_aside) + len(sweep.grid_w) == len(caps)
+
+
+def test_without_noise_every_slowed_point_counts():
+    sweep = fit_sweep([*EXAMPLE, (650, 595.0, 21800.0 * (1 - 0.0005))], noise=0.0)
+    assert sweep.set_aside == ()
+    assert sweep.pfi > 3  # the study's Eq. 1, division by 0.05% and all
+    with pytest.raises(InvalidSweepError, match="noise must be a fraction"):
+        fit_sweep(EXAMPLE, noise=1.5)
