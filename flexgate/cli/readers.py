@@ -120,7 +120,8 @@ def read_trace(path: Path) -> tuple[list[float], list[float]]:
             t, p = (_finite(row.get(c), c, where) for c in TRACE_COLUMNS)
             if times and t <= times[-1]:
                 raise BadInputError(
-                    f"{where}: t_s {t:g} does not follow {times[-1]:g} (times must increase)"
+                    f"{where}: t_s {t:g} does not follow {times[-1]:g} (times must increase: "
+                    "one GPU, or one job's mean, per file)"
                 )
             if p < 0:
                 raise BadInputError(f"{where}: power_w must be at least 0, got {p:g}")
