@@ -14,6 +14,8 @@ import math
 import zlib
 from dataclasses import dataclass
 
+from agents.errors import InvalidSetupError
+
 #: An iteration's boundary moves at most this far (in iterations), so boundaries keep order.
 _MAX_SHIFT = 0.45
 
@@ -29,11 +31,11 @@ class Irregularity:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.jitter <= 0.3:
-            raise ValueError(f"jitter must be from 0 to 0.3, got {self.jitter:g}")
+            raise InvalidSetupError(f"jitter must be from 0 to 0.3, got {self.jitter:g}")
         if self.pause_every < 0 or self.pause_periods < 0:
-            raise ValueError("pause_every and pause_periods must be at least 0")
+            raise InvalidSetupError("pause_every and pause_periods must be at least 0")
         if self.drift_period_s <= 0:
-            raise ValueError("drift_period_s must be positive")
+            raise InvalidSetupError("drift_period_s must be positive")
 
     @property
     def regular(self) -> bool:

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from agents.errors import InvalidSetupError
 from agents.irregularity import Irregularity
 from agents.simulated import SimulatedBackend
 from agents.telemetry import Sampler
@@ -182,5 +183,5 @@ def test_an_irregular_job_iterates_alike_on_every_node_it_spans():
     ],
 )
 def test_impossible_irregularity_is_refused(options, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(InvalidSetupError, match=message):
         Irregularity(**options)
