@@ -13,6 +13,10 @@ it with a first-order lag (`firmware_s`, 30 ms). Power readings are instantaneou
 Gaussian noise. GPUs with no job draw `IDLE_W`. The clock is passed in (monotonic seconds), so
 tests can drive time. A job's phase is one across the nodes it spans (`job_phase`), as the GPUs
 of one synchronous job iterate together.
+
+`irregularity` (`agents.irregularity.Irregularity`, off by default) gives the jobs real jobs'
+iteration jitter, periodic pauses and slow drift, for testing what reads their power; the
+mean power and throughput a cap leaves are then no longer exactly the curve's.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import numpy as np
 
 from agents.backend import Constraints
 from agents.errors import BackendError, InvalidSetupError
+from agents.irregularity import Irregularity
 from flexmodel.curves import Curves, operating_point, waveform_levels
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.jobs import Job, JobMix
@@ -93,12 +98,14 @@ class SimulatedBackend:
         noise_w: float = 5.0,
         seed: int = 0,
         firmware_s: float = FIRMWARE_S,
+        irregularity: Irregularity | None = None,
     ) -> None:
         if gpus < 1:
             raise InvalidSetupError("a simulated node needs at least one GPU")
         self._clock = clock
         self._noise_w = noise_w
         self._firmware_s = firmware_s
+        self._irregular = irregularity if irregularity and not irregularity.regular else None
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
         self.node_id = node_id
@@ -185,9 +192,20 @@ class SimulatedBackend:
         self._pace(job)
         lag = math.exp(-(now - gpu.changed_at) / self._firmware_s) if self._firmware_s else 0.0
         clip = gpu.limit_w + (gpu.previous_w - gpu.limit_w) * lag
-        cycle = (job.phase0 + job.rate_hz * (now - job.t0)) % 1.0
-        level = job.compute_w if cycle < job.compute_share else job.comm_w
-        return min(min(clip, level) * job.scale, clip)  # the firmware never lets it past the cap
+        phase = job.phase0 + job.rate_hz * (now - job.t0)
+        if self._irregular is None:
+            cycle: float | None = phase % 1.0
+            drift = 0.0
+        else:
+            cycle = self._irregular.position(zlib.crc32(job.id.encode()), phase)
+            drift = self._irregular.drift_at(now)
+        if cycle is None:  # a pause
+            pause_w = self._irregular.pause_w if self._irregular else None
+            level = job.comm_w if pause_w is None else pause_w
+        else:
+            level = job.compute_w if cycle < job.compute_share else job.comm_w
+        # the firmware never lets it past the cap
+        return min(min(clip, level) * job.scale + drift, clip)
 
     # --- GpuBackend ------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
     FlexModelError            every error flexmodel raises (a ValueError)
     ├── InvalidJobError       a job or job mix that cannot be modelled
-    └── InvalidSweepError     a measured sweep that cannot be used
+    ├── InvalidSweepError     a measured sweep that cannot be used
+    └── NoPeriodError         a power trace with no clear iteration period (an answer, not a fault)
 
 Messages name the job, field or row at fault, so callers can show them unchanged.
 """
@@ -18,3 +19,7 @@ class InvalidJobError(FlexModelError):
 
 class InvalidSweepError(FlexModelError):
     """A measured sweep cannot give a PFI or a curve."""
+
+
+class NoPeriodError(FlexModelError):
+    """A power trace shows no clear iteration period: say so, never invent one."""

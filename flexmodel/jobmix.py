@@ -15,7 +15,6 @@ import json
 import math
 from typing import Any
 
-from flexmodel.curves import sweep_curve
 from flexmodel.errors import FlexModelError, InvalidJobError
 from flexmodel.jobs import (
     DEFAULT_COMM_POWER_FRACTION,
@@ -222,7 +221,7 @@ def _check_sweep(job: Job, where: str) -> None:
                     f"states {stated:g}"
                 )
     try:
-        sweep_curve(job.full_sweep, period_s=job.period_s, name=f"{where} sweep")
+        job.measured_sweep  # noqa: B018 - the one rule for sweeps (flexmodel.sweeps)
     except FlexModelError as exc:
         raise InvalidJobError(str(exc)) from exc
 

@@ -15,16 +15,17 @@ from functools import cached_property
 import numpy as np
 from numpy.typing import ArrayLike
 
-from flexmodel.curves import Array, Curves, FamilyShape, family_curves, stack, sweep_curve
+from flexmodel.curves import Array, Curves, FamilyShape, family_curves, stack
+from flexmodel.errors import InvalidSweepError
 from flexmodel.pfi import (
     DEFAULT_PFI,
     DEFAULT_PFI_STDERR,
     default_grid_w,
     grid_matrix,
-    pfi_of_sweep,
     solve_insensitive_share,
 )
 from flexmodel.problem import AllocationProblem, build_problem
+from flexmodel.sweeps import MeasuredSweep, fit_sweep
 
 #: H200 limits; other GPUs set `min_cap_w` and `max_cap_w` per job.
 DEFAULT_MIN_CAP_W = 200.0
@@ -92,8 +93,19 @@ class Job:
         if self.pfi is not None:
             return self.pfi
         if self.sweep is not None:
-            return pfi_of_sweep(self.full_sweep, f"job '{self.id}' sweep").pfi
+            pfi = self.measured_sweep.pfi
+            if pfi is None:
+                raise InvalidSweepError(
+                    f"job '{self.id}' sweep: no cap slowed the job beyond the measurement "
+                    "noise, so it has no PFI (Eq. 1 divides by the throughput lost)"
+                )
+            return pfi
         return DEFAULT_PFI
+
+    @cached_property
+    def measured_sweep(self) -> MeasuredSweep:
+        """The job's sweep read by the one rule (`flexmodel.sweeps.fit_sweep`)."""
+        return fit_sweep(self.full_sweep, name=f"job '{self.id}' sweep")
 
     @property
     def pfi_error(self) -> float:
@@ -213,7 +225,7 @@ def job_curves(jobs: tuple[Job, ...] | list[Job], pfi: Array | None = None) -> C
         chosen = None if pfi is None else np.asarray(pfi, dtype=float)[family]
         parts.append(_family_table([jobs[i] for i in family], chosen))
     parts += [
-        sweep_curve(jobs[i].full_sweep, period_s=jobs[i].period_s, name=f"job '{jobs[i].id}' sweep")
+        jobs[i].measured_sweep.curve(jobs[i].period_s, name=f"job '{jobs[i].id}' sweep")
         for i in sweeps
     ]
     table = stack(parts) if len(parts) > 1 else parts[0]

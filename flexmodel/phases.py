@@ -2,9 +2,10 @@
 
 Pure functions over sampled power; the agents call them on their ring buffers.
 
-- `estimate_waveform`: iteration period (autocorrelation peak, refined between samples) and
-  duty (share of samples above the midpoint of the two levels), robust to noise and to a cap
-  that clips the compute level.
+- `estimate_waveform`: iteration period (autocorrelation peak, refined between samples), duty
+  and both levels (the best two-cluster split of the samples), with a confidence; robust to
+  noise, slow drift, missing samples, pauses and a cap that clips the compute level, and
+  `NoPeriodError` for a trace that does not repeat.
 - `estimate_phase`: the phase of a job's iteration from its power (band-pass around the job's
   frequency, then the analytic signal), or `None` when the power reading is too coarse.
 - `order_parameters`, `RayleighAlarm`, `phase_locking_value`: is a fleet locking?
@@ -13,19 +14,32 @@ Pure functions over sampled power; the agents call them on their ring buffers.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
-from numpy.typing import ArrayLike
-from scipy import signal
+from numpy.typing import ArrayLike, NDArray
+from scipy import ndimage, signal
 
 from flexmodel.curves import Array
-from flexmodel.errors import FlexModelError
+from flexmodel.errors import FlexModelError, NoPeriodError
 
 #: A power reading averaged over `a` seconds resolves phases of jobs with periods >= 3a.
 RESOLVABLE_PERIODS = 3.0
 #: The Rayleigh test is useless below this many jobs; use pairwise locking values there.
 MIN_JOBS_FOR_RAYLEIGH = 8
+
+
+#: The autocorrelation at a period (1: every iteration alike) must reach this, and rise this
+#: far above the trough before it, or the trace has no period.
+MIN_PERIODICITY = 0.3
+MIN_PROMINENCE = 0.3
+#: A run at one level longer than this many periods is a pause (evaluation, checkpoint).
+PAUSE_PERIODS = 1.5
+#: Blocks of one period in the running median that follows slow drift.
+DRIFT_BLOCKS = 15
+#: The two levels must stand this many noise standard deviations apart.
+MIN_LEVEL_SEPARATION = 4.0
 
 
 @dataclass(frozen=True)
@@ -34,56 +48,194 @@ class Waveform:
     duty: float
     compute_w: float  #: the high level (the cap, when one clips it)
     comm_w: float  #: the low level
+    confidence: float = 1.0  #: the autocorrelation at the period: 1 when every iteration is alike
+    paused_share: float = 0.0  #: share of the samples set aside as pauses
 
 
 def estimate_waveform(
     power_w: ArrayLike, dt_s: float, *, min_period_s: float = 0.2, max_period_s: float = 20.0
 ) -> Waveform:
-    """Period and duty of a two-level power trace sampled every `dt_s` seconds.
+    """Period, duty and both levels of a two-level power trace sampled every `dt_s` seconds.
 
-    The period is the lag of the autocorrelation's highest peak within the allowed range,
-    refined by a parabola through it and its neighbours (sub-sample accuracy). The trace must
-    cover at least two periods.
+    NaN samples are missing ones. The period is the lag of the autocorrelation's first peak
+    that nearly reaches the highest within the allowed range (sub-sample by a parabola).
+    Slow drift is followed by a running median of one-period means and taken out. The levels
+    split where the two clusters of samples are best separated (Otsu's between-class
+    variance), so a low phase a few percent of the period long is found as well as a long one;
+    runs at one level longer than `PAUSE_PERIODS` periods (evaluation, checkpoints) are set
+    aside and the period measured again without them. Raises `NoPeriodError` when the trace is
+    flat, has no two levels above its noise or does not repeat: no period is ever invented.
     """
     x = np.asarray(power_w, dtype=float)
-    if x.ndim != 1 or x.size < 8 or not np.all(np.isfinite(x)):
+    if x.ndim != 1:
+        raise FlexModelError("a power trace must be one series of samples")
+    valid = np.isfinite(x)
+    if valid.sum() < 8:
         raise FlexModelError("a power trace needs at least 8 finite samples")
     if dt_s <= 0:
         raise FlexModelError("the sampling interval must be positive")
-    low, high = np.percentile(x, [10, 90])
-    if high - low <= 1e-9 * max(abs(high), 1.0):
-        raise FlexModelError("the trace is flat: no iteration waveform to measure")
-    # Noise from successive differences (a square wave's are zero but at its edges).
-    noise = 1.4826 * float(np.median(np.abs(np.diff(x)))) / np.sqrt(2.0)
-    if high - low < 4.0 * noise:
-        raise FlexModelError("no two-level waveform stands above the noise (a cap may clip both)")
-    centred = x - x.mean()
-    n = x.size
-    spectrum = np.fft.rfft(centred, 2 * n)
-    acf = np.fft.irfft(spectrum * np.conj(spectrum))[:n]
-    acf /= acf[0]
-    acf /= (n - np.arange(n)) / n  # unbiased: long lags average fewer products
+    spread = float(np.ptp(x[valid]))
+    if spread <= 1e-9 * max(float(np.abs(x[valid]).max()), 1.0):
+        raise NoPeriodError("the trace is flat: no iteration waveform to measure")
+    lags = _lag_range(x.size, dt_s, min_period_s, max_period_s)
+    straight = _remove_line(x, valid)
+    first_guess = _pauses(straight > split_levels(straight[valid]), valid)
+    if first_guess.mean() > 0.5:  # the runs are noise, not a waveform with pauses
+        first_guess[:] = False
+    lag, _ = _find_period(straight, valid & ~first_guess, lags)
+    steady = x - _drift(x, valid, lag)
+    pauses = _pauses(steady > split_levels(steady[valid]), valid, lag)
+    kept = valid & ~pauses
+    if kept.sum() < 8:
+        raise NoPeriodError("pauses fill the trace: no iteration waveform to measure")
+    lag, periodicity = _find_period(steady, kept, lags)
+    samples = steady[kept]
+    high = samples > split_levels(samples)
+    compute_w, comm_w = float(np.median(samples[high])), float(np.median(samples[~high]))
+    noise = _noise(steady, kept)
+    if compute_w - comm_w < MIN_LEVEL_SEPARATION * noise:
+        raise NoPeriodError(
+            f"no two-level waveform stands above the noise ({compute_w - comm_w:.3g} W between "
+            f"the levels, noise {noise:.3g} W; a cap may clip both)"
+        )
+    return Waveform(
+        period_s=float(lag * dt_s),
+        duty=float(np.mean(high)),
+        compute_w=compute_w,
+        comm_w=comm_w,
+        confidence=float(np.clip(periodicity, 0.0, 1.0)),
+        paused_share=float(np.mean(pauses[valid])),
+    )
+
+
+def split_levels(samples: ArrayLike) -> float:
+    """The power [W] that best splits samples into two clusters: the threshold maximising the
+    between-class variance (Otsu). Unlike percentiles it does not need either level to hold a
+    given share of the samples."""
+    v = np.sort(np.asarray(samples, dtype=float))
+    if v.size < 2 or v[0] == v[-1]:
+        raise NoPeriodError("one level only: no split into two")
+    total = np.cumsum(v)
+    k = np.arange(1, v.size)
+    low_mean = total[:-1] / k
+    high_mean = (total[-1] - total[:-1]) / (v.size - k)
+    between = k * (v.size - k) * (high_mean - low_mean) ** 2
+    best = int(np.argmax(np.where(v[1:] > v[:-1], between, -1.0)))
+    return float(0.5 * (v[best] + v[best + 1]))
+
+
+def _lag_range(n: int, dt_s: float, min_period_s: float, max_period_s: float) -> tuple[int, int]:
     lo = max(math.floor(min_period_s / dt_s), 1)
     hi = min(math.ceil(max_period_s / dt_s), n // 2)
     if hi <= lo + 1:
         raise FlexModelError("the trace must cover at least two of the longest periods sought")
+    return lo, hi
+
+
+def _autocorrelation(x: Array, valid: NDArray[np.bool_]) -> Array:
+    """Normalised autocorrelation over the valid samples only (missing ones and pauses out),
+    each lag averaged over the pairs it has."""
+    n = x.size
+    centred = np.where(valid, x - x[valid].mean(), 0.0)
+    size = 1 << (2 * n - 1).bit_length()
+    spectrum = np.fft.rfft(centred, size)
+    weights = np.fft.rfft(valid.astype(float), size)
+    products = np.fft.irfft(spectrum * np.conj(spectrum), size)[:n]
+    pairs = np.rint(np.fft.irfft(weights * np.conj(weights), size)[:n])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        acf = np.where(pairs > 0, products / pairs, 0.0)
+    return np.asarray(acf / acf[0], dtype=float)
+
+
+def _find_period(x: Array, valid: NDArray[np.bool_], lags: tuple[int, int]) -> tuple[float, float]:
+    """(period [samples, fractional], autocorrelation there); `NoPeriodError` when no peak
+    is high and prominent enough."""
+    acf = _autocorrelation(x, valid)
+    lo, hi = lags
     window = acf[lo : hi + 1]
-    peaks, _ = signal.find_peaks(window)
+    peaks, _ = signal.find_peaks(window, prominence=MIN_PROMINENCE)
+    peaks = peaks[window[peaks] >= MIN_PERIODICITY]
     if peaks.size == 0:
-        raise FlexModelError("no periodic waveform found in the trace")
+        best = float(window.max()) if window.size else 0.0
+        raise NoPeriodError(
+            f"no clear iteration period: the power does not repeat (autocorrelation at most "
+            f"{best:.2f} with no peak standing {MIN_PROMINENCE:g} above its trough)"
+        )
     # The first peak that nearly reaches the highest: harmonics' multiples come later.
     top = window[peaks].max()
-    first = peaks[np.argmax(window[peaks] >= 0.8 * top)] + lo
-    y0, y1, y2 = acf[first - 1], acf[first], acf[min(first + 1, n - 1)]
+    first = int(peaks[np.argmax(window[peaks] >= 0.8 * top)] + lo)
+    y0, y1, y2 = acf[first - 1], acf[first], acf[min(first + 1, acf.size - 1)]
     bend = y0 - 2 * y1 + y2
     shift = 0.5 * (y0 - y2) / bend if bend < 0 else 0.0
-    mid = 0.5 * (low + high)
-    return Waveform(
-        period_s=float((first + np.clip(shift, -0.5, 0.5)) * dt_s),
-        duty=float(np.mean(x > mid)),
-        compute_w=float(np.median(x[x > mid])),
-        comm_w=float(np.median(x[x <= mid])),
-    )
+    return first + float(np.clip(shift, -0.5, 0.5)), float(y1)
+
+
+def _remove_line(x: Array, valid: NDArray[np.bool_]) -> Array:
+    """`x` less its straight-line trend (fitted on the valid samples)."""
+    index = np.arange(x.size, dtype=float)
+    slope, intercept = np.polyfit(index[valid], x[valid], 1)
+    return np.asarray(x - (slope * index + intercept), dtype=float)
+
+
+def _drift(x: Array, valid: NDArray[np.bool_], lag: float) -> Array:
+    """Slow drift [W, mean 0] at every sample: means over whole periods hold no waveform, and
+    their running median over `DRIFT_BLOCKS` periods is robust to the pauses among them."""
+    width = max(round(lag), 1)
+    blocks = x.size // width
+    if blocks < 3:
+        return np.zeros_like(x)
+    shaped = np.where(valid, x, np.nan)[: blocks * width].reshape(blocks, width)
+    enough = np.isfinite(shaped).sum(axis=1) >= width / 2
+    means = np.full(blocks, np.nan)
+    means[enough] = np.nanmean(shaped[enough], axis=1)
+    half = DRIFT_BLOCKS // 2
+    padded = np.pad(means, half, mode="edge")
+    windows = np.lib.stride_tricks.sliding_window_view(padded, 2 * half + 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a window of missing blocks
+        smooth = np.nanmedian(windows, axis=1)
+    ok = np.isfinite(smooth)
+    if ok.sum() < 2:
+        return np.zeros_like(x)
+    centres = (np.arange(blocks) + 0.5) * width
+    drift = np.interp(np.arange(x.size), centres[ok], smooth[ok])
+    return np.asarray(drift - drift[valid].mean(), dtype=float)
+
+
+def _pauses(
+    high: NDArray[np.bool_], valid: NDArray[np.bool_], lag: float | None = None
+) -> NDArray[np.bool_]:
+    """Samples in runs at one level longer than `PAUSE_PERIODS` periods of `lag` samples.
+
+    Without a period, the typical iteration is the median high run plus the median low run:
+    pauses are too rare to move a median. A run is cut where a gap in the samples longer
+    than a tenth of a period hides what happened (a phase may have been lost in it).
+    """
+    index = np.flatnonzero(valid)
+    labels = ndimage.median_filter(high[index].astype(np.uint8), size=3, mode="nearest")
+    gap = max(3.0, 0.1 * lag) if lag is not None else 3.0
+    edges = np.flatnonzero((np.diff(labels) != 0) | (np.diff(index) > gap)) + 1
+    starts = np.concatenate([[0], edges])
+    ends = np.concatenate([edges, [labels.size]]) - 1
+    lengths = index[ends] - index[starts] + 1
+    if lag is None:
+        levels = labels[starts]
+        if levels.min() == levels.max():
+            return np.zeros(high.shape, dtype=bool)
+        lag = float(np.median(lengths[levels == 1]) + np.median(lengths[levels == 0]))
+    out = np.zeros(high.shape, dtype=bool)
+    for a, b, length in zip(starts, ends, lengths, strict=True):
+        if length > PAUSE_PERIODS * lag:
+            out[index[a] : index[b] + 1] = True
+    return out & valid
+
+
+def _noise(x: Array, valid: NDArray[np.bool_]) -> float:
+    """Sample noise [W] from successive differences (a square wave's are zero but at edges)."""
+    pairs = valid[1:] & valid[:-1]
+    if not pairs.any():
+        return 0.0
+    return 1.4826 * float(np.median(np.abs(np.diff(x)[pairs]))) / math.sqrt(2.0)
 
 
 def phase_resolvable(period_s: float, averaging_s: float) -> bool:

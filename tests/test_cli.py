@@ -16,6 +16,7 @@ import pytest
 
 from flexgate.serve import free_port
 from tests.conftest import EXAMPLES, ROOT, wait_for
+from tests.flexmodel.synthetic_traces import Loop, power_at, uneven_times, uniform_times
 
 
 def flexgate(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -102,7 +103,30 @@ def test_pfi_from_csv_and_json_agree(tmp_path):
     ]
     path = write(tmp_path, "sweep.json", {"points": points})
     doc = json.loads(flexgate("pfi", path, "--json").stdout)
-    assert doc == {"pfi": pytest.approx(1.25), "grid_w": [300.0, 700.0], "points": 2}
+    contract = {k: doc[k] for k in ("pfi", "grid_w", "points")}
+    assert contract == {"pfi": pytest.approx(1.25), "grid_w": [300.0, 700.0], "points": 2}
+    assert doc["pfi_measured"] == pytest.approx(1.25)
+    assert doc["set_aside"] == []
+
+
+def test_pfi_sets_aside_points_the_cap_did_not_bind_and_says_so(tmp_path):
+    rows = EXAMPLES.joinpath("sweep.csv").read_text() + "650,595.0,21789.1\n"  # 0.05% slower
+    path = write(tmp_path, "sweep.csv", rows)
+    result = flexgate("pfi", path, "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["pfi"] == pytest.approx(1.7413468, rel=1e-6)  # not 24.4: no division by 0.05%
+    assert doc["points"] == 6
+    assert [p["cap_w"] for p in doc["set_aside"]] == [650.0]
+    assert "did not bind" in doc["set_aside"][0]["reason"]
+    assert doc["pfi_stderr"] > 0
+    assert len(doc["fit"]) == 7
+    people = flexgate("pfi", path)
+    assert "set aside: 650 W" in people.stdout
+    assert "+-" in people.stdout
+    wider = json.loads(flexgate("pfi", path, "--json", "--noise", "0.02").stdout)
+    assert wider["noise_fraction"] == 0.02
+    assert wider["pfi_stderr"] > doc["pfi_stderr"]
 
 
 @pytest.mark.parametrize(
@@ -156,13 +180,99 @@ def test_allocate_bad_input_exits_2_with_one_line(tmp_path, content, args, fragm
         ),
         ("s.csv", "cap_w,power_w,throughput\n700,600,1000\n300,abc,600\n", ["line 3", "power_w"]),
         ("s.csv", "cap_w,power_w,throughput\n700,600,1000\n", ["at least two points"]),
-        ("s.csv", "cap_w,power_w,throughput\n700,600,1000\n600,590,1000\n", ["not below"]),
+        (
+            "s.csv",
+            "cap_w,power_w,throughput\n700,600,1000\n600,590,1000\n",
+            ["no cap slowed the job beyond the measurement noise", "600 W"],
+        ),
+        (
+            "s.csv",
+            "cap_w,power_w,throughput\n700,600,1000\n500,660,900\n300,300,700\n",
+            ["power_w falls from 660 to 600 as the cap rises from 500 W to 700 W"],
+        ),
         ("s.json", {"points": [{"cap_w": 700}]}, ["points[0] must have exactly"]),
         ("s.json", {"rows": []}, ['expected {"points"']),
     ],
 )
 def test_pfi_bad_input_exits_2_with_one_line(tmp_path, name, content, fragments):
     assert_bad_input(flexgate("pfi", write(tmp_path, name, content)), *fragments)
+
+
+def test_pfi_refuses_a_noise_outside_0_1():
+    assert_bad_input(
+        flexgate("pfi", EXAMPLES / "sweep.csv", "--noise", "5"), "a percentage? 5% is 0.05"
+    )
+
+
+def _trace_csv(tmp_path: Path, loop: Loop, times: np.ndarray, extra: str = "") -> Path:
+    power = power_at(loop, times)
+    lines = ["t_s,power_w" + (",gpu" if extra else "")]
+    lines += [
+        f"{t:.4f},{p:.2f}" + (f",{extra}" if extra else "")
+        for t, p in zip(times, power, strict=True)
+    ]
+    return write(tmp_path, "trace.csv", "\n".join(lines) + "\n")
+
+
+def test_trace_gives_period_duty_levels_phase_and_confidence(tmp_path):
+    """The reported case: a 100 Hz logger, 6.2 s compute and 0.5 s idle, samples uneven and
+    some lost."""
+    path = _trace_csv(tmp_path, Loop(), uneven_times(120.0, 100.0), extra="0")
+    result = flexgate("trace", path, "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["period_s"] == pytest.approx(6.7, rel=0.003)
+    assert doc["duty"] == pytest.approx(6.2 / 6.7, abs=0.01)
+    assert doc["compute_w"] == pytest.approx(116.0, abs=1.0)
+    assert doc["comm_w"] == pytest.approx(51.0, abs=1.0)
+    assert 0.0 <= doc["phase_rad"] < 2 * np.pi
+    assert doc["confidence"] > 0.9
+    assert doc["no_period"] is None
+    assert doc["missing_share"] > 0  # the two-second gap is not invented
+    people = flexgate("trace", path)
+    assert "period 6.70" in people.stdout
+    assert "duty 0.92" in people.stdout
+
+
+def test_trace_without_a_period_says_so(tmp_path):
+    times = uniform_times(60.0, 50.0)
+    noise = np.random.default_rng(1).normal(300.0, 5.0, times.size)
+    lines = ["t_s,power_w"] + [f"{t:.3f},{p:.2f}" for t, p in zip(times, noise, strict=True)]
+    path = write(tmp_path, "noise.csv", "\n".join(lines) + "\n")
+    result = flexgate("trace", path, "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["period_s"] is None
+    assert doc["duty"] is None
+    assert doc["confidence"] == 0.0
+    assert "no clear iteration period" in doc["no_period"]
+    assert "no period:" in flexgate("trace", path).stdout
+
+
+_TIMES = "".join(f"{0.1 * i:.1f},{100 + 50 * (i % 10 < 5)}\n" for i in range(3, 60))
+
+
+@pytest.mark.parametrize(
+    ("content", "fragments"),
+    [
+        ("time,watts\n0,1\n", ["must name the columns t_s,power_w", "missing t_s,power_w"]),
+        ("t_s,gpu\n0,1\n", ["missing power_w"]),
+        ("t_s,power_w\n0,100\n0.1,lots\n", ["line 3", "power_w must be a finite number"]),
+        ("t_s,power_w\n0,100\n0.1,nan\n", ["line 3", "power_w must be a finite number"]),
+        ("t_s,power_w\n0,100\n0.1,-5\n", ["line 3", "power_w must be at least 0"]),
+        ("t_s,power_w\n0,100\n0.2,100\n0.1,100\n", ["line 4", "does not follow 0.2"]),
+        ("t_s,power_w\n0,100\n0.1,110\n", ["at least 32 samples, got 2"]),
+        ("t_s,power_w\n" + _TIMES + "0.3,100\n", ["does not follow"]),
+    ],
+)
+def test_trace_bad_input_exits_2_with_one_line(tmp_path, content, fragments):
+    assert_bad_input(flexgate("trace", write(tmp_path, "t.csv", content)), *fragments)
+
+
+def test_trace_refuses_a_missing_file_and_a_trace_too_short(tmp_path):
+    assert_bad_input(flexgate("trace", tmp_path / "none.csv"), "no such file")
+    path = _trace_csv(tmp_path, Loop(), uniform_times(10.0, 10.0))
+    assert_bad_input(flexgate("trace", path, "--min-period-s", "5"), "too short to find periods")
 
 
 SWEEP_ROWS = [("700", "600", "1000"), ("300", "300", "600"), ("500", "450", "900")]

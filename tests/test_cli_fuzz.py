@@ -108,6 +108,19 @@ def test_fuzzed_sweeps_are_answered_or_refused(rows, header):
 
 
 @SETTINGS
+@given(rows=st.lists(st.lists(numbers, min_size=2, max_size=2), max_size=40), header=st.booleans())
+def test_fuzzed_traces_are_answered_or_refused(rows, header):
+    lines = (["t_s,power_w"] if header else []) + [",".join(str(v) for v in row) for row in rows]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.csv"
+        path.write_text("\n".join(lines) + "\n")
+        code, stdout, stderr = run("trace", str(path), "--json")
+    assert_answered(code, stderr)
+    if code == 0:
+        json.loads(stdout)
+
+
+@SETTINGS
 @given(period=numbers, duty=numbers, delay=numbers, window=numbers)
 def test_fuzzed_sync_checks_are_answered_or_refused(period, duty, delay, window):
     code, _, stderr = run(

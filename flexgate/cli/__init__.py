@@ -5,7 +5,7 @@ success (an infeasible request is a valid answer), 2 on bad input with a one-lin
 stderr, 1 on other failures. Bad input never shows a traceback.
 
     parser     the commands, their options and the checks on them
-    readers    job mixes and sweeps from files (`BadInputError` names the file)
+    readers    job mixes, sweeps and power traces from files (`BadInputError` names the file)
     commands   one function per command
     output     JSON or tables
 """

@@ -16,29 +16,88 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from flexgate.cli import output
-from flexgate.cli.readers import BadInputError, read_job_mix, read_sweep
+from flexgate.cli.readers import BadInputError, read_job_mix, read_sweep, read_trace
 from flexmodel.allocate import allocate_mix
+from flexmodel.errors import FlexModelError
 from flexmodel.jobs import JobMix
-from flexmodel.pfi import pfi_of_sweep
 from flexmodel.quote import quote
 from flexmodel.simulate import simulate
+from flexmodel.sweeps import MeasuredSweep, fit_sweep
 from flexmodel.sync import VERDICTS, analyse, finite_or_none, worst_verdict
 from flexmodel.syncsim import simulate_sync
+from flexmodel.traces import TraceAnalysis, analyse_trace
 
 
 def run_pfi(args: argparse.Namespace) -> int:
-    points = read_sweep(args.sweep)
-    result = pfi_of_sweep(points, name=str(args.sweep))
-    doc = {"pfi": result.pfi, "grid_w": list(result.grid_w), "points": result.points}
+    sweep = fit_sweep(read_sweep(args.sweep), name=str(args.sweep), noise=args.noise)
+    if sweep.pfi is None:
+        raise BadInputError(
+            f"{args.sweep}: no cap slowed the job beyond the measurement noise "
+            f"({100 * sweep.noise_fraction:.2g}% a point), so it has no PFI; set aside: "
+            + "; ".join(f"{p.cap_w:g} W ({p.reason})" for p in sweep.set_aside)
+        )
+    doc = pfi_document(sweep)
     if args.json:
         output.print_json(doc)
     else:
-        grid = ", ".join(f"{c:g}" for c in result.grid_w)
-        Console().print(
-            f"PFI [bold]{result.pfi:.3f}[/] over {result.points} points on caps {{{grid}}} W "
-            f"(uncapped: {max(result.grid_w):g} W)"
-        )
+        output.show_pfi(doc)
     return 0
+
+
+def pfi_document(sweep: MeasuredSweep) -> dict[str, Any]:
+    """`flexgate pfi --json`: the contract's `pfi`, `grid_w`, `points`, then the noise."""
+    return {
+        "pfi": sweep.pfi,
+        "grid_w": list(sweep.grid_w),
+        "points": len(sweep.grid_w),
+        "pfi_stderr": sweep.pfi_stderr,
+        "pfi_measured": sweep.pfi_measured,
+        "noise_fraction": sweep.noise_fraction,
+        "set_aside": [
+            {"cap_w": p.cap_w, "power_w": p.power_w, "throughput": p.throughput, "reason": p.reason}
+            for p in sweep.set_aside
+        ],
+        "fit": [
+            {"cap_w": float(c), "power_w": float(p), "throughput": float(t)}
+            for c, p, t in zip(sweep.cap_w, sweep.fit_power_w, sweep.fit_throughput, strict=True)
+        ],
+    }
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    times, power = read_trace(args.trace)
+    try:
+        found = analyse_trace(
+            times, power, min_period_s=args.min_period_s, max_period_s=args.max_period_s
+        )
+    except FlexModelError as exc:
+        raise BadInputError(f"{args.trace}: {exc}") from None
+    doc = trace_document(found)
+    if args.json:
+        output.print_json(doc)
+    else:
+        output.show_trace(doc)
+    return 0
+
+
+def trace_document(found: TraceAnalysis) -> dict[str, Any]:
+    """`flexgate trace --json`: nulls and `no_period` when the trace has no clear period."""
+    wave = found.waveform
+    return {
+        "period_s": None if wave is None else wave.period_s,
+        "duty": None if wave is None else wave.duty,
+        "compute_w": None if wave is None else wave.compute_w,
+        "comm_w": None if wave is None else wave.comm_w,
+        "phase_rad": found.phase_rad,
+        "confidence": 0.0 if wave is None else wave.confidence,
+        "paused_share": None if wave is None else wave.paused_share,
+        "no_period": found.no_period,
+        "samples": found.samples,
+        "span_s": found.span_s,
+        "sample_interval_s": found.sample_interval_s,
+        "missing_share": found.missing_share,
+        "mean_power_w": found.mean_power_w,
+    }
 
 
 def run_allocate(args: argparse.Namespace) -> int:

@@ -153,3 +153,32 @@ def show_sync_run(doc: dict[str, Any]) -> None:
     Console().print(line)
     if "plot" in doc:
         Console().print(f"plot: {doc['plot']}")
+
+
+def show_pfi(doc: dict[str, Any]) -> None:
+    console = Console()
+    grid = ", ".join(f"{c:g}" for c in doc["grid_w"])
+    console.print(
+        f"PFI [bold]{doc['pfi']:.3f}[/] +- {doc['pfi_stderr']:.3f} over {doc['points']} points "
+        f"on caps {{{grid}}} W (uncapped: {max(doc['grid_w']):g} W); Eq. 1 on the points as "
+        f"measured: {doc['pfi_measured']:.3f}; noise {100 * doc['noise_fraction']:.2g}% a point"
+    )
+    for point in doc["set_aside"]:
+        console.print(f"set aside: {point['cap_w']:g} W: {point['reason']}")
+
+
+def show_trace(doc: dict[str, Any]) -> None:
+    console = Console()
+    console.print(
+        f"{doc['samples']} samples over {doc['span_s']:.1f} s (every {doc['sample_interval_s']:.3g}"
+        f" s, {100 * doc['missing_share']:.1f}% missing), mean {doc['mean_power_w']:.1f} W"
+    )
+    if doc["period_s"] is None:
+        console.print(f"no period: {doc['no_period']}")
+        return
+    phase = "unknown" if doc["phase_rad"] is None else f"{doc['phase_rad']:.2f} rad"
+    console.print(
+        f"period [bold]{doc['period_s']:.3f} s[/], duty {doc['duty']:.3f}, levels "
+        f"{doc['compute_w']:.1f} / {doc['comm_w']:.1f} W, phase at the end {phase}, "
+        f"confidence {doc['confidence']:.2f}, paused {100 * doc['paused_share']:.1f}%"
+    )

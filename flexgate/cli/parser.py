@@ -15,15 +15,16 @@ from flexgate.cli import commands
 from flexmodel.problem import OBJECTIVES
 from flexmodel.quote import DEFAULT_CONFIDENCE, DEFAULT_WINDOW_S
 from flexmodel.simulate import DEFAULT_REDUCTIONS, PFI_SOURCES
+from flexmodel.sweeps import DEFAULT_NOISE, MAX_NOISE
 from flexmodel.sync import DEFAULT_GAIN_PER_S
 from flexmodel.syncsim import THROTTLES
 from flexmodel.workload import MIX_NAMES
 
 DESCRIPTION = (
-    "flexgate: demand response for GPU data centres. The model commands (pfi, allocate, quote, "
-    "simulate, sync) read files and print answers; agent, gateway and mock-vtn run services; lab "
-    "runs the whole chain on this machine. Data commands take --json. Exit codes: 0 success, 2 "
-    "bad input (one line on stderr), 1 other failure. Documentation: docs/cli.md."
+    "flexgate: demand response for GPU data centres. The model commands (pfi, trace, allocate, "
+    "quote, simulate, sync) read files and print answers; agent, gateway and mock-vtn run "
+    "services; lab runs the whole chain on this machine. Data commands take --json. Exit codes: "
+    "0 success, 2 bad input (one line on stderr), 1 other failure. Documentation: docs/cli.md."
 )
 AGENT_EPILOG = """\
 required: FLEXGATE_AGENT_TOKEN, the bearer token the gateway sends with caps (16+ characters;
@@ -56,8 +57,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="CSV with header cap_w,power_w,throughput (W, W, tokens/s), or JSON with the same "
         "points; the highest cap is the uncapped run",
     )
+    pfi.add_argument(
+        "--noise",
+        type=_noise,
+        default=DEFAULT_NOISE,
+        metavar="F",
+        help="one point's measurement noise, a fraction of its throughput and power (default "
+        f"{DEFAULT_NOISE:g}); the sweep's own scatter raises it, up to {MAX_NOISE:g}",
+    )
     pfi.add_argument("--json", action="store_true", help="print one JSON document")
     pfi.set_defaults(command=commands.run_pfi, name="pfi")
+
+    trace = sub.add_parser(
+        "trace", help="iteration period, duty, levels and phase of a recorded power trace"
+    )
+    trace.add_argument(
+        "trace",
+        type=Path,
+        metavar="FILE",
+        help="CSV with columns t_s,power_w (s, W; as NVML and DCGM loggers write), uneven "
+        "sampling allowed",
+    )
+    trace.add_argument(
+        "--min-period-s",
+        type=_positive,
+        metavar="S",
+        help="shortest period sought [s] (default: 4 sample intervals)",
+    )
+    trace.add_argument(
+        "--max-period-s",
+        type=_positive,
+        default=60.0,
+        metavar="S",
+        help="longest period sought [s] (default 60, at most the trace's span / 2.5)",
+    )
+    trace.add_argument("--json", action="store_true", help="print one JSON document")
+    trace.set_defaults(command=commands.run_trace, name="trace")
 
     alloc = sub.add_parser("allocate", help="per-job caps for a facility-level reduction")
     alloc.add_argument("jobs", type=Path, metavar="JOBS", help="job-mix JSON file")
@@ -443,6 +478,15 @@ def _fractions(text: str) -> list[float]:
             f"expected fractions in [0, 1) separated by commas, got {text!r}{hint}"
         )
     return values
+
+
+def _noise(text: str) -> float:
+    value = _finite(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(
+            f"expected a fraction from 0 to below 1, got {text!r}{_percent_hint(value)}"
+        )
+    return value
 
 
 def _positive(text: str) -> float:

@@ -1,4 +1,4 @@
-"""What the `flexgate` commands read: job mixes and sweeps, from files.
+"""What the `flexgate` commands read: job mixes, sweeps and power traces, from files.
 
 A file that cannot be read, or does not hold what it should, is a `BadInputError` naming the
 file (and the row or field): the command exits 2 with that one line. Job mixes go through
@@ -94,3 +94,49 @@ def _point(row: dict[str, Any], where: str) -> tuple[float, float, float]:
             raise BadInputError(f"{where}: {name} must be a finite positive number, got {raw!r}")
         values.append(value)
     return values[0], values[1], values[2]
+
+
+TRACE_COLUMNS = ("t_s", "power_w")
+
+
+def read_trace(path: Path) -> tuple[list[float], list[float]]:
+    """A power trace from CSV with columns `t_s,power_w` (others, such as a GPU index, are
+    ignored), times increasing; a bad row is named by its line."""
+    text = read_text(path)
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        missing = [c for c in TRACE_COLUMNS if c not in header]
+        if missing:
+            raise BadInputError(
+                f"{path}: CSV header must name the columns t_s,power_w; missing "
+                f"{','.join(missing)} (got {','.join(header)!r})"
+            )
+        reader.fieldnames = header
+        times: list[float] = []
+        power: list[float] = []
+        for i, row in enumerate(reader):
+            where = f"{path}: line {i + 2}"
+            t, p = (_finite(row.get(c), c, where) for c in TRACE_COLUMNS)
+            if times and t <= times[-1]:
+                raise BadInputError(
+                    f"{where}: t_s {t:g} does not follow {times[-1]:g} (times must increase: "
+                    "one GPU, or one job's mean, per file)"
+                )
+            if p < 0:
+                raise BadInputError(f"{where}: power_w must be at least 0, got {p:g}")
+            times.append(t)
+            power.append(p)
+    except csv.Error as exc:
+        raise BadInputError(f"{path}: cannot read: {exc}") from None
+    return times, power
+
+
+def _finite(raw: Any, name: str, where: str) -> float:
+    try:
+        value = float(raw) if isinstance(raw, str) else math.nan
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise BadInputError(f"{where}: {name} must be a finite number, got {raw!r}")
+    return value

@@ -1,10 +1,13 @@
 import numpy as np
 import pytest
 
+from agents.errors import InvalidSetupError
+from agents.irregularity import Irregularity
 from agents.simulated import SimulatedBackend
 from agents.telemetry import Sampler
 from flexmodel.curves import operating_point
 from flexmodel.jobmix import parse_job_mix
+from flexmodel.phases import estimate_waveform
 
 
 class Clock:
@@ -106,3 +109,79 @@ def test_placement_must_fit_the_node():
 
     with pytest.raises(InvalidSetupError, match="GPU 4 of n1, which has 4 GPUs"):
         SimulatedBackend(4, mix=MIX, node_id="n1")
+
+
+def _trace(sim, clock, gpus, seconds, hz=20.0):
+    values = []
+    for _ in range(int(seconds * hz)):
+        clock.now += 1.0 / hz
+        values.append(np.mean([sim.power_w(g) for g in gpus]))
+    return np.array(values)
+
+
+def test_irregularity_is_off_by_default():
+    runs = []
+    for irregularity in (None, Irregularity()):
+        clock = Clock()
+        sim = SimulatedBackend(
+            8, mix=MIX, node_id="n1", clock=clock, noise_w=0.0, irregularity=irregularity
+        )
+        runs.append(_trace(sim, clock, [0], 30.0))
+    assert np.array_equal(runs[0], runs[1])
+
+
+IRREGULAR = Irregularity(
+    jitter=0.03, pause_every=20, pause_periods=4.0, drift_w=10.0, drift_period_s=150.0
+)
+
+
+def test_an_irregular_job_keeps_its_period_and_duty_for_the_estimator():
+    """Jitter, a pause of four iterations every twenty and drift: the estimator still finds
+    the job's period and duty, and sets the pauses aside."""
+    clock = Clock()
+    sim = SimulatedBackend(
+        8, mix=MIX, node_id="n1", clock=clock, noise_w=5.0, irregularity=IRREGULAR
+    )
+    power = _trace(sim, clock, range(6), 300.0)
+    found = estimate_waveform(power, 0.05, max_period_s=20.0)
+    assert found.period_s == pytest.approx(2.4, rel=0.02)
+    assert found.duty == pytest.approx(0.75, abs=0.03)
+    assert found.paused_share > 0.1  # 4 of every 24 periods
+    regular = SimulatedBackend(8, mix=MIX, node_id="n1", clock=clock, noise_w=5.0)
+    steady = estimate_waveform(_trace(regular, clock, range(6), 300.0), 0.05, max_period_s=20.0)
+    assert found.confidence < steady.confidence  # jitter shows
+
+
+def test_an_irregular_job_iterates_alike_on_every_node_it_spans():
+    doc = {
+        "id": "wide",
+        "gpus": 2,
+        "power_w": 600.0,
+        "throughput": 1000.0,
+        "period_s": 1.5,
+        "duty": 0.7,
+        "placement": [{"node": "n1", "gpus": [0]}, {"node": "n2", "gpus": [0]}],
+    }
+    mix = parse_job_mix({"jobs": [doc]})
+    traces = []
+    for node in ("n1", "n2"):
+        clock = Clock()
+        sim = SimulatedBackend(
+            1, mix=mix, node_id=node, clock=clock, noise_w=0.0, irregularity=IRREGULAR
+        )
+        traces.append(_trace(sim, clock, [0], 60.0))
+    assert np.array_equal(traces[0], traces[1])
+    assert np.ptp(traces[0]) > 100  # and it does wave
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"jitter": 0.5}, "jitter must be from 0 to 0.3"),
+        ({"pause_every": -1}, "at least 0"),
+        ({"drift_period_s": 0.0}, "must be positive"),
+    ],
+)
+def test_impossible_irregularity_is_refused(options, message):
+    with pytest.raises(InvalidSetupError, match=message):
+        Irregularity(**options)
