@@ -1,0 +1,242 @@
+"""OpenADR 3.1 notifications over MQTT: the mock VTN (a real uvicorn server) offers its MQTT
+notifier and publishes to the machine's Mosquitto broker (127.0.0.1:1883, shared: each VTN's
+topics sit under a root of its own); the VEN of a real gateway reads `GET /notifiers`, follows
+its program's event topics and reads each message as a webhook notification. Polls are an hour
+apart in these tests, so only MQTT can bring an event after the first poll.
+
+Without a broker these tests skip, with the reason; with FLEXGATE_REQUIRE_MQTT=1 (CI) they
+fail."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from gateway.openadr.mqtt31 import broker_problem
+from tests.gateway.test_ven31 import (
+    capped,
+    mock_vtn,
+    simple_event,
+    stored,
+    uncapped,
+    ven_site,
+)
+from tests.gateway.test_ven31_security import settings
+
+BROKER = "mqtt://127.0.0.1:1883"
+HOUR = 3600.0
+
+
+def _broker_listens() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 1883), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def database_url(tmp_path):
+    return f"sqlite:///{tmp_path / 'gateway.db'}"
+
+
+@pytest.fixture
+def broker():
+    if not _broker_listens():
+        why = "no MQTT broker listens on 127.0.0.1:1883 (Mosquitto)"
+        if os.environ.get("FLEXGATE_REQUIRE_MQTT") == "1":
+            pytest.fail(f"{why}, and FLEXGATE_REQUIRE_MQTT=1")
+        pytest.skip(why)
+    return BROKER
+
+
+@pytest.fixture
+def vtn(broker):
+    with mock_vtn(mqtt_broker=broker) as vtn:
+        yield vtn
+        vtn.close()
+
+
+@pytest.fixture
+def logs(caplog):
+    caplog.set_level(logging.INFO, logger="flexgate.ven31")
+    return caplog
+
+
+def event_topics(vtn):
+    return vtn.topics(f"programs/{vtn.program['id']}/events")
+
+
+@contextlib.contextmanager
+def mqtt_site(tmp_path, database_url, vtn, logs, **changes):
+    """A gateway whose VEN polls hourly and follows the program's event topics."""
+    changes = {"webhook": False, "vtn_poll_s": HOUR, **changes}
+    with ven_site(tmp_path, database_url, vtn, **changes) as site:
+        wanted = f"MQTT: subscribed to {event_topics(vtn)['ALL']}"
+        site.wait(lambda: wanted in logs.text, what="the VEN's MQTT subscription")
+        yield site
+
+
+@pytest.fixture
+def site(tmp_path, database_url, vtn, logs):
+    with mqtt_site(tmp_path, database_url, vtn, logs) as site:
+        yield site
+
+
+def publish(topic, payload: bytes) -> None:
+    """One message on the broker, as a VTN (or anyone on it) would send it."""
+    done = threading.Event()
+    client = paho.Client(CallbackAPIVersion.VERSION2)
+    client.on_connect = lambda *_args: done.set()
+    client.connect("127.0.0.1", 1883)
+    client.loop_start()
+    try:
+        assert done.wait(10), "the broker did not accept the test's connection"
+        client.publish(topic, payload, qos=1).wait_for_publish(10)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def test_the_vtn_offers_mqtt_and_names_the_topics(vtn):
+    [uri] = vtn.mqtt_uris
+    assert uri == BROKER
+    topics = event_topics(vtn)
+    root = f"{vtn.topic_root}/events/programs/{vtn.program['id']}"
+    assert topics == {
+        "CREATE": f"{root}/create",
+        "UPDATE": f"{root}/update",
+        "DELETE": f"{root}/delete",
+        "ALL": f"{root}/+",
+    }
+    assert "CREATE" not in vtn.topics(f"programs/{vtn.program['id']}")  # it exists already
+    assert vtn.topics("nothing/here") is None
+
+
+def test_an_event_by_mqtt_becomes_caps(site, vtn, logs):
+    event = vtn.add_event(simple_event(vtn, start_s=0.5, interval_s=60, intervals=1))
+    assert (event_topics(vtn)["CREATE"], "CREATE") in vtn.published
+    got = site.wait(lambda: stored(site, event["id"]), what="the event over MQTT")
+    assert got["opt"] == "in"
+    site.wait(lambda: capped(site), what="caps")
+    assert vtn.delivered == []  # no webhook: MQTT brought it
+    assert vtn.refused == []
+
+
+def test_an_event_deleted_at_the_vtn_is_cancelled_over_mqtt(site, vtn):
+    event = vtn.add_event(simple_event(vtn, start_s=0.5, interval_s=60, intervals=1))
+    site.wait(lambda: capped(site), what="caps")
+    vtn.delete_event(event["id"])
+    site.wait(lambda: stored(site, event["id"])["status"] == "cancelled", what="cancelled")
+    site.wait(lambda: uncapped(site), what="the restore")
+
+
+def test_a_modified_event_over_mqtt_is_read_again(site, vtn):
+    event = vtn.add_event(simple_event(vtn, level=1, start_s=30, interval_s=30, intervals=1))
+    site.wait(lambda: stored(site, event["id"]), what="the event")
+    baseline = site.api.get("/v1/site").json()["baseline_facility_kw"]
+    changed = [{"id": 0, "payloads": [{"type": "SIMPLE", "values": [3]}]}]
+    vtn.update_event(event["id"], {"intervals": changed})
+    site.wait(
+        lambda: stored(site, event["id"])["reduction_kw"] == pytest.approx(0.40 * baseline, 1e-3),
+        what="the new value",
+    )
+
+
+def test_a_malformed_mqtt_message_is_refused_with_the_reason_and_nothing_changes(site, vtn, logs):
+    topic = event_topics(vtn)["CREATE"]
+    forged = {**simple_event(vtn, start_s=0.5, interval_s=60, intervals=1), "id": "forged"}
+    publish(topic, b"{not json")
+    publish(topic, json.dumps({"objectType": "EVENT", "operation": 5, "object": forged}).encode())
+    publish(topic, json.dumps({"objectType": "EVENT", "operation": "CREATE"}).encode())
+    wrong = {**forged, "id": "wrong-types"}
+    wrong["intervals"] = [{"id": 0, "payloads": [{"type": "SIMPLE", "values": ["two"]}]}]
+    publish(topic, json.dumps({"objectType": "EVENT", "operation": "CREATE", "object": wrong}))
+    other = vtn.add_event(  # published by the VTN: an event for another VEN
+        simple_event(vtn, start_s=0.5, interval_s=60, intervals=1, targets=["VEN-99"])
+    )
+    # Messages are read one at a time, in order: once this one is read, so are those before.
+    got = site.wait(lambda: stored(site, other["id"]), what="the last message read")
+    assert got["status"] == "opted_out"
+    assert "not targeted at this VEN (targets: VEN-99)" in got["reason"]
+    assert f"MQTT message on {topic} refused: not an OpenADR 3.1 notification: not JSON" in (
+        logs.text
+    )
+    assert "notification: operation: Input should be" in logs.text
+    assert "notification: object: Field required" in logs.text
+    assert stored(site, "forged") is None
+    refused = stored(site, "wrong-types")  # read as the webhook reads it: stored as refused
+    assert refused["status"] == "failed"
+    assert "'two' is not a number" in refused["reason"]
+    assert uncapped(site)
+    assert [e for e in site.api.get("/v1/events").json()["events"] if e["status"] == "active"] == []
+
+
+def test_webhook_and_mqtt_together_act_once(tmp_path, database_url, vtn, logs):
+    with mqtt_site(tmp_path, database_url, vtn, logs, webhook=True) as site:
+        event = vtn.add_event(simple_event(vtn, start_s=0.5, interval_s=60, intervals=1))
+        site.wait(lambda: capped(site), what="caps")
+        assert vtn.delivered and vtn.delivered[-1][1] == 200  # the webhook brought it too
+        assert (event_topics(vtn)["CREATE"], "CREATE") in vtn.published
+        got = stored(site, event["id"])
+        assert got["status"] == "active"
+        assert got["opt"] == "in"
+        listed = site.api.get("/v1/events").json()["events"]
+        ours = [e for e in listed if e["id"] == f"oadr3-{event['id']}"]
+        assert len(ours) == 1
+        assert vtn.reports == []  # no refusal: the second copy was read already
+
+
+def test_a_plain_mqtt_broker_on_another_machine_is_refused_and_polling_goes_on(
+    tmp_path, database_url, vtn, logs
+):
+    vtn.mqtt_uris = ["mqtt://192.0.2.10:1883"]  # TEST-NET: another machine
+    with ven_site(tmp_path, database_url, vtn, webhook=False, vtn_poll_s=0.3) as site:
+        site.wait(lambda: "MQTT not used" in logs.text, what="the refusal")
+        assert "plain MQTT to another machine" in logs.text
+        event = vtn.add_event(simple_event(vtn, start_s=0.5, interval_s=60, intervals=1))
+        site.wait(lambda: capped(site), what="caps from a poll")
+        assert stored(site, event["id"])["status"] == "active"
+    assert "MQTT: connecting" not in logs.text
+
+
+@pytest.mark.parametrize(
+    ("uri", "allow", "reason"),
+    [
+        ("mqtt://broker.example:1883", True, "plain MQTT to another machine"),
+        ("mqtt://10.0.0.5:1883", True, "plain MQTT to another machine"),
+        ("mqtt://127.0.0.1:1883", False, "FLEXGATE_VTN_ALLOW_HTTP=true"),
+        ("ws://broker.example/mqtt", True, "is not an mqtts://"),
+        ("mqtts://broker.example:99999", True, "no valid port"),
+    ],
+)
+def test_a_broker_uri_that_is_not_tls_is_refused_with_the_reason(uri, allow, reason):
+    problem = broker_problem(uri, allow_plain=allow)
+    assert problem is not None
+    assert reason in problem
+
+
+@pytest.mark.parametrize(
+    ("uri", "allow"),
+    [
+        ("mqtts://broker.example:8883", False),
+        ("mqtts://broker.example", False),
+        ("mqtt://127.0.0.1:1883", True),
+        ("mqtt://localhost", True),
+    ],
+)
+def test_tls_anywhere_and_plain_on_loopback_when_allowed_are_accepted(uri, allow):
+    assert broker_problem(uri, allow_plain=allow) is None
+
+
+def test_an_mqtt_password_without_a_username_is_refused():
+    with pytest.raises(ValueError, match="FLEXGATE_VTN_MQTT_PASSWORD is set without"):
+        settings(vtn_url="https://vtn.example", vtn_mqtt_password="p-0123456789")
