@@ -14,6 +14,9 @@ subscribes and hands every message, as it came, to the asyncio loop, in order:
   at each connection. The credentials are asked for at each (re)connection (an OAuth2 token
   as the password is then a fresh one). Messages go to the loop with `call_soon_threadsafe`
   into a queue that one task reads, so they are handled one at a time, in arrival order.
+  Once the topics are subscribed again after a reconnection, `resubscribed` is called on the
+  loop: what was published meanwhile was missed, and the VEN polls at once (the notifier
+  document's 16.2: the current state from the REST API, not from the broker).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class MqttNotifications:
         *,
         credentials: Callable[[], Awaitable[Credentials]],
         handler: Handler,
+        resubscribed: Callable[[], None] = lambda: None,
     ) -> None:
         parts = urlsplit(uri)
         assert parts.hostname is not None, "checked by broker_problem"
@@ -86,6 +90,8 @@ class MqttNotifications:
         self.tls = parts.scheme == "mqtts"
         self.port = parts.port or (8883 if self.tls else 1883)
         self._credentials, self._handler = credentials, handler
+        self._resubscribed = resubscribed
+        self.connections = 0  #: connections the broker accepted
         self.topics: set[str] = set()  #: every topic followed (subscribed at each connection)
         self.subscribed: set[str] = set()  #: those the broker has granted on this connection
         self.connected = False
@@ -163,6 +169,7 @@ class MqttNotifications:
             log.warning("MQTT: the broker %s refused the connection: %s", self.uri, reason)
             return
         self.connected = True
+        self.connections += 1
         self.subscribed = set()
         log.info("MQTT: connected to %s", self.uri)
         if self.topics:
@@ -194,12 +201,16 @@ class MqttNotifications:
     ) -> None:
         with self._sending:
             topics = self._pending.pop(mid, [])
+        granted = False
         for topic, reason in zip(topics, reasons, strict=False):
             if reason.is_failure:
                 log.warning("MQTT: the broker refused the subscription to %s: %s", topic, reason)
             else:
                 self.subscribed.add(topic)
+                granted = True
                 log.info("MQTT: subscribed to %s", topic)
+        if granted and self.connections > 1 and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._resubscribed)
 
     def _on_message(self, _client: paho.Client, _userdata: Any, message: paho.MQTTMessage) -> None:
         assert self._loop is not None

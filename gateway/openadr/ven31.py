@@ -123,6 +123,7 @@ class Ven31:
         self.mqtt: MqttNotifications | None = None
         self._mqtt_asked = False  #: GET /notifiers answered (MQTT used, or why not logged)
         self._followed: set[str] = set()  #: programs whose event topics MQTT follows
+        self._poll_now = asyncio.Event()  #: set: poll without waiting FLEXGATE_VTN_POLL_S
 
     # --- GridProtocol ----------------------------------------------------------------------
 
@@ -181,7 +182,7 @@ class Ven31:
                     await self._follow_programs()
                 self.reachable, attempt = True, 0
                 await self._send_undelivered()
-                await self.clock.sleep(self.settings.vtn_poll_s)
+                await self._until_next_poll()
             except (VtnError, VtnAuthError) as exc:
                 self.reachable = False
                 delay = RETRY_S[min(attempt, len(RETRY_S) - 1)]
@@ -192,6 +193,21 @@ class Ven31:
                 log.exception("the VEN's poll failed")
                 attempt += 1
                 await self.clock.sleep(RETRY_S[-1])
+
+    async def _until_next_poll(self) -> None:
+        """FLEXGATE_VTN_POLL_S, or less when MQTT asks for a poll (after a reconnection)."""
+        sleeping = asyncio.ensure_future(self.clock.sleep(self.settings.vtn_poll_s))
+        woken = asyncio.ensure_future(self._poll_now.wait())
+        try:
+            await asyncio.wait({sleeping, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeping.cancel()
+            woken.cancel()
+        self._poll_now.clear()
+
+    def _poll_soon(self) -> None:
+        log.info("MQTT: subscribed again after a reconnection; polling for what was missed")
+        self._poll_now.set()
 
     # --- the VTN's REST API ----------------------------------------------------------------
 
@@ -515,7 +531,10 @@ class Ven31:
             log.warning("MQTT not used: %s; webhook and polling only", refused)
             return
         self.mqtt = MqttNotifications(
-            uri, credentials=lambda: self._mqtt_credentials(binding), handler=self._mqtt_message
+            uri,
+            credentials=lambda: self._mqtt_credentials(binding),
+            handler=self._mqtt_message,
+            resubscribed=self._poll_soon,
         )
         self.mqtt.start()
 

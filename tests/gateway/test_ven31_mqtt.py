@@ -184,7 +184,8 @@ def test_webhook_and_mqtt_together_act_once(tmp_path, database_url, vtn, logs):
     with mqtt_site(tmp_path, database_url, vtn, logs, webhook=True) as site:
         event = vtn.add_event(simple_event(vtn, start_s=0.5, interval_s=60, intervals=1))
         site.wait(lambda: capped(site), what="caps")
-        assert vtn.delivered and vtn.delivered[-1][1] == 200  # the webhook brought it too
+        assert vtn.delivered  # the webhook brought it too
+        assert vtn.delivered[-1][1] == 200
         assert (event_topics(vtn)["CREATE"], "CREATE") in vtn.published
         got = stored(site, event["id"])
         assert got["status"] == "active"
@@ -193,6 +194,82 @@ def test_webhook_and_mqtt_together_act_once(tmp_path, database_url, vtn, logs):
         ours = [e for e in listed if e["id"] == f"oadr3-{event['id']}"]
         assert len(ours) == 1
         assert vtn.reports == []  # no refusal: the second copy was read already
+
+
+class Proxy:
+    """A TCP relay on loopback to the broker that can drop every connection and refuse new
+    ones (`down`), and take them again (`up`): a broker that goes away and comes back."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"mqtt://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.accepting = True
+        self.open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            if not self.accepting:
+                client.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            with self._lock:
+                self.open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_RDWR)
+
+    def down(self) -> None:
+        self.accepting = False
+        with self._lock:
+            dropped, self.open = self.open, []
+        for sock in dropped:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def up(self) -> None:
+        self.accepting = True
+
+    def close(self) -> None:
+        self.down()
+        self.listener.close()
+
+
+def test_a_broker_that_drops_is_reconnected_and_what_it_missed_is_polled(
+    tmp_path, database_url, vtn, logs
+):
+    proxy = Proxy(1883)
+    vtn.mqtt_uris = [proxy.url]  # the VEN goes through the relay; the VTN publishes directly
+    try:
+        with mqtt_site(tmp_path, database_url, vtn, logs) as site:
+            proxy.down()
+            site.wait(lambda: "MQTT: disconnected" in logs.text, what="the drop noticed")
+            missed = vtn.add_event(simple_event(vtn, start_s=0.5, interval_s=60, intervals=1))
+            assert stored(site, missed["id"]) is None  # published while the VEN was away
+            proxy.up()  # reconnected with backoff (1 s, 2 s, ...), subscribed again, polled
+            got = site.wait(lambda: stored(site, missed["id"]), seconds=45, what="the poll")
+            assert got["opt"] == "in"
+            assert "polling for what was missed" in logs.text
+            # Polls are an hour apart: only the new subscription can bring this one.
+            later = vtn.add_event(simple_event(vtn, level=1, start_s=30, interval_s=30))
+            site.wait(lambda: stored(site, later["id"]), what="an event over MQTT again")
+            assert logs.text.count("MQTT: connected to") >= 2
+    finally:
+        proxy.close()
 
 
 def test_a_plain_mqtt_broker_on_another_machine_is_refused_and_polling_goes_on(
