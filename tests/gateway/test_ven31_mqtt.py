@@ -13,14 +13,21 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 
+import httpx
 import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from flexgate.mockvtn31 import LAB_CLIENT_ID, LAB_CLIENT_SECRET
+from flexgate.serve import free_port
 from gateway.openadr.mqtt31 import broker_problem
+from tests.conftest import ROOT, wait_for
 from tests.gateway.test_ven31 import (
     capped,
     mock_vtn,
@@ -30,6 +37,7 @@ from tests.gateway.test_ven31 import (
     ven_site,
 )
 from tests.gateway.test_ven31_security import settings
+from tests.test_cli import assert_bad_input, flexgate
 
 BROKER = "mqtt://127.0.0.1:1883"
 HOUR = 3600.0
@@ -317,3 +325,50 @@ def test_tls_anywhere_and_plain_on_loopback_when_allowed_are_accepted(uri, allow
 def test_an_mqtt_password_without_a_username_is_refused():
     with pytest.raises(ValueError, match="FLEXGATE_VTN_MQTT_PASSWORD is set without"):
         settings(vtn_url="https://vtn.example", vtn_mqtt_password="p-0123456789")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--mqtt-broker", BROKER], "is for the 3.1 mock VTN"),
+        (["--openadr", "3.1", "--mqtt-broker", "ftp://127.0.0.1:1883"], "not an mqtt://"),
+        (["--openadr", "3.1", "--mqtt-broker", "mqtt://127.0.0.1:9"], "--mqtt-broker"),
+    ],
+)
+def test_mock_vtn_refuses_a_broker_it_cannot_use(args, fragment):
+    assert_bad_input(flexgate("mock-vtn", "--port", str(free_port()), *args), fragment)
+
+
+def test_mock_vtn_command_offers_mqtt_on_the_broker_given(broker):
+    port = free_port()
+    command = [sys.executable, "-m", "flexgate.cli", "mock-vtn", "--openadr", "3.1"]
+    with subprocess.Popen(
+        [*command, "--mqtt-broker", broker, "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as server:
+        try:
+            url = f"http://127.0.0.1:{port}"
+
+            def token():
+                with contextlib.suppress(httpx.HTTPError):
+                    answer = httpx.post(
+                        f"{url}/auth/token",
+                        data={"grant_type": "client_credentials"},
+                        auth=(LAB_CLIENT_ID, LAB_CLIENT_SECRET),
+                    )
+                    return answer.json()["access_token"]
+                return None
+
+            bearer = wait_for(token, "the mock VTN serving", 30)
+            offered = httpx.get(
+                f"{url}/notifiers", headers={"Authorization": f"Bearer {bearer}"}
+            ).json()
+            assert offered["WEBHOOK"] is True
+            assert offered["MQTT"]["URIS"] == [broker]
+            assert offered["MQTT"]["authentication"] == {"method": "ANONYMOUS"}
+        finally:
+            server.send_signal(signal.SIGINT)
+            server.wait(20)
