@@ -9,9 +9,10 @@
   the callbacks that asked for it (the subscription's bearer token on each), and reports,
   stored.
 - **MQTT** (with `mqtt_broker`, e.g. mqtt://127.0.0.1:1883): `GET /notifiers` offers the MQTT
-  binding (that broker, ANONYMOUS) beside WEBHOOK, the `/notifiers/mqtt/topics/...` endpoints
-  name the topics (every one the notifier document lists, all under `topic_root`, unique per
-  VTN by default so VTNs can share a broker), and every PROGRAM and EVENT change is published
+  binding (that broker, ANONYMOUS unless `mqtt_authentication` says otherwise; the broker
+  itself checks nothing) beside WEBHOOK, the `/notifiers/mqtt/topics/...` endpoints name the
+  topics (every one the notifier document lists, all under `topic_root`, unique per VTN by
+  default so VTNs can share a broker), and every PROGRAM and EVENT change is published
   (QoS 1, not retained) to each topic it belongs to: all objects of its kind, its program's,
   and each VEN's (the mock has no object privacy). The message is the webhook's notification.
 - **Validation**: every object a VEN sends is read with the 3.1 models
@@ -93,6 +94,7 @@ class MockVtn31:
         say: Callable[[str], None] = lambda _line: None,
         mqtt_broker: str | None = None,
         topic_root: str | None = None,
+        mqtt_authentication: dict[str, str] | None = None,
     ) -> None:
         self.clients = clients or {LAB_CLIENT_ID: LAB_CLIENT_SECRET}
         self.token_lifetime_s = token_lifetime_s
@@ -117,6 +119,8 @@ class MockVtn31:
         self.mqtt_broker = mqtt_broker
         #: The broker URIs `GET /notifiers` offers (the one it publishes to, unless changed).
         self.mqtt_uris = [mqtt_broker] if mqtt_broker else []
+        #: The broker's authentication as offered (the broker itself is not told).
+        self.mqtt_authentication = mqtt_authentication or {"method": "ANONYMOUS"}
         #: Every topic this VTN names starts with it (by default unique to this VTN).
         self.topic_root = topic_root or f"openadr3/{uuid.uuid4().hex}"
         self.published: list[tuple[str, str]] = []  #: (topic, operation) per MQTT message
@@ -316,7 +320,7 @@ class MockVtn31:
             if self.mqtt_uris:
                 offered["MQTT"] = {
                     "URIS": self.mqtt_uris,
-                    "authentication": {"method": "ANONYMOUS"},
+                    "authentication": self.mqtt_authentication,
                     "serialization": "JSON",
                 }
             return offered

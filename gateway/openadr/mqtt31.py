@@ -27,7 +27,7 @@ import logging
 import secrets
 import ssl
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -79,7 +79,7 @@ class MqttNotifications:
         self,
         uri: str,
         *,
-        credentials: Callable[[], Awaitable[Credentials]],
+        credentials: Callable[[], Coroutine[Any, Any, Credentials]],
         handler: Handler,
         resubscribed: Callable[[], None] = lambda: None,
     ) -> None:
@@ -153,9 +153,9 @@ class MqttNotifications:
         """Before each (re)connection: the credentials as they are now."""
         assert self._loop is not None
         try:
-            given = asyncio.run_coroutine_threadsafe(self._credentials(), self._loop).result(
-                CREDENTIALS_WAIT_S
-            )
+            given: Credentials = asyncio.run_coroutine_threadsafe(
+                self._credentials(), self._loop
+            ).result(CREDENTIALS_WAIT_S)
         except Exception as exc:  # the connection is tried anyway, and refused if it must be
             log.warning("MQTT: no credentials for the broker (%s)", exc)
             return

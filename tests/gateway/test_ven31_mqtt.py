@@ -214,6 +214,7 @@ class Proxy:
         self.url = f"mqtt://127.0.0.1:{self.listener.getsockname()[1]}"
         self.accepting = True
         self.open: list[socket.socket] = []
+        self.sent = bytearray()  #: every byte the clients sent (their CONNECT packets too)
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -229,13 +230,15 @@ class Proxy:
             upstream = socket.create_connection(("127.0.0.1", self.target))
             with self._lock:
                 self.open += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            for a, b, seen in ((client, upstream, self.sent), (upstream, client, None)):
+                threading.Thread(target=self._pipe, args=(a, b, seen), daemon=True).start()
 
     @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(source: socket.socket, sink: socket.socket, seen: bytearray | None) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
+                if seen is not None:
+                    seen += data
                 sink.sendall(data)
         with contextlib.suppress(OSError):
             sink.shutdown(socket.SHUT_RDWR)
@@ -278,6 +281,37 @@ def test_a_broker_that_drops_is_reconnected_and_what_it_missed_is_polled(
             assert logs.text.count("MQTT: connected to") >= 2
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize(
+    ("settings_given", "expected"),
+    [
+        ({}, "the client id and the VEN's OAuth2 token"),
+        ({"vtn_mqtt_username": "operator-7", "vtn_mqtt_password": "op-secret-0123"}, "settings"),
+    ],
+)
+def test_the_broker_gets_the_credentials_the_binding_names_or_the_settings(
+    tmp_path, database_url, vtn, logs, settings_given, expected
+):
+    """The broker (Mosquitto here takes any) is seen through the relay: the CONNECT packet."""
+    proxy = Proxy(1883)
+    vtn.mqtt_uris = [proxy.url]
+    vtn.mqtt_authentication = {"method": "OAUTH2_BEARER_TOKEN", "username": "{clientID}"}
+    try:
+        with mqtt_site(tmp_path, database_url, vtn, logs, **settings_given) as site:
+            event = vtn.add_event(simple_event(vtn, start_s=0.5, interval_s=60, intervals=1))
+            site.wait(lambda: stored(site, event["id"]), what="the event over MQTT")
+            sent = bytes(proxy.sent)
+            if settings_given:
+                assert b"operator-7" in sent
+                assert b"op-secret-0123" in sent
+            else:
+                assert LAB_CLIENT_ID.encode() in sent
+                assert any(token.encode() in sent for token in vtn._tokens)
+    finally:
+        proxy.close()
+    assert "op-secret-0123" not in logs.text
+    assert not any(token in logs.text for token in vtn._tokens)
 
 
 def test_a_plain_mqtt_broker_on_another_machine_is_refused_and_polling_goes_on(
