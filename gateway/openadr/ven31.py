@@ -79,7 +79,12 @@ UNDELIVERED_KEPT = 100  #: reports kept for the VTN while it cannot take them
 
 
 class VtnError(Exception):
-    """The VTN refused a request or could not be reached: the reason."""
+    """The VTN refused a request or could not be reached: the reason (and the HTTP status of a
+    refusal)."""
+
+    def __init__(self, reason: str, status: int | None = None) -> None:
+        super().__init__(reason)
+        self.status = status
 
 
 class Ven31:
@@ -234,7 +239,10 @@ class Ven31:
                 self.tokens.invalidate()
                 continue
             if answer.status_code >= 400:
-                raise VtnError(f"{method} {path}: HTTP {answer.status_code} {_detail(answer)}")
+                raise VtnError(
+                    f"{method} {path}: HTTP {answer.status_code} {_detail(answer)}",
+                    answer.status_code,
+                )
             return answer.json() if answer.content else None
         raise AssertionError("unreachable")
 
@@ -505,10 +513,11 @@ class Ven31:
             log.warning("the VTN's notifiers are not 3.1 notifiers (%s): no MQTT", first_error(exc))
             return
         except VtnError as exc:
-            if "HTTP 404" not in str(exc):
-                raise  # asked again after the retry
-            self._mqtt_asked = True
-            log.info("the VTN has no /notifiers (a 3.0 VTN?): no MQTT")
+            if exc.status is not None and 400 <= exc.status < 500:
+                self._mqtt_asked = True
+                log.info("the VTN offers no notifiers (%s; a 3.0 VTN?): no MQTT", exc)
+            else:  # the poll goes on either way
+                log.warning("the VTN's notifiers not read (%s): asked again after a poll", exc)
             return
         self._mqtt_asked = True
         binding = notifiers.mqtt

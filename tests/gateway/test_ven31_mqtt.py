@@ -406,3 +406,24 @@ def test_mock_vtn_command_offers_mqtt_on_the_broker_given(broker):
         finally:
             server.send_signal(signal.SIGINT)
             server.wait(20)
+
+
+def test_a_vtn_without_an_mqtt_notifier_is_used_by_webhook_and_polling(
+    tmp_path, database_url, logs
+):
+    with mock_vtn() as plain, ven_site(tmp_path, database_url, plain) as site:
+        site.wait(lambda: "offers no MQTT notifier" in logs.text, what="the notifiers read")
+        event = plain.add_event(simple_event(plain, start_s=0.5, interval_s=60, intervals=1))
+        site.wait(lambda: capped(site), what="caps by webhook")
+        assert stored(site, event["id"])["status"] == "active"
+    assert "MQTT: connecting" not in logs.text
+
+
+def test_mqtt_off_in_the_settings_leaves_the_notifier_unused(tmp_path, database_url, vtn, logs):
+    with ven_site(
+        tmp_path, database_url, vtn, webhook=False, vtn_poll_s=0.3, vtn_mqtt=False
+    ) as site:
+        event = vtn.add_event(simple_event(vtn, start_s=0.5, interval_s=60, intervals=1))
+        site.wait(lambda: capped(site), what="caps from a poll")
+        assert stored(site, event["id"])["status"] == "active"
+    assert "MQTT" not in logs.text
