@@ -22,6 +22,7 @@ subscribes and hands every message, as it came, to the asyncio loop, in order:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import secrets
@@ -209,12 +210,18 @@ class MqttNotifications:
                 self.subscribed.add(topic)
                 granted = True
                 log.info("MQTT: subscribed to %s", topic)
-        if granted and self.connections > 1 and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._resubscribed)
+        if granted and self.connections > 1:
+            self._to_loop(self._resubscribed)
 
     def _on_message(self, _client: paho.Client, _userdata: Any, message: paho.MQTTMessage) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._put, message.topic, bytes(message.payload))
+        self._to_loop(self._put, message.topic, bytes(message.payload))
+
+    def _to_loop(self, call: Callable[..., None], *args: Any) -> None:
+        """Run `call` on the loop; nothing once the loop has closed (the gateway stopping)."""
+        if self._loop is None:
+            return
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(call, *args)
 
     def _put(self, topic: str, payload: bytes) -> None:
         try:
