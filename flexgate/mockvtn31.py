@@ -8,6 +8,13 @@
   resources (a VEN creates its own), subscriptions, with webhook delivery of each change to
   the callbacks that asked for it (the subscription's bearer token on each), and reports,
   stored.
+- **MQTT** (with `mqtt_broker`, e.g. mqtt://127.0.0.1:1883): `GET /notifiers` offers the MQTT
+  binding (that broker, ANONYMOUS unless `mqtt_authentication` says otherwise; the broker
+  itself checks nothing) beside WEBHOOK, the `/notifiers/mqtt/topics/...` endpoints name the
+  topics (every one the notifier document lists, all under `topic_root`, unique per VTN by
+  default so VTNs can share a broker), and every PROGRAM and EVENT change is published
+  (QoS 1, not retained) to each topic it belongs to: all objects of its kind, its program's,
+  and each VEN's (the mock has no object privacy). The message is the webhook's notification.
 - **Validation**: every object a VEN sends is read with the 3.1 models
   (`gateway.openadr.oadr31`) and refused with a 400 problem naming the field, recorded in
   `refused`; every object this VTN sends is built through the same models.
@@ -22,16 +29,21 @@ from __future__ import annotations
 
 import base64
 import itertools
+import json
+import re
 import secrets
 import threading
+import uuid
 from collections.abc import Callable
 from datetime import UTC, timedelta
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
+import paho.mqtt.client as paho
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from paho.mqtt.enums import CallbackAPIVersion
 from pydantic import ValidationError
 
 from gateway.clock import Clock, SystemClock
@@ -80,6 +92,9 @@ class MockVtn31:
         token_lifetime_s: float = 3600.0,
         clock: Clock | None = None,
         say: Callable[[str], None] = lambda _line: None,
+        mqtt_broker: str | None = None,
+        topic_root: str | None = None,
+        mqtt_authentication: dict[str, str] | None = None,
     ) -> None:
         self.clients = clients or {LAB_CLIENT_ID: LAB_CLIENT_SECRET}
         self.token_lifetime_s = token_lifetime_s
@@ -101,7 +116,34 @@ class MockVtn31:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._after_registration: Callable[[], None] | None = None
+        self.mqtt_broker = mqtt_broker
+        #: The broker URIs `GET /notifiers` offers (the one it publishes to, unless changed).
+        self.mqtt_uris = [mqtt_broker] if mqtt_broker else []
+        #: The broker's authentication as offered (the broker itself is not told).
+        self.mqtt_authentication = mqtt_authentication or {"method": "ANONYMOUS"}
+        #: Every topic this VTN names starts with it (by default unique to this VTN).
+        self.topic_root = topic_root or f"openadr3/{uuid.uuid4().hex}"
+        self.published: list[tuple[str, str]] = []  #: (topic, operation) per MQTT message
+        self._mqtt = _publisher(mqtt_broker) if mqtt_broker else None
         self.app = self._build()
+
+    def close(self) -> None:
+        """Disconnect from the MQTT broker (nothing else to release)."""
+        if self._mqtt is not None:
+            self._mqtt.disconnect()
+            self._mqtt.loop_stop()
+            self._mqtt = None
+
+    def topics(self, path: str) -> dict[str, str] | None:
+        """The topic names of `/notifiers/mqtt/topics/{path}`, or None for no such path."""
+        for pattern, base, create in _TOPICS:
+            found = re.fullmatch(pattern, path)
+            if found:
+                where = f"{self.topic_root}/{base.format(*found.groups())}"
+                ops = ["CREATE", "UPDATE", "DELETE"] if create else ["UPDATE", "DELETE"]
+                names = {op: f"{where}/{op.lower()}" for op in ops}
+                return {**names, "ALL": f"{where}/+"}
+        return None
 
     def issue_after_registration(
         self,
@@ -194,6 +236,7 @@ class MockVtn31:
                 if kind in op["objects"] and operation in {crud(o) for o in op["operations"]}
             ]
         note = {"objectType": kind, "operation": operation, "object": obj}
+        self._publish(kind, operation, obj, note)
         for hook in hooks:
             headers = {"Authorization": f"Bearer {hook.get('bearerToken') or ''}"}
             try:
@@ -203,6 +246,26 @@ class MockVtn31:
                 status = 0
             self.delivered.append((hook["callbackUrl"], status))
             self.say(f"VTN: notified {hook['callbackUrl']} of {kind} {operation}: {status}")
+
+    def _publish(self, kind: str, operation: str, obj: dict[str, Any], note: Any) -> None:
+        """The notification on every MQTT topic the change belongs to."""
+        if self._mqtt is None or kind not in ("EVENT", "PROGRAM"):
+            return
+        with self._lock:
+            vens = list(self.vens)
+        if kind == "EVENT":
+            paths = ["events", f"programs/{obj.get('programID')}/events"]
+            paths += [f"vens/{v}/events" for v in vens]
+        else:
+            paths = ["programs", f"programs/{obj.get('id')}", *[f"vens/{v}/programs" for v in vens]]
+        body = json.dumps(note)
+        for path in paths:
+            topic = (self.topics(path) or {}).get(operation)
+            if topic is None:  # no CREATE topic for one program
+                continue
+            self._mqtt.publish(topic, body, qos=1)
+            self.published.append((topic, operation))
+        self.say(f"VTN: published {kind} {operation} over MQTT")
 
     # --- the REST API ----------------------------------------------------------------------
 
@@ -250,6 +313,26 @@ class MockVtn31:
                     "expires_in": self.token_lifetime_s,
                 }
             )
+
+        @app.get("/notifiers")
+        async def notifiers() -> dict[str, Any]:
+            offered: dict[str, Any] = {"WEBHOOK": True}
+            if self.mqtt_uris:
+                offered["MQTT"] = {
+                    "URIS": self.mqtt_uris,
+                    "authentication": self.mqtt_authentication,
+                    "serialization": "JSON",
+                }
+            return offered
+
+        @app.get("/notifiers/{binding}/topics/{path:path}")
+        async def topics(binding: str, path: str) -> JSONResponse:
+            if binding.upper() != "MQTT" or not self.mqtt_broker:
+                return _problem(404, f"no notifier binding {binding!r} with topics")
+            names = self.topics(path.strip("/"))
+            if names is None:
+                return _problem(404, f"no topics for {path!r}")
+            return JSONResponse({"topics": names})
 
         @app.get("/programs")
         async def programs(skip: int = 0, limit: int = 50) -> list[dict[str, Any]]:
@@ -371,6 +454,43 @@ class MockVtn31:
 
 
 _STAMPS = ("id", "objectType", "createdDateTime", "modificationDateTime")
+_ID = r"([a-zA-Z0-9_-]+)"
+#: The topic endpoints (`/notifiers/mqtt/topics/` + pattern): the topics' base, and whether it
+#: has a CREATE topic (one object's topics have not: it exists already).
+_TOPICS = (
+    ("programs", "programs", True),
+    (f"programs/{_ID}", "programs/{0}", False),
+    ("events", "events", True),
+    (f"programs/{_ID}/events", "events/programs/{0}", True),
+    ("reports", "reports", True),
+    (f"programs/{_ID}/reports", "reports/programs/{0}", True),
+    ("subscriptions", "subscriptions", True),
+    (f"programs/{_ID}/subscriptions", "subscriptions/programs/{0}", True),
+    ("vens", "vens", True),
+    (f"vens/{_ID}", "vens/{0}", False),
+    ("resources", "resources", True),
+    (f"vens/{_ID}/resources", "resources/vens/{0}", True),
+    (f"vens/{_ID}/events", "events/vens/{0}", True),
+    (f"vens/{_ID}/programs", "programs/vens/{0}", True),
+)
+
+
+def _publisher(broker: str) -> paho.Client:
+    """A connected MQTT client publishing from its own thread (plain or TLS)."""
+    parts = urlsplit(broker)
+    if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
+        raise ValueError(f"{broker!r} is not an mqtt:// or mqtts:// broker URI")
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"mockvtn-{uuid.uuid4().hex[:8]}")
+    if parts.scheme == "mqtts":
+        client.tls_set()
+    connected = threading.Event()
+    client.on_connect = lambda *_args: connected.set()
+    client.connect(parts.hostname, parts.port or (8883 if parts.scheme == "mqtts" else 1883))
+    client.loop_start()
+    if not connected.wait(10.0):
+        client.loop_stop()
+        raise ConnectionError(f"the MQTT broker {broker} did not accept the connection")
+    return client
 
 
 def _problem(status: int, detail: str) -> JSONResponse:

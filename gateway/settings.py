@@ -60,6 +60,9 @@ class GatewaySettings(BaseSettings):
     vtn_allow_http: bool = False  #: OpenADR 3.1: plain HTTP to a VTN on loopback
     vtn_poll_s: float = Field(default=10.0, gt=0.0)  #: OpenADR 3.1: events are read this often
     ven_callback_url: str = ""  #: OpenADR 3.1: where the VTN posts notifications; empty: poll
+    vtn_mqtt: bool = True  #: OpenADR 3.1: use the VTN's MQTT notifier when it offers one
+    vtn_mqtt_username: str = ""  #: OpenADR 3.1: the broker's username; empty: as the VTN says
+    vtn_mqtt_password: SecretStr = SecretStr("")  #: OpenADR 3.1: with vtn_mqtt_username
     ven_name: str = "flexgate"
     ven_groups: str = Field(default="", description="comma-separated groupIDs this VEN answers")
     ven_resources: str = Field(default="", description="comma-separated resourceIDs it controls")
@@ -166,6 +169,11 @@ class GatewaySettings(BaseSettings):
             problem = insecure_url(getattr(self, name), allow_http=self.lab or self.vtn_allow_http)
             if problem:
                 raise ValueError(f"FLEXGATE_{name.upper()}: {problem}")
+        if self.vtn_mqtt_password.get_secret_value() and not self.vtn_mqtt_username:
+            raise ValueError(
+                "FLEXGATE_VTN_MQTT_PASSWORD is set without FLEXGATE_VTN_MQTT_USERNAME: set both, "
+                "or neither to use the credentials the VTN's MQTT notifier names"
+            )
         secret = self.vtn_client_secret.get_secret_value()
         if not self.vtn_client_id or not secret:
             raise ValueError(

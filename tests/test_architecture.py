@@ -8,8 +8,8 @@
   those below it: root (app, run) -> api -> grid protocol (openadr) -> services -> settings
   -> outside world (the agent client, the meter, the job source) -> store -> base (clock,
   errors). Routes call services, never the store.
-- in gateway, only the grid-protocol package imports openleadr, and only it and the
-  outside-world parts (agent client, meter) import aiohttp; only the outside world (the job
+- in gateway, only the grid-protocol package imports openleadr and paho (MQTT), and only it
+  and the outside-world parts (agent client, meter) import aiohttp; only the outside world (the job
   source) imports the Kubernetes client.
 - flexgate (the CLI, the composition root) may import all three; nothing imports it.
 """
@@ -63,6 +63,7 @@ GATEWAY_ONLY_IN = {
     "openleadr": {"grid protocol"},
     "aiohttp": {"grid protocol", "outside world"},
     "kubernetes": {"outside world"},
+    "paho": {"grid protocol"},
 }
 
 

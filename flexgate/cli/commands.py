@@ -363,6 +363,8 @@ def run_mock_vtn(args: argparse.Namespace) -> int:
 
     if args.openadr == "3.1":
         return _run_mock_vtn31(args)
+    if args.mqtt_broker:
+        raise BadInputError("--mqtt-broker is for the 3.1 mock VTN (--openadr 3.1)")
     from flexgate.mockvtn import DEFAULT_SCENARIO, MockVtn, read_scenario
 
     try:
@@ -390,16 +392,23 @@ def _run_mock_vtn31(args: argparse.Namespace) -> int:
 
     if args.scenario:
         raise BadInputError("--scenario is a 2.0b scenario: the 3.1 mock VTN issues its own event")
-    vtn = MockVtn31(say=lambda line: print(line, flush=True))
+    try:
+        vtn = MockVtn31(say=lambda line: print(line, flush=True), mqtt_broker=args.mqtt_broker)
+    except (ValueError, OSError) as exc:
+        raise BadInputError(f"--mqtt-broker {args.mqtt_broker}: {exc}") from None
     vtn.issue_after_registration()
-    with ServerThread(vtn.app, host=args.host, port=args.port) as url:
-        print(
-            f"mock OpenADR 3.1 VTN at {url}; OAuth2 client {LAB_CLIENT_ID!r} with the lab secret "
-            "(docs/openadr.md); waiting for a VEN (Ctrl-C stops)",
-            file=sys.stderr,
-        )
-        while True:
-            time.sleep(1)
+    mqtt = f"; MQTT notifications on {args.mqtt_broker}" if args.mqtt_broker else ""
+    try:
+        with ServerThread(vtn.app, host=args.host, port=args.port) as url:
+            print(
+                f"mock OpenADR 3.1 VTN at {url}; OAuth2 client {LAB_CLIENT_ID!r} with the lab "
+                f"secret (docs/openadr.md){mqtt}; waiting for a VEN (Ctrl-C stops)",
+                file=sys.stderr,
+            )
+            while True:
+                time.sleep(1)
+    finally:
+        vtn.close()
 
 
 def _first_error(exc: Any) -> str:

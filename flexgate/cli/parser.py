@@ -303,6 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="3.1: the OpenADR 3.1 mock VTN (OAuth2, programs, events, webhooks, reports), "
         "issuing one event asking for 25 kW less, 10 s after a VEN registers, for 60 s",
     )
+    vtn.add_argument(
+        "--mqtt-broker",
+        metavar="URI",
+        help="3.1 only: offer the MQTT notifier (GET /notifiers) on this broker, e.g. "
+        "mqtt://127.0.0.1:1883, and publish every program and event change to it",
+    )
     vtn.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     vtn.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
     vtn.set_defaults(command=commands.run_mock_vtn, name="mock-vtn")

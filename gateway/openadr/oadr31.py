@@ -282,6 +282,38 @@ class Notification(Model):
     targets: list[str] | None = None
 
 
+class MqttAuthentication(Model):
+    """How a VTN's MQTT broker authenticates a client (the notifier document's section 12):
+    ANONYMOUS, OAUTH2_BEARER_TOKEN (the REST token as the password; `username` as given, or
+    the client's id where it says "{clientID}"), or CERTIFICATE (mutual TLS)."""
+
+    method: Literal["ANONYMOUS", "OAUTH2_BEARER_TOKEN", "CERTIFICATE"]
+    username: str | None = None
+
+
+class MqttBinding(Model):
+    """The MQTT notifier binding of `GET /notifiers` (section 7.2): the broker's URIs, its
+    authentication, the message serialization (JSON, the only one defined)."""
+
+    uris: list[Annotated[str, Field(min_length=1)]] = Field(alias="URIS", min_length=1)
+    authentication: MqttAuthentication
+    serialization: Literal["JSON"] = "JSON"
+
+
+class Notifiers(Model):
+    """`GET /notifiers`: the notifier bindings a VTN offers (WEBHOOK is always true)."""
+
+    webhook: bool = Field(default=True, alias="WEBHOOK")
+    mqtt: MqttBinding | None = Field(default=None, alias="MQTT")
+
+
+class Topics(Model):
+    """`GET /notifiers/{binding}/topics/...`: a topic name per operation, and optionally one
+    (a wildcard) for ALL of them (section 8.1)."""
+
+    topics: dict[Literal["CREATE", "UPDATE", "DELETE", "ALL"], Annotated[str, Field(min_length=1)]]
+
+
 class AuthServerInfo(Model):
     """`GET /auth/server`: where the VTN's OAuth2 token service is."""
 

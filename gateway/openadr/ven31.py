@@ -5,6 +5,11 @@
 notifications when FLEXGATE_VEN_CALLBACK_URL is set (the gateway serves the callback, `router`:
 a notification must carry the subscription's bearer token), and reads programs and events every
 FLEXGATE_VTN_POLL_S whatever the webhook does (the fallback, and the check on what it missed).
+When the VTN's `GET /notifiers` offers MQTT (and FLEXGATE_VTN_MQTT is on), it also connects to
+the broker (`mqtt31`) and follows the event topics of each program it reads
+(`GET /notifiers/mqtt/topics/programs/{programID}/events`); a message is read exactly as a
+webhook notification is. Webhook and MQTT may both deliver an event: one already read (the same
+modification) is not read again.
 
 Every event is read into an `ExternalEvent` (`signals31`), **stored, then acted on**
 (`Events.accept`); one not acted on, or refused, is logged and told to the VTN in a report
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import random
 import secrets
@@ -34,12 +40,16 @@ from pydantic import ValidationError
 
 from gateway.clock import Clock
 from gateway.errors import ConflictError
+from gateway.openadr.mqtt31 import Credentials, MqttNotifications, broker_problem
 from gateway.openadr.oadr31 import (
     Event,
+    MqttBinding,
     Notification,
+    Notifiers,
     Program,
     Resource,
     Subscription,
+    Topics,
     Ven,
     crud,
     first_error,
@@ -69,7 +79,12 @@ UNDELIVERED_KEPT = 100  #: reports kept for the VTN while it cannot take them
 
 
 class VtnError(Exception):
-    """The VTN refused a request or could not be reached: the reason."""
+    """The VTN refused a request or could not be reached: the reason (and the HTTP status of a
+    refusal)."""
+
+    def __init__(self, reason: str, status: int | None = None) -> None:
+        super().__init__(reason)
+        self.status = status
 
 
 class Ven31:
@@ -110,6 +125,10 @@ class Ven31:
         self._events: Events | None = None
         self._power: SitePower | None = None
         self._lock = asyncio.Lock()
+        self.mqtt: MqttNotifications | None = None
+        self._mqtt_asked = False  #: GET /notifiers answered (MQTT used, or why not logged)
+        self._followed: set[str] = set()  #: programs whose event topics MQTT follows
+        self._poll_now = asyncio.Event()  #: set: poll without waiting FLEXGATE_VTN_POLL_S
 
     # --- GridProtocol ----------------------------------------------------------------------
 
@@ -144,6 +163,8 @@ class Ven31:
         for task in [self._task, *self._reporting.values()]:
             if task is not None:
                 task.cancel()
+        if self.mqtt is not None:
+            await self.mqtt.stop()
         if self.subscription_id is not None:
             try:
                 await self._call("DELETE", f"/subscriptions/{self.subscription_id}")
@@ -159,10 +180,14 @@ class Ven31:
                     await self._register()
                 if self.subscription_id is None and self.settings.ven_callback_url:
                     await self._try_subscribe()
+                if self.settings.vtn_mqtt and not self._mqtt_asked:
+                    await self._try_mqtt()
                 await self.poll()
+                if self.mqtt is not None:
+                    await self._follow_programs()
                 self.reachable, attempt = True, 0
                 await self._send_undelivered()
-                await self.clock.sleep(self.settings.vtn_poll_s)
+                await self._until_next_poll()
             except (VtnError, VtnAuthError) as exc:
                 self.reachable = False
                 delay = RETRY_S[min(attempt, len(RETRY_S) - 1)]
@@ -173,6 +198,21 @@ class Ven31:
                 log.exception("the VEN's poll failed")
                 attempt += 1
                 await self.clock.sleep(RETRY_S[-1])
+
+    async def _until_next_poll(self) -> None:
+        """FLEXGATE_VTN_POLL_S, or less when MQTT asks for a poll (after a reconnection)."""
+        sleeping = asyncio.ensure_future(self.clock.sleep(self.settings.vtn_poll_s))
+        woken = asyncio.ensure_future(self._poll_now.wait())
+        try:
+            await asyncio.wait({sleeping, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeping.cancel()
+            woken.cancel()
+        self._poll_now.clear()
+
+    def _poll_soon(self) -> None:
+        log.info("MQTT: subscribed again after a reconnection; polling for what was missed")
+        self._poll_now.set()
 
     # --- the VTN's REST API ----------------------------------------------------------------
 
@@ -199,7 +239,10 @@ class Ven31:
                 self.tokens.invalidate()
                 continue
             if answer.status_code >= 400:
-                raise VtnError(f"{method} {path}: HTTP {answer.status_code} {_detail(answer)}")
+                raise VtnError(
+                    f"{method} {path}: HTTP {answer.status_code} {_detail(answer)}",
+                    answer.status_code,
+                )
             return answer.json() if answer.content else None
         raise AssertionError("unreachable")
 
@@ -458,6 +501,101 @@ class Ven31:
                 self.programs[program.id] = program
         return True
 
+    # --- MQTT notifications ----------------------------------------------------------------
+
+    async def _try_mqtt(self) -> None:
+        """Read the VTN's notifiers once; connect to its MQTT broker when it offers one that
+        may be used, else say why (webhook and polling go on)."""
+        try:
+            notifiers = Notifiers.model_validate(await self._call("GET", "/notifiers"))
+        except ValidationError as exc:
+            self._mqtt_asked = True
+            log.warning("the VTN's notifiers are not 3.1 notifiers (%s): no MQTT", first_error(exc))
+            return
+        except VtnError as exc:
+            if exc.status is not None and 400 <= exc.status < 500:
+                self._mqtt_asked = True
+                log.info("the VTN offers no notifiers (%s; a 3.0 VTN?): no MQTT", exc)
+            else:  # the poll goes on either way
+                log.warning("the VTN's notifiers not read (%s): asked again after a poll", exc)
+            return
+        self._mqtt_asked = True
+        binding = notifiers.mqtt
+        if binding is None:
+            log.info("the VTN offers no MQTT notifier: webhook and polling only")
+            return
+        problems = []
+        for uri in binding.uris:
+            problem = broker_problem(
+                uri, allow_plain=self.settings.lab or self.settings.vtn_allow_http
+            )
+            if problem is None:
+                break
+            problems.append(problem)
+        else:
+            log.warning("MQTT not used: %s; webhook and polling only", "; ".join(problems))
+            return
+        refused = _unsupported(binding, bool(self.settings.vtn_mqtt_username))
+        if refused:
+            log.warning("MQTT not used: %s; webhook and polling only", refused)
+            return
+        self.mqtt = MqttNotifications(
+            uri,
+            credentials=lambda: self._mqtt_credentials(binding),
+            handler=self._mqtt_message,
+            resubscribed=self._poll_soon,
+        )
+        self.mqtt.start()
+
+    async def _mqtt_credentials(self, binding: MqttBinding) -> Credentials:
+        """FLEXGATE_VTN_MQTT_USERNAME/_PASSWORD when set; else as the binding says."""
+        if self.settings.vtn_mqtt_username:
+            return (
+                self.settings.vtn_mqtt_username,
+                self.settings.vtn_mqtt_password.get_secret_value(),
+            )
+        auth = binding.authentication
+        if auth.method == "OAUTH2_BEARER_TOKEN":
+            username = auth.username or ""
+            if username == "{clientID}":
+                username = self.settings.vtn_client_id
+            return username, await self.tokens.token()
+        return None  # ANONYMOUS
+
+    async def _follow_programs(self) -> None:
+        """Follow the event topics of each program not followed yet; one the VTN cannot name
+        now is asked for again after the next poll."""
+        assert self.mqtt is not None
+        for program_id in sorted(set(self.programs) - self._followed):
+            path = f"/notifiers/mqtt/topics/programs/{program_id}/events"
+            try:
+                topics = Topics.model_validate(await self._call("GET", path))
+            except ValidationError as exc:
+                log.warning("GET %s: not 3.1 topics (%s)", path, first_error(exc))
+                continue
+            except (VtnError, VtnAuthError) as exc:
+                log.warning("MQTT: program %s's event topics not known yet: %s", program_id, exc)
+                continue
+            names = topics.topics
+            chosen = [names["ALL"]] if "ALL" in names else list(names.values())
+            self.mqtt.follow(chosen)
+            self._followed.add(program_id)
+
+    async def _mqtt_message(self, topic: str, payload: bytes) -> None:
+        """A message from the broker: a notification, read as the webhook reads one."""
+        try:
+            note = Notification.model_validate(json.loads(payload))
+        except ValueError as exc:  # ValidationError and bad JSON (and bad UTF-8)
+            why = first_error(exc) if isinstance(exc, ValidationError) else "not JSON"
+            log.warning(
+                "MQTT message on %s refused: not an OpenADR 3.1 notification: %s", topic, why
+            )
+            return
+        if not await self.notified(note):
+            log.warning(
+                "MQTT message on %s: its event could not be stored; the poll reads it", topic
+            )
+
     # --- reports ---------------------------------------------------------------------------
 
     def _schedule_reports(self, event: Event, offset_s: float) -> None:
@@ -503,6 +641,16 @@ class Ven31:
         waiting, self._undelivered = self._undelivered, []
         for report in waiting:
             await self._post_report(report)
+
+
+def _unsupported(binding: MqttBinding, configured: bool) -> str | None:
+    """Why the binding's authentication cannot be used, or None."""
+    if binding.authentication.method == "CERTIFICATE" and not configured:
+        return (
+            "the broker asks for a client certificate (CERTIFICATE), which flexgate does not "
+            "use; set FLEXGATE_VTN_MQTT_USERNAME/_PASSWORD if it takes those too"
+        )
+    return None
 
 
 def _modification_or_none(raw: Any) -> int:
