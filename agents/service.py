@@ -15,10 +15,10 @@ import hmac
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.concurrency import run_in_threadpool
@@ -37,6 +37,7 @@ from agents.protocol import (
     Health,
     RestoreResponse,
     TelemetryResponse,
+    TelemetrySummary,
     problems,
     validation_detail,
 )
@@ -126,8 +127,42 @@ class AgentNode:
             actuation_delay=self.controller.delay_stats(),
         )
 
+    def summary(self, period_s: float) -> TelemetrySummary:
+        """The telemetry published over NATS: each GPU's mean power over the last `period_s`
+        (its power now when the node does not sample), the jobs, the delays."""
+        if self.sampling:
+            last = max(round(period_s / self.sampler.interval_s), 1)
+            power = [
+                sum(g.power_w) / len(g.power_w) if g.power_w else None
+                for g in self.sampler.gpu_power(last)
+            ]
+        else:
+            power = [self._power_now(index) for index in range(self.backend.count())]
+        return TelemetrySummary(
+            node_id=self.node_id,
+            period_s=period_s,
+            gpu_power_w=power,
+            jobs=self.sampler.job_telemetry() if self.sampling else [],
+            actuation_delay=self.controller.delay_stats(),
+            generation=self.controller.generation,
+            lease_remaining_s=self.controller.lease_remaining_s(),
+        )
+
+    def _power_now(self, index: int) -> float | None:
+        try:
+            return self.backend.power_w(index)
+        except AgentError:
+            return None
+
     def metrics(self) -> str:
         return prometheus_text(self)
+
+
+class Link(Protocol):
+    """Another way in to the nodes, started with the app and stopped before it (NATS)."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
 
 
 def node_router(resolve: Callable[..., Any], token: str, prefix: str = "") -> APIRouter:
@@ -180,11 +215,17 @@ def node_router(resolve: Callable[..., Any], token: str, prefix: str = "") -> AP
 
 
 def create_app(
-    nodes: list[AgentNode], token: str, *, prefixed: bool = False, lease_check_s: float = 0.1
+    nodes: list[AgentNode],
+    token: str,
+    *,
+    prefixed: bool = False,
+    lease_check_s: float = 0.1,
+    links: Sequence[Link] = (),
 ) -> FastAPI:
     """An app serving `nodes`: one at the root, or each under `/nodes/{node_id}`.
 
-    One watcher thread checks every node's lease each `lease_check_s` seconds.
+    One watcher thread checks every node's lease each `lease_check_s` seconds. `links` (NATS)
+    start once the nodes have restored what a previous run left, and stop before they restore.
     """
     if not prefixed and len(nodes) != 1:
         raise ValueError("serve several nodes with prefixed=True")
@@ -201,9 +242,15 @@ def create_app(
             node.start()
         watcher = threading.Thread(target=watch, name="flexgate-leases", daemon=True)
         watcher.start()
+        started: list[Link] = []
         try:
+            for link in links:
+                await link.start()
+                started.append(link)
             yield
         finally:
+            for link in started:
+                await link.stop()
             stop.set()
             watcher.join(timeout=5.0)
             for node in nodes:

@@ -52,14 +52,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = agents or await agent_client(settings, clock, http_trace)
         store = Store(settings.database_url)
-        client = agents or HttpAgentClient(
-            settings.agent_token.get_secret_value(),
-            timeout_s=settings.dispatch_timeout_s,
-            retries=settings.dispatch_retries,
-            clock=clock,
-            trace_configs=http_trace,
-        )
         ven = None
         if settings.vtn_url:
             from gateway.openadr.ven import Ven  # openleadr loads only when a VTN is configured
@@ -127,3 +121,38 @@ def create_app(
         return JSONResponse({"detail": validation_detail(exc.errors())}, status_code=422)
 
     return app
+
+
+async def agent_client(
+    settings: GatewaySettings, clock: Clock, http_trace: HttpTrace
+) -> AgentClient:
+    """The transport `FLEXGATE_TRANSPORT` names: HTTP, or NATS (connected here, so wrong
+    credentials stop the gateway at start with the reason)."""
+    token = settings.agent_token.get_secret_value()
+    if settings.transport == "http":
+        return HttpAgentClient(
+            token,
+            timeout_s=settings.dispatch_timeout_s,
+            retries=settings.dispatch_retries,
+            clock=clock,
+            trace_configs=http_trace,
+        )
+    from gateway.agentclient.natsbus import NatsAgentClient, NatsOptions  # nats-py on demand
+
+    password = settings.nats_password
+    client = NatsAgentClient(
+        NatsOptions(
+            url=settings.nats_url,
+            token=settings.nats_token.get_secret_value() if settings.nats_token else None,
+            user=settings.nats_user,
+            password=password.get_secret_value() if password else None,
+            tls_ca=settings.nats_tls_ca,
+        ),
+        token,
+        timeout_s=settings.dispatch_timeout_s,
+        retries=settings.dispatch_retries,
+        lease_s=settings.lease_s,
+        clock=clock,
+    )
+    await client.connect()
+    return client

@@ -8,8 +8,9 @@
   those below it: root (app, run) -> api -> grid protocol (openadr) -> services -> settings
   -> outside world (the agent client, the meter) -> store -> base (clock, errors). Routes
   call services, never the store.
-- in gateway, only the grid-protocol package imports openleadr, and only it and the
-  outside-world parts (agent client, meter) import aiohttp.
+- in gateway, only the grid-protocol package imports openleadr, only it and the
+  outside-world parts (agent client, meter) import aiohttp, and only the outside world imports
+  nats.
 - flexgate (the CLI, the composition root) may import all three; nothing imports it.
 """
 
@@ -61,6 +62,7 @@ LAYER_ORDER = list(GATEWAY_LAYERS)
 GATEWAY_ONLY_IN = {
     "openleadr": {"grid protocol"},
     "aiohttp": {"grid protocol", "outside world"},
+    "nats": {"outside world"},
 }
 
 
