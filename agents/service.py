@@ -289,27 +289,62 @@ def create_app(
     return app
 
 
+#: The DCGM exporter's fields flexgate has: (name, type, help, reading of (backend, index)).
+DCGM_FIELDS: tuple[tuple[str, str, str, Callable[[GpuBackend, int], float | None]], ...] = (
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", lambda b, i: b.power_w(i)),
+    (
+        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+        "gauge",
+        "Enforced power limit (in W).",
+        lambda b, i: b.enforced_limit_w(i),
+    ),
+    (
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN",
+        "gauge",
+        "Minimum power management limit (in W).",
+        lambda b, i: b.constraints(i).min_w,
+    ),
+    (
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX",
+        "gauge",
+        "Maximum power management limit (in W).",
+        lambda b, i: b.constraints(i).max_w,
+    ),
+    (
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF",
+        "gauge",
+        "Default power management limit (in W).",
+        lambda b, i: b.constraints(i).default_w,
+    ),
+    (
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "counter",
+        "Total energy consumption since boot (in mJ).",
+        lambda b, i: None if (j := b.energy_j(i)) is None else j * 1000.0,
+    ),
+)
+
+
 def prometheus_text(node: AgentNode) -> str:
     """Prometheus text: DCGM exporter names where DCGM has the quantity, `flexgate_` otherwise."""
-    lines = [
-        "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).",
-        "# TYPE DCGM_FI_DEV_POWER_USAGE gauge",
-    ]
-    limits = [
-        "# HELP DCGM_FI_DEV_ENFORCED_POWER_LIMIT Enforced power limit (in W).",
-        "# TYPE DCGM_FI_DEV_ENFORCED_POWER_LIMIT gauge",
-    ]
-    for index in range(node.backend.count()):
+    backend = node.backend
+    labels = {}
+    for index in range(backend.count()):
         try:
-            uuid, _ = node.backend.identity(index)
-            labels = f'gpu="{index}",UUID="{uuid}",Hostname="{node.node_id}"'
-            lines.append(f"DCGM_FI_DEV_POWER_USAGE{{{labels}}} {node.backend.power_w(index):.3f}")
-            limits.append(
-                f"DCGM_FI_DEV_ENFORCED_POWER_LIMIT{{{labels}}} "
-                f"{node.backend.enforced_limit_w(index):.3f}"
-            )
+            uuid, _ = backend.identity(index)
         except AgentError:
             continue
+        labels[index] = f'gpu="{index}",UUID="{uuid}",Hostname="{node.node_id}"'
+    lines: list[str] = []
+    for name, kind, text, read in DCGM_FIELDS:
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        for index, label in labels.items():
+            try:
+                value = read(backend, index)
+            except AgentError:
+                continue
+            if value is not None:
+                lines.append(f"{name}{{{label}}} {value:.3f}")
     control = node.controller
     delays = control.delay_stats()
     extra = [
@@ -334,4 +369,4 @@ def prometheus_text(node: AgentNode) -> str:
                 f'flexgate_agent_actuation_delay_seconds{{quantile="{quantile}"}} {value:.6f}'
             )
     extra.append(f"flexgate_agent_actuation_delay_seconds_count {delays.count}")
-    return "\n".join(lines + limits + extra) + "\n"
+    return "\n".join(lines + extra) + "\n"
