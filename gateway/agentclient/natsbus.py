@@ -91,7 +91,8 @@ class NatsAgentClient:
         self._clock = clock or SystemClock()
         self._nc: Client | None = None
         self._bucket: KeyValue | None = None
-        self.latest: dict[str, tuple[float, TelemetrySummary]] = {}  #: node -> (when, summary)
+        #: node -> (when it came, its period, what it said), converted once, on arrival
+        self.latest: dict[str, tuple[float, float, TelemetryResponse]] = {}
         self.rejected_summaries = 0
         self.unremembered = 0  #: desired states that could not be written to the bucket
 
@@ -173,22 +174,8 @@ class NatsAgentClient:
         kept = self.latest.get(address)
         if kept is None:
             return None
-        at, summary = kept
-        if self._clock.monotonic() - at > SILENT_PERIODS * summary.period_s:
-            return None
-        return TelemetryResponse(
-            node_id=summary.node_id,
-            gpus=[
-                GpuPower(
-                    index=i,
-                    power_w=[] if p is None else [p],
-                    sample_interval_s=summary.period_s,
-                )
-                for i, p in enumerate(summary.gpu_power_w)
-            ],
-            jobs=summary.jobs,
-            actuation_delay=summary.actuation_delay,
-        )
+        at, period_s, report = kept
+        return None if self._clock.monotonic() - at > SILENT_PERIODS * period_s else report
 
     async def _on_telemetry(self, msg: Msg) -> None:
         node = msg.subject.rsplit(".", 1)[1]
@@ -200,7 +187,7 @@ class NatsAgentClient:
         if summary.node_id != node:  # a node speaks for itself only
             self.rejected_summaries += 1
             return
-        self.latest[node] = (self._clock.monotonic(), summary)
+        self.latest[node] = (self._clock.monotonic(), summary.period_s, as_telemetry(summary))
 
     async def _remember(self, address: str, body: bytes) -> None:
         """The node's desired state into the bucket (read by the node when it reconnects)."""
@@ -256,6 +243,19 @@ class NatsAgentClient:
             if attempt <= self._retries:
                 await self._clock.sleep(BACKOFF_S * 2 ** (attempt - 1))
         return Ack(node, "failed", attempt, sent_at, None, None, None, error)
+
+
+def as_telemetry(summary: TelemetrySummary) -> TelemetryResponse:
+    """A summary as the telemetry the fleet reads: each GPU's mean power, one sample."""
+    return TelemetryResponse(
+        node_id=summary.node_id,
+        gpus=[
+            GpuPower(index=i, power_w=[] if p is None else [p], sample_interval_s=summary.period_s)
+            for i, p in enumerate(summary.gpu_power_w)
+        ],
+        jobs=summary.jobs,
+        actuation_delay=summary.actuation_delay,
+    )
 
 
 def _describe(exc: Exception) -> str:

@@ -356,3 +356,34 @@ def test_nats_is_never_anonymous_outside_the_lab():
         GatewaySettings(**base, nats_token=NATS_TOKEN, agents="http://127.0.0.1:9100")
     assert GatewaySettings(lab=True, transport="nats").nats_token is None
     assert not math.isnan(GatewaySettings(**base, nats_token=NATS_TOKEN).lease_s)
+
+
+def test_telemetry_summaries_that_do_not_parse_or_speak_for_another_node_are_dropped(
+    tmp_path, nats_server
+):
+    async def run():
+        client = gateway_client(nats_server.url)
+        await client.connect()
+        nc = await nats.connect(nats_server.url, token=NATS_TOKEN)
+        try:
+            node = AgentNode("node-a", SimulatedBackend(2, node_id="node-a"), tmp_path, sample_hz=0)
+            good = node.summary(1.0).model_dump_json().encode()
+            await nc.publish("flexgate.telemetry.node-b", good)  # node-a's summary, as node-b
+            await nc.publish("flexgate.telemetry.node-a", b'{"node_id": "node-a"}')
+            await nc.publish("flexgate.telemetry.node-a", good)
+            await nc.flush()
+            for _ in range(100):
+                if client.rejected_summaries == 2 and "node-a" in client.latest:
+                    break
+                await asyncio.sleep(0.02)
+            assert client.rejected_summaries == 2
+            assert set(client.latest) == {"node-a"}
+            report = await client.telemetry("node-a")
+            assert report is not None
+            assert [len(g.power_w) for g in report.gpus] == [1, 1]
+            assert await client.telemetry("node-b") is None
+        finally:
+            await nc.close()
+            await client.close()
+
+    asyncio.run(run())
