@@ -291,6 +291,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,10000")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--no-gateway", action="store_true", help="fan-out only (quicker)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="nats-bench-"))
     broker, nats_url = start_nats(tmp / "nats")
@@ -316,7 +317,7 @@ def main() -> None:
             started = time.perf_counter()
             with Farm(nodes, args.processes, env, mix_path=str(mix_file)) as farm:
                 print(f"{nodes} nodes up in {time.perf_counter() - started:.1f} s", flush=True)
-                gateway = gateway_event(tmp, nats_url, mix_doc, nodes)
+                gateway = None if args.no_gateway else gateway_event(tmp, nats_url, mix_doc, nodes)
                 print(f"  gateway: {json.dumps(gateway)}", flush=True)
                 pids = {"farm": farm.pids, "broker": [broker.pid]}
                 result = asyncio.run(

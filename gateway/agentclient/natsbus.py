@@ -5,7 +5,7 @@
   agent token as an `Authorization` header; the reply is a `NatsAnswer`. Retried on timeouts, a
   missing responder and 5xx answers, with exponential backoff; a 4xx answer is final.
 - With every command the node's desired state goes into the JetStream key-value bucket
-  `flexgate_desired` (key: the node id), written at the same time as the request is sent. The
+  `flexgate_desired` (key: the node id), published just before the request. The
   bucket's entries expire one lease after their last write, so a node that reconnects catches
   up on what it missed, and never on the state of a gateway that died more than a lease ago.
 - Telemetry is not asked for: agents publish summaries on `flexgate.telemetry.<node>`, this
@@ -17,7 +17,6 @@ An agent's address over NATS is its node id.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import re
@@ -190,11 +189,12 @@ class NatsAgentClient:
         self.latest[node] = (self._clock.monotonic(), summary.period_s, as_telemetry(summary))
 
     async def _remember(self, address: str, body: bytes) -> None:
-        """The node's desired state into the bucket (read by the node when it reconnects)."""
-        assert self._bucket is not None
+        """The node's desired state into the bucket (read by the node when it reconnects):
+        published to the bucket's subject without waiting for JetStream's ack, which would
+        double the messages of a fan-out; every renewal writes it again."""
         try:
-            await self._bucket.put(address, body)
-        except (NatsError, TimeoutError) as exc:
+            await self._client().publish(f"$KV.{DESIRED_BUCKET}.{address}", body)
+        except (NatsError, AgentUnreachableError) as exc:
             self.unremembered += 1
             log.warning("desired state of %s not written to the bucket: %s", address, exc)
 
@@ -202,11 +202,9 @@ class NatsAgentClient:
         sent_at, start = self._clock.now(), self._clock.monotonic()
         body = command.model_dump_json().encode()
         headers = {"Authorization": f"Bearer {self._token}"}
-        ack, _ = await asyncio.gather(
-            self._send(node, address, body, headers, sent_at, start),
-            self._remember(address, body) if self._bucket else asyncio.sleep(0),
-        )
-        return ack
+        if self._bucket is not None:
+            await self._remember(address, body)
+        return await self._send(node, address, body, headers, sent_at, start)
 
     async def _send(
         self,
