@@ -28,13 +28,11 @@ class NatsOptions:
     tls_ca: Path | None = None  #: trust this CA; TLS is on with it or with a tls:// URL
 
 
-async def connect(options: NatsOptions, name: str, **callbacks: Any) -> Client:
-    """A connection that reconnects for ever once made; the first connect fails with
-    NatsConnectError naming the reason (wrong credentials, no server)."""
+def _client_options(options: NatsOptions, name: str) -> dict[str, Any]:
     tls = None
     if options.tls_ca is not None or options.url.startswith("tls://"):
         tls = ssl.create_default_context(cafile=str(options.tls_ca) if options.tls_ca else None)
-    common: dict[str, Any] = {
+    return {
         "name": name,
         "token": options.token or None,
         "user": options.user or None,
@@ -42,6 +40,20 @@ async def connect(options: NatsOptions, name: str, **callbacks: Any) -> Client:
         "tls": tls,
         "connect_timeout": CONNECT_TIMEOUT_S,
     }
+
+
+async def check(options: NatsOptions) -> None:
+    """Fail now, with the server's reason, if these options cannot connect (before serving)."""
+    try:
+        await probe(options.url, _client_options(options, "flexgate-agent check"))
+    except (NatsError, OSError, TimeoutError) as exc:
+        raise NatsConnectError(f"cannot connect to NATS at {options.url}: {exc}") from exc
+
+
+async def connect(options: NatsOptions, name: str, **callbacks: Any) -> Client:
+    """A connection that reconnects for ever once made; the first connect fails with
+    NatsConnectError naming the reason (wrong credentials, no server)."""
+    common = _client_options(options, name)
     try:
         # A connection that reconnects for ever also retries its first connect for ever, even
         # with wrong credentials: one attempt first, which fails at once with the reason.
@@ -62,7 +74,11 @@ async def probe(url: str, options: dict[str, Any]) -> None:
     """One connection attempt, closed again: it raises the server's reason for refusing."""
     attempt = Client()
     try:
-        await attempt.connect(url, allow_reconnect=False, **options)
+        await attempt.connect(url, allow_reconnect=False, error_cb=_raised_anyway, **options)
     finally:
         with contextlib.suppress(NatsError, OSError):
             await attempt.close()
+
+
+async def _raised_anyway(exc: Exception) -> None:
+    """The probe's errors are raised to its caller: nats-py need not log them too."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import uvicorn
@@ -59,7 +60,10 @@ def run_agent(settings: AgentSettings) -> None:
     token = settings.agent_token.get_secret_value()
     links = []
     if settings.agent_transport == "nats":
+        from agents.natsconnect import check
         from agents.natslink import NatsLink  # nats-py loads only when NATS is chosen
+
+        asyncio.run(check(settings.nats_options()))  # wrong credentials: one line, exit 1
 
         links.append(
             NatsLink(

@@ -264,7 +264,11 @@ async def probe(url: str, options: dict[str, Any]) -> None:
     """One connection attempt, closed again: it raises the server's reason for refusing."""
     attempt = Client()
     try:
-        await attempt.connect(url, allow_reconnect=False, **options)
+        await attempt.connect(url, allow_reconnect=False, error_cb=_raised_anyway, **options)
     finally:
         with contextlib.suppress(NatsError, OSError):
             await attempt.close()
+
+
+async def _raised_anyway(exc: Exception) -> None:
+    """The probe's errors are raised to its caller: nats-py need not log them too."""

@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
 
 import httpx
@@ -20,9 +22,11 @@ from agents.natslink import NatsLink
 from agents.protocol import DESIRED_BUCKET, CapCommand, GpuCap, caps_subject
 from agents.service import AgentNode
 from agents.service import create_app as agent_app
+from agents.settings import AgentSettings
 from agents.simulated import SimulatedBackend
-from flexgate.serve import ServerThread
+from flexgate.serve import ServerThread, free_port
 from flexmodel.jobmix import parse_job_mix
+from gateway.agentclient import AgentUnreachableError
 from gateway.agentclient.natsbus import NatsAgentClient, NatsConnectError, NatsOptions
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
@@ -355,7 +359,12 @@ def test_nats_is_never_anonymous_outside_the_lab():
     with pytest.raises(ValueError, match="node ids"):
         GatewaySettings(**base, nats_token=NATS_TOKEN, agents="http://127.0.0.1:9100")
     assert GatewaySettings(lab=True, transport="nats").nats_token is None
-    assert not math.isnan(GatewaySettings(**base, nats_token=NATS_TOKEN).lease_s)
+    agent = {"agent_token": AGENT_TOKEN, "agent_transport": "nats", "agent_node_id": "node-a"}
+    with pytest.raises(ValueError, match="FLEXGATE_AGENT_NATS_TOKEN or FLEXGATE_AGENT_NATS_USER"):
+        AgentSettings(**agent)
+    assert AgentSettings(**agent, agent_nats_token=NATS_TOKEN).agent_transport == "nats"
+    with pytest.raises(ValueError, match="subject token"):
+        AgentSettings(**(agent | {"agent_node_id": "node a"}), agent_nats_token=NATS_TOKEN)
 
 
 def test_telemetry_summaries_that_do_not_parse_or_speak_for_another_node_are_dropped(
@@ -387,3 +396,60 @@ def test_telemetry_summaries_that_do_not_parse_or_speak_for_another_node_are_dro
             await client.close()
 
     asyncio.run(run())
+
+
+def agent_process(tmp_path, url: str, nats_token: str, log: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXGATE_")} | {
+        "FLEXGATE_AGENT_TOKEN": AGENT_TOKEN,
+        "FLEXGATE_AGENT_TRANSPORT": "nats",
+        "FLEXGATE_AGENT_NATS_URL": url,
+        "FLEXGATE_AGENT_NATS_TOKEN": nats_token,
+        "FLEXGATE_AGENT_TELEMETRY_PERIOD_S": "0.2",
+    }
+    command = [sys.executable, "-m", "flexgate.cli", "agent", "--node-id", "node-p", "--gpus", "2"]
+    command += ["--port", str(free_port()), "--state-dir", str(tmp_path / "state")]
+    with (tmp_path / log).open("w") as errors:  # the child keeps its own copy
+        return subprocess.Popen(command, env=env, stderr=errors)
+
+
+def test_flexgate_agent_over_nats_answers_the_gateway_and_refuses_wrong_credentials(
+    tmp_path, nats_server
+):
+    wrong = agent_process(tmp_path, nats_server.url, "wrong-nats-token-0123456789", "wrong.log")
+    assert wrong.wait(60) == 1
+    stderr = (tmp_path / "wrong.log").read_text()
+    assert "Authorization Violation" in stderr
+    assert "Traceback" not in stderr
+
+    agent = agent_process(tmp_path, nats_server.url, NATS_TOKEN, "agent.log")
+    try:
+
+        async def run():
+            client = gateway_client(nats_server.url)
+            await client.connect()
+            try:
+                for _ in range(300):
+                    with contextlib.suppress(AgentUnreachableError):
+                        health = await client.health("node-p")
+                        break
+                    await asyncio.sleep(0.1)
+                assert health.node_id == "node-p"
+                two = CapCommand(
+                    plan_id="p", generation=1, lease_s=30, caps=[GpuCap(gpu=1, cap_w=333.0)]
+                )
+                ack = await client.put_caps("node-p", "node-p", two)
+                assert ack.status == "acked"
+                assert ack.answer is not None
+                assert [r.enforced_w for r in ack.answer.results] == [333.0]
+                for _ in range(100):
+                    if await client.telemetry("node-p") is not None:
+                        break
+                    await asyncio.sleep(0.05)
+                assert await client.telemetry("node-p") is not None
+            finally:
+                await client.close()
+
+        asyncio.run(run())
+    finally:
+        agent.terminate()
+        agent.wait(20)
