@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -35,6 +36,9 @@ from gateway.services.targets import Targets
 from gateway.services.tracking import Tracker
 from gateway.settings import GatewaySettings, get_settings
 from gateway.store.db import Store
+
+if TYPE_CHECKING:
+    from gateway.agentclient.natsbus import NatsOptions
 
 log = logging.getLogger("flexgate.gateway")
 
@@ -137,17 +141,10 @@ async def agent_client(
             clock=clock,
             trace_configs=http_trace,
         )
-    from gateway.agentclient.natsbus import NatsAgentClient, NatsOptions  # nats-py on demand
+    from gateway.agentclient.natsbus import NatsAgentClient  # nats-py on demand
 
-    password = settings.nats_password
     client = NatsAgentClient(
-        NatsOptions(
-            url=settings.nats_url,
-            token=settings.nats_token.get_secret_value() if settings.nats_token else None,
-            user=settings.nats_user,
-            password=password.get_secret_value() if password else None,
-            tls_ca=settings.nats_tls_ca,
-        ),
+        nats_options(settings),
         token,
         timeout_s=settings.dispatch_timeout_s,
         retries=settings.dispatch_retries,
@@ -156,3 +153,16 @@ async def agent_client(
     )
     await client.connect()
     return client
+
+
+def nats_options(settings: GatewaySettings) -> NatsOptions:
+    from gateway.agentclient.natsbus import NatsOptions
+
+    token, password = settings.nats_token, settings.nats_password
+    return NatsOptions(
+        url=settings.nats_url,
+        token=token.get_secret_value() if token else None,
+        user=settings.nats_user,
+        password=password.get_secret_value() if password else None,
+        tls_ca=settings.nats_tls_ca,
+    )

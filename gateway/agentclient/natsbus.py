@@ -99,18 +99,7 @@ class NatsAgentClient:
         """Connect, make (or fit) the bucket and listen to telemetry; NatsConnectError names
         why it could not (wrong credentials, no server, no JetStream)."""
         options = self.options
-        tls = None
-        if options.tls_ca is not None or options.url.startswith("tls://"):
-            cafile = str(options.tls_ca) if options.tls_ca else None
-            tls = ssl.create_default_context(cafile=cafile)
-        common: dict[str, Any] = {
-            "name": "flexgate-gateway",
-            "token": options.token or None,
-            "user": options.user or None,
-            "password": options.password or None,
-            "tls": tls,
-            "connect_timeout": CONNECT_TIMEOUT_S,
-        }
+        common = self.connect_options()
         try:
             # A connection that reconnects for ever also retries its first connect for ever,
             # even with wrong credentials: one attempt first, which fails at once with the reason.
@@ -130,6 +119,22 @@ class NatsAgentClient:
             if self._nc is not None:
                 await self._nc.close()
             raise NatsConnectError(f"cannot use NATS at {options.url}: {exc}") from exc
+
+    def connect_options(self) -> dict[str, Any]:
+        """nats-py's options for these credentials (TLS with a CA file or a tls:// URL)."""
+        options = self.options
+        tls = None
+        if options.tls_ca is not None or options.url.startswith("tls://"):
+            cafile = str(options.tls_ca) if options.tls_ca else None
+            tls = ssl.create_default_context(cafile=cafile)
+        return {
+            "name": "flexgate-gateway",
+            "token": options.token or None,
+            "user": options.user or None,
+            "password": options.password or None,
+            "tls": tls,
+            "connect_timeout": CONNECT_TIMEOUT_S,
+        }
 
     async def _desired_bucket(self) -> KeyValue:
         assert self._nc is not None
@@ -258,6 +263,15 @@ def as_telemetry(summary: TelemetrySummary) -> TelemetryResponse:
 
 def _describe(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+async def check(options: NatsOptions) -> None:
+    """Fail now, with the server's reason, if these options cannot connect (before serving)."""
+    client = NatsAgentClient(options, "", timeout_s=1.0, retries=0, lease_s=1.0)
+    try:
+        await probe(options.url, client.connect_options())
+    except (NatsError, OSError, TimeoutError) as exc:
+        raise NatsConnectError(f"cannot use NATS at {options.url}: {exc}") from exc
 
 
 async def probe(url: str, options: dict[str, Any]) -> None:

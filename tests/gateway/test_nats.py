@@ -346,6 +346,25 @@ def test_wrong_nats_credentials_are_refused_by_the_gateway_and_the_agent(tmp_pat
                 await link.start()
 
         asyncio.run(attempts())
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXGATE_")} | {
+            "FLEXGATE_DATABASE_URL": f"sqlite:///{tmp_path / 'gateway.db'}",
+            "FLEXGATE_API_TOKEN": API_TOKEN,
+            "FLEXGATE_AGENT_TOKEN": AGENT_TOKEN,
+            "FLEXGATE_TRANSPORT": "nats",
+            "FLEXGATE_NATS_URL": server.url,
+            "FLEXGATE_NATS_USER": "flexgate",
+            "FLEXGATE_NATS_PASSWORD": "wrong-password-0123456789",
+        }
+        gateway = subprocess.run(
+            [sys.executable, "-m", "flexgate.cli", "gateway", "--port", str(free_port())],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert gateway.returncode == 1, gateway.stderr
+        assert "Authorization Violation" in gateway.stderr
+        assert "Traceback" not in gateway.stderr
     finally:
         server.stop()
 
