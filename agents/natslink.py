@@ -42,6 +42,7 @@ from agents.protocol import (
 from agents.service import AgentNode
 
 UNAUTHORISED = "a valid bearer token is required to change limits"
+CATCH_UP_AT_ONCE = 64
 
 
 class NatsLink:
@@ -101,7 +102,14 @@ class NatsLink:
             bucket = await self._nc.jetstream().key_value(DESIRED_BUCKET)
         except (BucketNotFoundError, NotFoundError, NatsError, TimeoutError):
             return
-        await asyncio.gather(*(self._catch_up_node(bucket, n) for n in self.nodes.values()))
+        # A farm process reads thousands of keys: a few at a time, so none times out waiting.
+        slots = asyncio.Semaphore(CATCH_UP_AT_ONCE)
+
+        async def one(node: AgentNode) -> None:
+            async with slots:
+                await self._catch_up_node(bucket, node)
+
+        await asyncio.gather(*(one(n) for n in self.nodes.values()))
 
     async def _catch_up_node(self, bucket: Any, node: AgentNode) -> None:
         try:
