@@ -263,8 +263,8 @@ def gateway_event(tmp: Path, nats_url: str, mix_doc: dict, nodes: int) -> dict[s
         auth = {"Authorization": f"Bearer {API_TOKEN}"}
         with httpx.Client(base_url=url, timeout=120, headers=auth) as api:
             api.put("/v1/jobs", json=mix_doc).raise_for_status()
-            deadline = time.monotonic() + 120
-            while api.get("/metrics").text.count(f"flexgate_agents_known {nodes}") == 0:
+            deadline = time.monotonic() + 300
+            while f"flexgate_agents_known {nodes}\n" not in api.get("/metrics").text:
                 assert time.monotonic() < deadline, "the gateway did not find every node"
                 time.sleep(0.5)
             rss = rss_mib(gateway.pid)
