@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ssl
 from dataclasses import dataclass
@@ -74,10 +75,14 @@ async def probe(url: str, options: dict[str, Any]) -> None:
     """One connection attempt, closed again: it raises the server's reason for refusing."""
     attempt = Client()
     try:
-        await attempt.connect(url, allow_reconnect=False, error_cb=_raised_anyway, **options)
+        # nats-py waits for ever on a TLS handshake the client refused: bounded here.
+        await asyncio.wait_for(
+            attempt.connect(url, allow_reconnect=False, error_cb=_raised_anyway, **options),
+            2 * CONNECT_TIMEOUT_S,
+        )
     finally:
-        with contextlib.suppress(NatsError, OSError):
-            await attempt.close()
+        with contextlib.suppress(NatsError, OSError, TimeoutError):
+            await asyncio.wait_for(attempt.close(), CONNECT_TIMEOUT_S)
 
 
 async def _raised_anyway(exc: Exception) -> None:

@@ -34,10 +34,13 @@ def nats_binary() -> str:
 class NatsServer:
     """`start()`, `stop()`, `restart()` on the same port and store (JetStream keeps its data)."""
 
-    def __init__(self, directory: Path, *, token: str | None = NATS_TOKEN, users=None) -> None:
+    def __init__(
+        self, directory: Path, *, token: str | None = NATS_TOKEN, users=None, tls=None
+    ) -> None:
+        """`tls`: (certificate, key) files: the server then speaks TLS only."""
         self.binary = nats_binary()
         self.port = free_port()
-        self.url = f"nats://127.0.0.1:{self.port}"
+        self.url = f"{'tls' if tls else 'nats'}://127.0.0.1:{self.port}"
         self.directory = directory
         self.config = directory / "nats.conf"
         directory.mkdir(parents=True, exist_ok=True)
@@ -47,6 +50,8 @@ class NatsServer:
             auth = f"authorization {{ users: [{entries}] }}"
         elif token:
             auth = f'authorization {{ token: "{token}" }}'
+        if tls:
+            auth += f'\ntls {{ cert_file: "{tls[0]}", key_file: "{tls[1]}" }}'
         self.config.write_text(
             f'listen: "127.0.0.1:{self.port}"\n'
             f'jetstream {{ store_dir: "{directory / "js"}" }}\n'

@@ -17,9 +17,9 @@ An agent's address over NATS is its node id.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-import re
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +35,6 @@ from pydantic import ValidationError
 
 from agents.protocol import (
     DESIRED_BUCKET,
-    NATS_NODE_ID,
     TELEMETRY_SUBJECTS,
     CapCommand,
     GpuPower,
@@ -52,6 +51,7 @@ from gateway.clock import Clock, SystemClock
 log = logging.getLogger("flexgate.gateway")
 BACKOFF_S = 0.1
 HEALTH_TIMEOUT_S = 2.0
+HEALTH_AT_ONCE = 500
 CONNECT_TIMEOUT_S = 5.0
 #: A node's summary counts until it is this many of its own periods old.
 SILENT_PERIODS = 3.0
@@ -68,10 +68,6 @@ class NatsOptions:
     user: str | None = None
     password: str | None = None
     tls_ca: Path | None = None  #: trust this CA; TLS is on with it or with a tls:// URL
-
-
-def valid_node_id(node_id: str) -> bool:
-    return re.match(NATS_NODE_ID, node_id) is not None
 
 
 class NatsAgentClient:
@@ -94,6 +90,7 @@ class NatsAgentClient:
         self.latest: dict[str, tuple[float, float, TelemetryResponse]] = {}
         self.rejected_summaries = 0
         self.unremembered = 0  #: desired states that could not be written to the bucket
+        self._asking = asyncio.Semaphore(HEALTH_AT_ONCE)
 
     async def connect(self) -> None:
         """Connect, make (or fit) the bucket and listen to telemetry; NatsConnectError names
@@ -169,7 +166,8 @@ class NatsAgentClient:
             raise AgentUnreachableError(_describe(exc)) from exc
 
     async def health(self, address: str) -> Health:
-        answer = await self._request(health_subject(address), b"", HEALTH_TIMEOUT_S)
+        async with self._asking:  # discovery asks every node at once: not all in one burst
+            answer = await self._request(health_subject(address), b"", HEALTH_TIMEOUT_S)
         if answer.health is None:
             raise AgentUnreachableError(f"status {answer.status} from {address}: {answer.detail}")
         return answer.health
@@ -278,10 +276,14 @@ async def probe(url: str, options: dict[str, Any]) -> None:
     """One connection attempt, closed again: it raises the server's reason for refusing."""
     attempt = Client()
     try:
-        await attempt.connect(url, allow_reconnect=False, error_cb=_raised_anyway, **options)
+        # nats-py waits for ever on a TLS handshake the client refused: bounded here.
+        await asyncio.wait_for(
+            attempt.connect(url, allow_reconnect=False, error_cb=_raised_anyway, **options),
+            2 * CONNECT_TIMEOUT_S,
+        )
     finally:
-        with contextlib.suppress(NatsError, OSError):
-            await attempt.close()
+        with contextlib.suppress(NatsError, OSError, TimeoutError):
+            await asyncio.wait_for(attempt.close(), CONNECT_TIMEOUT_S)
 
 
 async def _raised_anyway(exc: Exception) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -472,3 +473,41 @@ def test_flexgate_agent_over_nats_answers_the_gateway_and_refuses_wrong_credenti
     finally:
         agent.terminate()
         agent.wait(20)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+def test_nats_over_tls_with_the_servers_ca_and_refused_without_it(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    request = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1"
+    subprocess.run(
+        [*request.split(), "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+        check=True,
+        capture_output=True,
+    )
+    server = NatsServer(tmp_path / "nats", tls=(cert, key)).start()
+    try:
+        assert server.url.startswith("tls://")
+        node = AgentNode("node-a", SimulatedBackend(2, node_id="node-a"), tmp_path / "a")
+        link = NatsLink(
+            [node], AgentNatsOptions(server.url, token=NATS_TOKEN, tls_ca=cert), AGENT_TOKEN
+        )
+
+        async def run():
+            with pytest.raises(NatsConnectError, match="cannot use NATS"):
+                await gateway_client(server.url).connect()  # the system's CAs do not know it
+            await link.start()
+            client = gateway_client(server.url, tls_ca=cert)
+            await client.connect()
+            try:
+                one = CapCommand(
+                    plan_id="p", generation=1, lease_s=30, caps=[GpuCap(gpu=0, cap_w=410.0)]
+                )
+                assert (await client.put_caps("node-a", "node-a", one)).status == "acked"
+            finally:
+                await client.close()
+                await link.stop()
+
+        asyncio.run(run())
+        assert node.backend.enforced_limit_w(0) == 410.0
+    finally:
+        server.stop()
