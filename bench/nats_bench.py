@@ -266,7 +266,7 @@ def gateway_event(tmp: Path, nats_url: str, mix_doc: dict, nodes: int) -> dict[s
             started, known = time.monotonic(), 0
             while known < nodes:
                 text = api.get("/metrics").text
-                known = int(text.split("flexgate_agents_known ", 1)[1].split()[0])
+                known = int(text.split("\nflexgate_agents_known ", 1)[1].split()[0])
                 if time.monotonic() > started + 240:
                     return {"nodes": nodes, "known_after_240_s": known, "error": "not all found"}
                 time.sleep(0.5)
