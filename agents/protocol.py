@@ -199,3 +199,55 @@ _PROBLEMS = {
 def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses` for these error codes, all answered as `Problem`."""
     return {code: {"model": Problem, "description": _PROBLEMS[code]} for code in codes}
+
+
+# --- over NATS (docs/nats.md) -------------------------------------------------------------------
+
+#: Every subject flexgate uses starts with this.
+SUBJECT_ROOT = "flexgate"
+#: The JetStream key-value bucket of desired states, one key per node, written by the gateway.
+DESIRED_BUCKET = "flexgate_desired"
+#: Where agents publish their telemetry summaries (`flexgate.telemetry.<node>`).
+TELEMETRY_SUBJECTS = f"{SUBJECT_ROOT}.telemetry.*"
+#: What a node id may be over NATS: one subject token, and a key of the desired-state bucket.
+NATS_NODE_ID = r"^[A-Za-z0-9_-]{1,128}$"
+
+
+def caps_subject(node_id: str) -> str:
+    """A node's commands, request and reply: the body is a `CapCommand`, the reply a
+    `NatsAnswer`."""
+    return f"{SUBJECT_ROOT}.caps.{node_id}"
+
+
+def health_subject(node_id: str) -> str:
+    """A node's health, request and reply (any body): the reply is a `NatsAnswer`."""
+    return f"{SUBJECT_ROOT}.health.{node_id}"
+
+
+def telemetry_subject(node_id: str) -> str:
+    return f"{SUBJECT_ROOT}.telemetry.{node_id}"
+
+
+class NatsAnswer(BaseModel):
+    """An agent's reply on NATS: the HTTP API's answer and status code, in one message.
+
+    `status` 200 carries `caps` or `health`; any other status carries `detail`, the HTTP API's
+    error detail for the same request (401, 409, 422 ...)."""
+
+    status: int
+    caps: CapResponse | None = None
+    health: Health | None = None
+    detail: Any = None
+
+
+class TelemetrySummary(BaseModel):
+    """What an agent publishes every telemetry period: its telemetry without the sample
+    trace (each GPU's mean power over the last period, one number)."""
+
+    node_id: str
+    period_s: float  #: how often this node publishes [s]
+    gpu_power_w: list[float | None]  #: per GPU index, the mean over the last period [W]
+    jobs: list[JobTelemetry]
+    actuation_delay: DelayStats
+    generation: int | None
+    lease_remaining_s: float | None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import uvicorn
@@ -66,9 +67,23 @@ def run_agent(settings: AgentSettings) -> None:
     """Serve until SIGTERM or SIGINT; uvicorn's shutdown runs the node's restore."""
     show_on_stderr()
     node = build_node(settings)
-    app = create_app(
-        [node], settings.agent_token.get_secret_value(), lease_check_s=settings.agent_lease_check_s
-    )
+    token = settings.agent_token.get_secret_value()
+    links = []
+    if settings.agent_transport == "nats":
+        from agents.natsconnect import check
+        from agents.natslink import NatsLink  # nats-py loads only when NATS is chosen
+
+        asyncio.run(check(settings.nats_options()))  # wrong credentials: one line, exit 1
+
+        links.append(
+            NatsLink(
+                [node],
+                settings.nats_options(),
+                token,
+                telemetry_period_s=settings.agent_telemetry_period_s,
+            )
+        )
+    app = create_app([node], token, lease_check_s=settings.agent_lease_check_s, links=links)
     decision(
         logging.INFO,
         "agent starting",
@@ -77,6 +92,7 @@ def run_agent(settings: AgentSettings) -> None:
         gpus=node.backend.count(),
         host=settings.agent_host,
         port=settings.agent_port,
+        transport=settings.agent_transport,
         job_mix=settings.agent_job_mix,
         jobs=sorted(node.sampler.jobs),
     )

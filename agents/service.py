@@ -15,10 +15,10 @@ import hmac
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.concurrency import run_in_threadpool
@@ -38,6 +38,7 @@ from agents.protocol import (
     Health,
     RestoreResponse,
     TelemetryResponse,
+    TelemetrySummary,
     problems,
     validation_detail,
 )
@@ -135,8 +136,42 @@ class AgentNode:
             pods_error=pods_error,
         )
 
+    def summary(self, period_s: float) -> TelemetrySummary:
+        """The telemetry published over NATS: each GPU's mean power over the last `period_s`
+        (its power now when the node does not sample), the jobs, the delays."""
+        if self.sampling:
+            last = max(round(period_s / self.sampler.interval_s), 1)
+            power = [
+                sum(g.power_w) / len(g.power_w) if g.power_w else None
+                for g in self.sampler.gpu_power(last)
+            ]
+        else:
+            power = [self._power_now(index) for index in range(self.backend.count())]
+        return TelemetrySummary(
+            node_id=self.node_id,
+            period_s=period_s,
+            gpu_power_w=power,
+            jobs=self.sampler.job_telemetry() if self.sampling else [],
+            actuation_delay=self.controller.delay_stats(),
+            generation=self.controller.generation,
+            lease_remaining_s=self.controller.lease_remaining_s(),
+        )
+
+    def _power_now(self, index: int) -> float | None:
+        try:
+            return self.backend.power_w(index)
+        except AgentError:
+            return None
+
     def metrics(self) -> str:
         return prometheus_text(self)
+
+
+class Link(Protocol):
+    """Another way in to the nodes, started with the app and stopped before it (NATS)."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
 
 
 def node_router(resolve: Callable[..., Any], token: str, prefix: str = "") -> APIRouter:
@@ -189,11 +224,17 @@ def node_router(resolve: Callable[..., Any], token: str, prefix: str = "") -> AP
 
 
 def create_app(
-    nodes: list[AgentNode], token: str, *, prefixed: bool = False, lease_check_s: float = 0.1
+    nodes: list[AgentNode],
+    token: str,
+    *,
+    prefixed: bool = False,
+    lease_check_s: float = 0.1,
+    links: Sequence[Link] = (),
 ) -> FastAPI:
     """An app serving `nodes`: one at the root, or each under `/nodes/{node_id}`.
 
-    One watcher thread checks every node's lease each `lease_check_s` seconds.
+    One watcher thread checks every node's lease each `lease_check_s` seconds. `links` (NATS)
+    start once the nodes have restored what a previous run left, and stop before they restore.
     """
     if not prefixed and len(nodes) != 1:
         raise ValueError("serve several nodes with prefixed=True")
@@ -210,9 +251,15 @@ def create_app(
             node.start()
         watcher = threading.Thread(target=watch, name="flexgate-leases", daemon=True)
         watcher.start()
+        started: list[Link] = []
         try:
+            for link in links:
+                await link.start()
+                started.append(link)
             yield
         finally:
+            for link in started:
+                await link.stop()
             stop.set()
             watcher.join(timeout=5.0)
             for node in nodes:
@@ -251,27 +298,62 @@ def create_app(
     return app
 
 
+#: The DCGM exporter's fields flexgate has: (name, type, help, reading of (backend, index)).
+DCGM_FIELDS: tuple[tuple[str, str, str, Callable[[GpuBackend, int], float | None]], ...] = (
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", lambda b, i: b.power_w(i)),
+    (
+        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+        "gauge",
+        "Enforced power limit (in W).",
+        lambda b, i: b.enforced_limit_w(i),
+    ),
+    (
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN",
+        "gauge",
+        "Minimum power management limit (in W).",
+        lambda b, i: b.constraints(i).min_w,
+    ),
+    (
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX",
+        "gauge",
+        "Maximum power management limit (in W).",
+        lambda b, i: b.constraints(i).max_w,
+    ),
+    (
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF",
+        "gauge",
+        "Default power management limit (in W).",
+        lambda b, i: b.constraints(i).default_w,
+    ),
+    (
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "counter",
+        "Total energy consumption since boot (in mJ).",
+        lambda b, i: None if (j := b.energy_j(i)) is None else j * 1000.0,
+    ),
+)
+
+
 def prometheus_text(node: AgentNode) -> str:
     """Prometheus text: DCGM exporter names where DCGM has the quantity, `flexgate_` otherwise."""
-    lines = [
-        "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).",
-        "# TYPE DCGM_FI_DEV_POWER_USAGE gauge",
-    ]
-    limits = [
-        "# HELP DCGM_FI_DEV_ENFORCED_POWER_LIMIT Enforced power limit (in W).",
-        "# TYPE DCGM_FI_DEV_ENFORCED_POWER_LIMIT gauge",
-    ]
-    for index in range(node.backend.count()):
+    backend = node.backend
+    labels = {}
+    for index in range(backend.count()):
         try:
-            uuid, _ = node.backend.identity(index)
-            labels = f'gpu="{index}",UUID="{uuid}",Hostname="{node.node_id}"'
-            lines.append(f"DCGM_FI_DEV_POWER_USAGE{{{labels}}} {node.backend.power_w(index):.3f}")
-            limits.append(
-                f"DCGM_FI_DEV_ENFORCED_POWER_LIMIT{{{labels}}} "
-                f"{node.backend.enforced_limit_w(index):.3f}"
-            )
+            uuid, _ = backend.identity(index)
         except AgentError:
             continue
+        labels[index] = f'gpu="{index}",UUID="{uuid}",Hostname="{node.node_id}"'
+    lines: list[str] = []
+    for name, kind, text, read in DCGM_FIELDS:
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        for index, label in labels.items():
+            try:
+                value = read(backend, index)
+            except AgentError:
+                continue
+            if value is not None:
+                lines.append(f"{name}{{{label}}} {value:.3f}")
     control = node.controller
     delays = control.delay_stats()
     extra = [
@@ -296,4 +378,4 @@ def prometheus_text(node: AgentNode) -> str:
                 f'flexgate_agent_actuation_delay_seconds{{quantile="{quantile}"}} {value:.6f}'
             )
     extra.append(f"flexgate_agent_actuation_delay_seconds_count {delays.count}")
-    return "\n".join(lines + limits + extra) + "\n"
+    return "\n".join(lines + extra) + "\n"

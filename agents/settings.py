@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 from functools import lru_cache
 from pathlib import Path
@@ -10,7 +11,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agents.protocol import LAB_TOKEN, MIN_TOKEN_CHARS, PLACEHOLDER_TOKENS
+from agents.natsconnect import NatsOptions
+from agents.protocol import LAB_TOKEN, MIN_TOKEN_CHARS, NATS_NODE_ID, PLACEHOLDER_TOKENS
 
 
 class AgentSettings(BaseSettings):
@@ -28,6 +30,13 @@ class AgentSettings(BaseSettings):
     agent_telemetry_window_s: float = Field(default=60.0, gt=1.0)
     agent_lease_check_s: float = Field(default=0.1, gt=0.0, le=10.0)
     agent_podresources_socket: Path | None = None  #: the kubelet's; None: no Kubernetes
+    agent_transport: Literal["http", "nats"] = "http"  #: nats: commands over NATS too
+    agent_nats_url: str = "nats://127.0.0.1:4222"
+    agent_nats_token: SecretStr | None = None
+    agent_nats_user: str | None = None
+    agent_nats_password: SecretStr | None = None
+    agent_nats_tls_ca: Path | None = None
+    agent_telemetry_period_s: float = Field(default=1.0, gt=0.0, le=3600.0)
     lab: bool = False
 
     @model_validator(mode="after")
@@ -40,7 +49,41 @@ class AgentSettings(BaseSettings):
                 "FLEXGATE_AGENT_TOKEN must be set to a secret of at least "
                 f"{MIN_TOKEN_CHARS} characters (placeholders are refused outside the lab)"
             )
+        self._check_nats()
         return self
+
+    def _check_nats(self) -> None:
+        if (self.agent_nats_user is None) != (self.agent_nats_password is None):
+            raise ValueError(
+                "FLEXGATE_AGENT_NATS_USER and FLEXGATE_AGENT_NATS_PASSWORD go together"
+            )
+        if self.agent_nats_token is not None and self.agent_nats_user is not None:
+            raise ValueError(
+                "set FLEXGATE_AGENT_NATS_TOKEN or FLEXGATE_AGENT_NATS_USER/_PASSWORD, not both"
+            )
+        anonymous = self.agent_nats_token is None and self.agent_nats_user is None
+        if self.agent_transport == "nats" and anonymous and not self.lab:
+            raise ValueError(
+                "FLEXGATE_AGENT_TRANSPORT=nats needs FLEXGATE_AGENT_NATS_TOKEN or "
+                "FLEXGATE_AGENT_NATS_USER and FLEXGATE_AGENT_NATS_PASSWORD (anonymous NATS is "
+                "for the lab only)"
+            )
+        if not re.match(NATS_NODE_ID, self.agent_node_id) and self.agent_transport == "nats":
+            raise ValueError(
+                f"FLEXGATE_AGENT_NODE_ID {self.agent_node_id!r}: over NATS a node id is letters, "
+                "digits, '-' and '_' only (it is a subject token)"
+            )
+
+    def nats_options(self) -> NatsOptions:
+        return NatsOptions(
+            url=self.agent_nats_url,
+            token=self.agent_nats_token.get_secret_value() if self.agent_nats_token else None,
+            user=self.agent_nats_user,
+            password=(
+                self.agent_nats_password.get_secret_value() if self.agent_nats_password else None
+            ),
+            tls_ca=self.agent_nats_tls_ca,
+        )
 
 
 @lru_cache

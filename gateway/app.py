@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,6 +42,9 @@ from gateway.services.tracking import Tracker
 from gateway.settings import GatewaySettings, get_settings
 from gateway.store.db import Store
 
+if TYPE_CHECKING:
+    from gateway.agentclient.natsbus import NatsOptions
+
 log = logging.getLogger("flexgate.gateway")
 
 
@@ -65,14 +68,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = agents or await agent_client(settings, clock, http_trace)
         store = Store(settings.database_url)
-        client = agents or HttpAgentClient(
-            settings.agent_token.get_secret_value(),
-            timeout_s=settings.dispatch_timeout_s,
-            retries=settings.dispatch_retries,
-            clock=clock,
-            trace_configs=http_trace,
-        )
         ven: Any = ven31
         if settings.vtn_url and ven31 is None:
             from gateway.openadr.ven import Ven  # openleadr loads only when a VTN is configured
@@ -168,3 +165,44 @@ def open_job_source(settings: GatewaySettings, fleet: Fleet) -> JobSource | None
             watch_s=settings.kubernetes_watch_s,
         )
     return None
+
+
+async def agent_client(
+    settings: GatewaySettings, clock: Clock, http_trace: HttpTrace
+) -> AgentClient:
+    """The transport `FLEXGATE_TRANSPORT` names: HTTP, or NATS (connected here, so wrong
+    credentials stop the gateway at start with the reason)."""
+    token = settings.agent_token.get_secret_value()
+    if settings.transport == "http":
+        return HttpAgentClient(
+            token,
+            timeout_s=settings.dispatch_timeout_s,
+            retries=settings.dispatch_retries,
+            clock=clock,
+            trace_configs=http_trace,
+        )
+    from gateway.agentclient.natsbus import NatsAgentClient  # nats-py on demand
+
+    client = NatsAgentClient(
+        nats_options(settings),
+        token,
+        timeout_s=settings.dispatch_timeout_s,
+        retries=settings.dispatch_retries,
+        lease_s=settings.lease_s,
+        clock=clock,
+    )
+    await client.connect()
+    return client
+
+
+def nats_options(settings: GatewaySettings) -> NatsOptions:
+    from gateway.agentclient.natsbus import NatsOptions
+
+    token, password = settings.nats_token, settings.nats_password
+    return NatsOptions(
+        url=settings.nats_url,
+        token=token.get_secret_value() if token else None,
+        user=settings.nats_user,
+        password=password.get_secret_value() if password else None,
+        tls_ca=settings.nats_tls_ca,
+    )

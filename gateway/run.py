@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import uvicorn
 
-from gateway.app import create_app
+from gateway.app import create_app, nats_options
 from gateway.settings import GatewaySettings
 
 
 def run_gateway(settings: GatewaySettings) -> None:
-    """Serve until SIGTERM or SIGINT; TLS when a certificate and key are set."""
+    """Serve until SIGTERM or SIGINT; TLS when a certificate and key are set. Over NATS, wrong
+    credentials stop it here, with the broker's reason (one line, exit 1)."""
+    if settings.transport == "nats":
+        from gateway.agentclient.natsbus import check
+
+        asyncio.run(check(nats_options(settings)))
     uvicorn.run(
         create_app(settings),
         host=settings.host,

@@ -7,6 +7,7 @@ an argument so tests pass their own.
 from __future__ import annotations
 
 import ipaddress
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -15,7 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agents.protocol import LAB_TOKEN, MIN_TOKEN_CHARS, PLACEHOLDER_TOKENS
+from agents.protocol import LAB_TOKEN, MIN_TOKEN_CHARS, NATS_NODE_ID, PLACEHOLDER_TOKENS
 from flexmodel.errors import InvalidJobError
 from flexmodel.tiers import TierTable
 from gateway.meter.sources import DEFAULT_JSON_KEY, open_meter
@@ -36,7 +37,15 @@ class GatewaySettings(BaseSettings):
     api_token: SecretStr = SecretStr("")
     read_token: SecretStr | None = None
     agent_token: SecretStr = SecretStr("")
-    agents: str = Field(default="", description="comma-separated agent base URLs")
+    agents: str = Field(
+        default="", description="comma-separated agent base URLs (node ids over NATS)"
+    )
+    transport: Literal["http", "nats"] = "http"
+    nats_url: str = "nats://127.0.0.1:4222"
+    nats_token: SecretStr | None = None
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
+    nats_tls_ca: Path | None = None
     overhead_factor: float = Field(default=1.3, ge=1.0)
     overhead_factor_stderr: float = Field(default=0.05, ge=0.0)
     static_load_kw: float = Field(default=0.0, ge=0.0)
@@ -156,6 +165,7 @@ class GatewaySettings(BaseSettings):
                 f"of FLEXGATE_TIERS ({self.tier_table.count} tiers, 0 to "
                 f"{self.tier_table.count - 1})"
             )
+        self._check_nats()
         return self
 
     def _check_openadr31(self) -> None:
@@ -186,6 +196,25 @@ class GatewaySettings(BaseSettings):
             raise ValueError(
                 "FLEXGATE_VTN_CLIENT_SECRET is a placeholder or the lab's secret: set the one "
                 "the VTN's operator issued (placeholders are refused outside the lab)"
+            )
+
+    def _check_nats(self) -> None:
+        if (self.nats_user is None) != (self.nats_password is None):
+            raise ValueError("FLEXGATE_NATS_USER and FLEXGATE_NATS_PASSWORD go together")
+        if self.nats_token is not None and self.nats_user is not None:
+            raise ValueError("set FLEXGATE_NATS_TOKEN or FLEXGATE_NATS_USER/_PASSWORD, not both")
+        if self.transport != "nats":
+            return
+        if self.nats_token is None and self.nats_user is None and not self.lab:
+            raise ValueError(
+                "FLEXGATE_TRANSPORT=nats needs FLEXGATE_NATS_TOKEN or FLEXGATE_NATS_USER and "
+                "FLEXGATE_NATS_PASSWORD (anonymous NATS is for the lab only)"
+            )
+        bad = [a for a in self.agent_urls if not re.match(NATS_NODE_ID, a)]
+        if bad:
+            raise ValueError(
+                f"FLEXGATE_AGENTS over NATS lists node ids (letters, digits, '-', '_'), not "
+                f"{', '.join(bad[:3])}"
             )
 
     def _check_meter(self) -> None:

@@ -9,8 +9,8 @@
   -> outside world (the agent client, the meter, the job source) -> store -> base (clock,
   errors). Routes call services, never the store.
 - in gateway, only the grid-protocol package imports openleadr and paho (MQTT), and only it
-  and the outside-world parts (agent client, meter) import aiohttp; only the outside world (the job
-  source) imports the Kubernetes client.
+  and the outside-world parts (agent client, meter) import aiohttp; only the outside world
+  imports the Kubernetes client and nats.
 - flexgate (the CLI, the composition root) may import all three; nothing imports it.
 """
 
@@ -64,6 +64,7 @@ GATEWAY_ONLY_IN = {
     "aiohttp": {"grid protocol", "outside world"},
     "kubernetes": {"outside world"},
     "paho": {"grid protocol"},
+    "nats": {"outside world"},
 }
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agents.protocol import GpuPower, JobTelemetry, TelemetryResponse
+from agents.protocol import GpuPower, Health, JobTelemetry, TelemetryResponse
 from flexmodel.jobs import JobMix
 from flexmodel.phases import (
     MIN_JOBS_FOR_RAYLEIGH,
@@ -104,23 +104,31 @@ class Fleet:
         self._round: asyncio.Future[Telemetry] | None = None
 
     async def discover(self) -> None:
-        """Ask each configured agent that has not answered yet for its node id."""
+        """Ask each configured agent that has not answered yet for its node id; those that
+        answer are stored in one transaction (one commit per node would hold the event loop
+        for seconds at 10,000 nodes, and the answers still in flight would time out)."""
         known = set(self.nodes.values())
         missing = [a for a in self.settings.agent_urls if a not in known]
-        await asyncio.gather(*(self._ask(address) for address in missing))
+        answers = await asyncio.gather(*(self._ask(address) for address in missing))
+        found = [(a, health) for a, health in zip(missing, answers, strict=True) if health]
+        if not found:
+            return
+        now = self.clock.now()
+        for address, health in found:
+            self.nodes[health.node_id] = address
+            self.seen[health.node_id] = now
+        self.version += 1
+        with self.store.session() as s:
+            for address, health in found:
+                repo.saw_node(s, node_id=health.node_id, url=address, at=now)
+            s.commit()
 
-    async def _ask(self, address: str) -> None:
+    async def _ask(self, address: str) -> Health | None:
         try:
-            health = await self.client.health(address)
+            return await self.client.health(address)
         except AgentUnreachableError as exc:
             log.warning("agent %s did not answer: %s", address, exc)
-            return
-        self.nodes[health.node_id] = address
-        self.version += 1
-        self.seen[health.node_id] = self.clock.now()
-        with self.store.session() as s:
-            repo.saw_node(s, node_id=health.node_id, url=address, at=self.clock.now())
-            s.commit()
+            return None
 
     def note_answers(self, acks: list[Ack]) -> bool:
         """Record which nodes failed their command and why; True when the set changed."""

@@ -1,0 +1,290 @@
+"""The agents over NATS (docs/nats.md): one connection to the broker, not one per node.
+
+- A command is a request on the node's own subject `flexgate.caps.<node>` (per-node subjects:
+  the broker routes each node its part, and 10,000 subscriptions cost it nothing), carrying the
+  agent token as an `Authorization` header; the reply is a `NatsAnswer`. Retried on timeouts, a
+  missing responder and 5xx answers, with exponential backoff; a 4xx answer is final.
+- With every command the node's desired state goes into the JetStream key-value bucket
+  `flexgate_desired` (key: the node id), published just before the request. The
+  bucket's entries expire one lease after their last write, so a node that reconnects catches
+  up on what it missed, and never on the state of a gateway that died more than a lease ago.
+- Telemetry is not asked for: agents publish summaries on `flexgate.telemetry.<node>`, this
+  client keeps the last of each node, and `telemetry` answers from it (None once a node has
+  been silent for three of its periods). A summary that does not parse is dropped and counted.
+
+An agent's address over NATS is its node id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
+from nats.js.errors import BadRequestError
+from nats.js.kv import KeyValue
+from pydantic import ValidationError
+
+from agents.protocol import (
+    DESIRED_BUCKET,
+    TELEMETRY_SUBJECTS,
+    CapCommand,
+    GpuPower,
+    Health,
+    NatsAnswer,
+    TelemetryResponse,
+    TelemetrySummary,
+    caps_subject,
+    health_subject,
+)
+from gateway.agentclient import Ack, AgentUnreachableError, gpu_errors
+from gateway.clock import Clock, SystemClock
+
+log = logging.getLogger("flexgate.gateway")
+BACKOFF_S = 0.1
+HEALTH_TIMEOUT_S = 2.0
+HEALTH_AT_ONCE = 500
+CONNECT_TIMEOUT_S = 5.0
+#: A node's summary counts until it is this many of its own periods old.
+SILENT_PERIODS = 3.0
+
+
+class NatsConnectError(Exception):
+    """The NATS server refused the connection (wrong credentials) or did not answer."""
+
+
+@dataclass(frozen=True)
+class NatsOptions:
+    url: str
+    token: str | None = None
+    user: str | None = None
+    password: str | None = None
+    tls_ca: Path | None = None  #: trust this CA; TLS is on with it or with a tls:// URL
+
+
+class NatsAgentClient:
+    def __init__(
+        self,
+        options: NatsOptions,
+        token: str,
+        *,
+        timeout_s: float,
+        retries: int,
+        lease_s: float,
+        clock: Clock | None = None,
+    ) -> None:
+        self.options, self._token = options, token
+        self._timeout_s, self._retries, self._lease_s = timeout_s, retries, lease_s
+        self._clock = clock or SystemClock()
+        self._nc: Client | None = None
+        self._bucket: KeyValue | None = None
+        #: node -> (when it came, its period, what it said), converted once, on arrival
+        self.latest: dict[str, tuple[float, float, TelemetryResponse]] = {}
+        self.rejected_summaries = 0
+        self.unremembered = 0  #: desired states that could not be written to the bucket
+        self._asking = asyncio.Semaphore(HEALTH_AT_ONCE)
+
+    async def connect(self) -> None:
+        """Connect, make (or fit) the bucket and listen to telemetry; NatsConnectError names
+        why it could not (wrong credentials, no server, no JetStream)."""
+        options = self.options
+        common = self.connect_options()
+        try:
+            # A connection that reconnects for ever also retries its first connect for ever,
+            # even with wrong credentials: one attempt first, which fails at once with the reason.
+            await probe(options.url, common)
+            self._nc = await nats.connect(
+                options.url,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                pending_size=64 * 1024 * 1024,  # a 10,000-node fan-out is buffered, not refused
+                error_cb=self._error,
+                **common,
+            )
+            self._bucket = await self._desired_bucket()
+            await self._nc.subscribe(TELEMETRY_SUBJECTS, cb=self._on_telemetry)
+        except (NatsError, OSError, TimeoutError) as exc:
+            if self._nc is not None:
+                await self._nc.close()
+            raise NatsConnectError(f"cannot use NATS at {options.url}: {exc}") from exc
+
+    def connect_options(self) -> dict[str, Any]:
+        """nats-py's options for these credentials (TLS with a CA file or a tls:// URL)."""
+        options = self.options
+        tls = None
+        if options.tls_ca is not None or options.url.startswith("tls://"):
+            cafile = str(options.tls_ca) if options.tls_ca else None
+            tls = ssl.create_default_context(cafile=cafile)
+        return {
+            "name": "flexgate-gateway",
+            "token": options.token or None,
+            "user": options.user or None,
+            "password": options.password or None,
+            "tls": tls,
+            "connect_timeout": CONNECT_TIMEOUT_S,
+        }
+
+    async def _desired_bucket(self) -> KeyValue:
+        assert self._nc is not None
+        js = self._nc.jetstream()
+        try:
+            return await js.create_key_value(bucket=DESIRED_BUCKET, ttl=self._lease_s)
+        except BadRequestError:  # there, made for another lease length: fit it to this one
+            info = await js.stream_info(f"KV_{DESIRED_BUCKET}")
+            config = info.config
+            config.max_age = self._lease_s
+            config.duplicate_window = min(config.duplicate_window or 120.0, self._lease_s)
+            await js.update_stream(config)
+            return await js.key_value(DESIRED_BUCKET)
+
+    async def _error(self, exc: Exception) -> None:
+        log.warning("NATS: %s", exc)
+
+    async def close(self) -> None:
+        if self._nc is not None and not self._nc.is_closed:
+            await self._nc.drain()
+
+    def _client(self) -> Client:
+        if self._nc is None:
+            raise AgentUnreachableError("not connected to NATS (connect() was not called)")
+        return self._nc
+
+    async def _request(self, subject: str, body: bytes, timeout_s: float, **kw: Any) -> NatsAnswer:
+        try:
+            msg = await self._client().request(subject, body, timeout=timeout_s, **kw)
+            return NatsAnswer.model_validate_json(msg.data)
+        except (NatsError, TimeoutError, ValidationError) as exc:
+            raise AgentUnreachableError(_describe(exc)) from exc
+
+    async def health(self, address: str) -> Health:
+        async with self._asking:  # discovery asks every node at once: not all in one burst
+            answer = await self._request(health_subject(address), b"", HEALTH_TIMEOUT_S)
+        if answer.health is None:
+            raise AgentUnreachableError(f"status {answer.status} from {address}: {answer.detail}")
+        return answer.health
+
+    async def telemetry(self, address: str) -> TelemetryResponse | None:
+        kept = self.latest.get(address)
+        if kept is None:
+            return None
+        at, period_s, report = kept
+        return None if self._clock.monotonic() - at > SILENT_PERIODS * period_s else report
+
+    async def _on_telemetry(self, msg: Msg) -> None:
+        node = msg.subject.rsplit(".", 1)[1]
+        try:
+            summary = TelemetrySummary.model_validate_json(msg.data)
+        except ValidationError:
+            self.rejected_summaries += 1
+            return
+        if summary.node_id != node:  # a node speaks for itself only
+            self.rejected_summaries += 1
+            return
+        self.latest[node] = (self._clock.monotonic(), summary.period_s, as_telemetry(summary))
+
+    async def _remember(self, address: str, body: bytes) -> None:
+        """The node's desired state into the bucket (read by the node when it reconnects):
+        published to the bucket's subject without waiting for JetStream's ack, which would
+        double the messages of a fan-out; every renewal writes it again."""
+        try:
+            await self._client().publish(f"$KV.{DESIRED_BUCKET}.{address}", body)
+        except (NatsError, AgentUnreachableError) as exc:
+            self.unremembered += 1
+            log.warning("desired state of %s not written to the bucket: %s", address, exc)
+
+    async def put_caps(self, node: str, address: str, command: CapCommand) -> Ack:
+        sent_at, start = self._clock.now(), self._clock.monotonic()
+        body = command.model_dump_json().encode()
+        headers = {"Authorization": f"Bearer {self._token}"}
+        if self._bucket is not None:
+            await self._remember(address, body)
+        return await self._send(node, address, body, headers, sent_at, start)
+
+    async def _send(
+        self,
+        node: str,
+        address: str,
+        body: bytes,
+        headers: dict[str, str],
+        sent_at: Any,
+        start: float,
+    ) -> Ack:
+        error = "not sent"
+        for attempt in range(1, self._retries + 2):
+            try:
+                answer = await self._request(
+                    caps_subject(address), body, self._timeout_s, headers=headers
+                )
+            except AgentUnreachableError as exc:
+                error = str(exc)
+            else:
+                if answer.status == 200 and answer.caps is not None:
+                    return Ack(
+                        node,
+                        "acked",
+                        attempt,
+                        sent_at,
+                        self._clock.now(),
+                        self._clock.monotonic() - start,
+                        answer.caps,
+                        gpu_errors(answer.caps),
+                    )
+                error = f"status {answer.status}: {answer.detail}"
+                if answer.status < 500:
+                    break
+            if attempt <= self._retries:
+                await self._clock.sleep(BACKOFF_S * 2 ** (attempt - 1))
+        return Ack(node, "failed", attempt, sent_at, None, None, None, error)
+
+
+def as_telemetry(summary: TelemetrySummary) -> TelemetryResponse:
+    """A summary as the telemetry the fleet reads: each GPU's mean power, one sample."""
+    return TelemetryResponse(
+        node_id=summary.node_id,
+        gpus=[
+            GpuPower(index=i, power_w=[] if p is None else [p], sample_interval_s=summary.period_s)
+            for i, p in enumerate(summary.gpu_power_w)
+        ],
+        jobs=summary.jobs,
+        actuation_delay=summary.actuation_delay,
+    )
+
+
+def _describe(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+async def check(options: NatsOptions) -> None:
+    """Fail now, with the server's reason, if these options cannot connect (before serving)."""
+    client = NatsAgentClient(options, "", timeout_s=1.0, retries=0, lease_s=1.0)
+    try:
+        await probe(options.url, client.connect_options())
+    except (NatsError, OSError, TimeoutError) as exc:
+        raise NatsConnectError(f"cannot use NATS at {options.url}: {exc}") from exc
+
+
+async def probe(url: str, options: dict[str, Any]) -> None:
+    """One connection attempt, closed again: it raises the server's reason for refusing."""
+    attempt = Client()
+    try:
+        # nats-py waits for ever on a TLS handshake the client refused: bounded here.
+        await asyncio.wait_for(
+            attempt.connect(url, allow_reconnect=False, error_cb=_raised_anyway, **options),
+            2 * CONNECT_TIMEOUT_S,
+        )
+    finally:
+        with contextlib.suppress(NatsError, OSError, TimeoutError):
+            await asyncio.wait_for(attempt.close(), CONNECT_TIMEOUT_S)
+
+
+async def _raised_anyway(exc: Exception) -> None:
+    """The probe's errors are raised to its caller: nats-py need not log them too."""
