@@ -51,6 +51,8 @@ OVERHEAD_FACTOR = 1.3
 STATIC_KW = 5.0
 METER_PERIOD_S = 0.5
 METER_TIME_CONSTANT_S = 1.0
+#: The lab meter averages the agents' GPU samples over this before its lag [s].
+METER_INTEGRATION_S = 1.0
 METER_NOISE_KW = 0.05
 AGENT_TOKEN = "lab-agent-token-0123"
 
@@ -138,6 +140,7 @@ def run_lab(
             overhead_factor=truth.overhead_factor,
             noise_kw=METER_NOISE_KW,
             time_constant_s=METER_TIME_CONSTANT_S,
+            integration_s=METER_INTEGRATION_S,
             period_s=METER_PERIOD_S / 2,
             seed=seed,
         )
@@ -216,7 +219,8 @@ def run_event(
             ven_name="flexgate-lab",
             meter_url=meter_url,
             meter_period_s=METER_PERIOD_S,
-            meter_lag_s=METER_TIME_CONSTANT_S,
+            # the meter's whole lag, as a calibration would measure it: its averaging too
+            meter_lag_s=METER_TIME_CONSTANT_S + METER_INTEGRATION_S / 2,
             calibrate=False,
             tracking=tracking,
             **vtn_settings,
