@@ -126,7 +126,9 @@ def test_the_calibration_recovers_the_lab_sites_true_overhead_factor(agents):
     assert fit.points >= 6
     assert abs(fit.k - K) < 5 * fit.k_stderr
     assert abs(fit.static_kw - STATIC_KW) < 5 * fit.static_stderr_kw
-    assert np.polyfit(gpu_kw, facility_kw, 1)[0] < K - 10 * fit.k_stderr
+    # A level regression is biased low by the meter's lag (about 0.1 here): clearly below the
+    # factor, by its own error or 0.05, whichever is less (the jobs' swing widens that error).
+    assert np.polyfit(gpu_kw, facility_kw, 1)[0] < K - min(10 * fit.k_stderr, 0.05)
 
 
 def test_the_gateway_reads_the_lab_meter_over_http(agents):

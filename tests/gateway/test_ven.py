@@ -219,7 +219,9 @@ def test_the_ven_reports_site_usage_at_the_vtns_granularity(vtn_site):
     assert vtn.units == ("W", "k")
     now = site.api.get("/v1/site").json()
     facility, gpu = vtn.reports["facility_kw"][-1], vtn.reports["gpu_kw"][-1]
-    assert facility == pytest.approx(now["facility_power_kw"], rel=0.05)
+    # Two instants of a site whose multi-node jobs swing together (one job, one phase): the
+    # same power to within those swings.
+    assert facility == pytest.approx(now["facility_power_kw"], rel=0.1)
     assert facility == pytest.approx(now["overhead_factor"] * gpu, rel=1e-3)
     assert vtn.reports["shed_kw"][-1] == pytest.approx(0.0, abs=0.1 * facility)  # no event
 
