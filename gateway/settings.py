@@ -244,7 +244,7 @@ def insecure_url(url: str, *, allow_http: bool) -> str | None:
         return None
     if parts.scheme != "http" or not parts.hostname:
         return f"{url!r} is not an https:// URL"
-    if not _is_loopback(parts.hostname):
+    if not is_loopback(parts.hostname):
         return (
             f"{url} is plain HTTP to another machine: OpenADR 3 carries bearer tokens and "
             "events, so it must be https://"
@@ -257,7 +257,8 @@ def insecure_url(url: str, *, allow_http: bool) -> str | None:
     return None
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """`localhost` or a loopback address."""
     if host == "localhost":
         return True
     try:

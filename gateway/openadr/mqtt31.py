@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import secrets
 import ssl
@@ -34,6 +33,8 @@ from urllib.parse import urlsplit
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
+
+from gateway.settings import is_loopback
 
 log = logging.getLogger("flexgate.ven31.mqtt")
 
@@ -60,7 +61,7 @@ def broker_problem(uri: str, *, allow_plain: bool) -> str | None:
         return None
     if parts.scheme != "mqtt" or not parts.hostname:
         return f"{uri!r} is not an mqtts:// (or, on loopback, mqtt://) broker URI"
-    if not _is_loopback(parts.hostname):
+    if not is_loopback(parts.hostname):
         return (
             f"{uri} is plain MQTT to another machine: notifications carry events (and the "
             "password), so the broker must be mqtts://"
@@ -230,12 +231,3 @@ class MqttNotifications:
             log.warning(
                 "MQTT: a message on %s dropped (too many waiting): the poll reads it", topic
             )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
