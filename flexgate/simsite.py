@@ -30,6 +30,7 @@ from gateway.agentclient.memory import InMemoryAgentClient
 from gateway.clock import SteppedClock
 from gateway.errors import MeterError
 from gateway.meter import MeterFeed
+from gateway.services.delivery import Deliveries
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.overhead import Overhead
@@ -202,6 +203,7 @@ class SimulatedSite:
         )
         self.tracker = Tracker(settings, clock, self.power, self.targets, self.book, self.fleet)
         self.power.subscribe(self.tracker.step)
+        self.power.subscribe(Deliveries(self.store, clock, self.power, self.tracker).sample)
 
     async def start(self) -> None:
         await self.book.replace(self.declared, "simulation")

@@ -28,6 +28,7 @@ from gateway.clock import Clock, SystemClock
 from gateway.errors import GatewayError
 from gateway.jobsource import JobSource
 from gateway.jobsource.slurm import SlurmSource
+from gateway.services.delivery import Deliveries
 from gateway.services.events import Events
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
@@ -83,6 +84,7 @@ def create_app(
         targets = Targets(settings, store, clock, client, fleet, book, power)
         tracker = Tracker(settings, clock, power, targets, book, fleet)
         power.subscribe(tracker.step)
+        power.subscribe(Deliveries(store, clock, power, tracker).sample)
         quotes = Quotes(book, fleet)
         events = Events(settings, store, clock, book, power, quotes, targets, tracker, ven)
         book.subscribe(events.apply_targets)

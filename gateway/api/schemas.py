@@ -109,6 +109,17 @@ class Interval(BaseModel):
     plan_id: str | None
 
 
+class Delivery(BaseModel):
+    meter_source: str = Field(description="the meter read (or estimate)")
+    requested_kw: float = Field(description="the reduction asked for, averaged [kW]")
+    delivered_kw: float = Field(description="the reduction seen at the meter, averaged [kW]")
+    delivered_kwh: float = Field(description="the energy shed at the meter [kWh]")
+    measured_s: float = Field(description="how long the meter was read during the event [s]")
+    samples: int
+    first_at: str
+    last_at: str
+
+
 class Event(_Open):
     id: str
     source: str = Field(description="manual or openadr")
@@ -121,6 +132,11 @@ class Event(_Open):
     reason: str | None
     plan_id: str | None
     feasible: bool | None
+    delivery: Delivery | None = Field(
+        default=None,
+        description="what the event shed at the meter while the site loop pursued it; null "
+        "before its first sample, or with the loop off",
+    )
 
 
 class Events(BaseModel):

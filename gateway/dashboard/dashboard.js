@@ -20,7 +20,6 @@ const state = {
   sync: null,
   power: [], // {t, meter, model, target, baseline}
   order: [], // {t, r1, r2, r3}
-  delivered: {}, // event id -> the last kW delivered at the meter this page saw
   sortKey: "id",
   sortUp: true,
   quoteWindowS: null, // the window of the last quote asked on the page; the curve follows it
@@ -262,20 +261,37 @@ function drawActiveEvent() {
 
 function drawEvents() {
   const site = state.site;
-  const active = state.events.find((e) => e.id === site.active_event_id);
-  if (active) state.delivered[active.id] = delivered(active, site);
   const sorted = [...state.events].sort((a, b) => b.start.localeCompare(a.start));
   drawTimeline();
-  // Rows are redrawn only when they change, so a button is not replaced under the pointer.
+  // Rows are redrawn only when they change, so a button is not replaced under the pointer;
+  // the delivered figures move every update and are written into the rows as they stand.
   const rows = $("events-rows");
-  const signature = JSON.stringify(sorted);
+  const signature = JSON.stringify(sorted.map(({ delivery, ...rest }) => rest));
   if (rows.dataset.signature !== signature) {
     rows.dataset.signature = signature;
     rows.replaceChildren(...sorted.map(eventRow));
   }
+  const byId = new Map(sorted.map((e) => [e.id, e]));
   for (const row of rows.children) {
-    row.querySelector("td.delivered").textContent = num(state.delivered[row.dataset.eventId]);
+    const event = byId.get(row.dataset.eventId);
+    const cellNode = row.querySelector("td.delivered");
+    const [value, note] = deliveredCell(event, site);
+    cellNode.textContent = value;
+    cellNode.title = note;
   }
+}
+
+// The active event: the cut at the meter now. Any other: its mean over the time the site loop
+// read the meter during it, as the gateway stored it.
+function deliveredCell(event, site) {
+  if (event.id === site.active_event_id) return [num(delivered(event, site)), "now, at the meter"];
+  const kept = event.delivery;
+  if (!kept) return ["–", "not measured: the site loop did not read a meter during it"];
+  return [
+    num(kept.delivered_kw),
+    `mean over ${duration(kept.measured_s)} at ${kept.meter_source}, `
+      + `${num(kept.requested_kw)} kW asked, ${num(kept.delivered_kwh)} kWh shed`,
+  ];
 }
 
 function eventRow(event) {

@@ -22,6 +22,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from gateway.clock import Clock
 from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
+from gateway.services.delivery import delivery_doc
 from gateway.services.grid import ExternalEvent, GridProtocol, Interval
 from gateway.services.intervals import from_doc, level_now, reduction_now, stored_doc
 from gateway.services.jobbook import JobBook
@@ -91,6 +92,7 @@ class Events:
         """The events as the API shows them, each with its current plan's feasibility."""
         with self.store.session() as s:
             plans = {e.plan_id: repo.get_plan(s, plan_id=e.plan_id) for e in events if e.plan_id}
+            deliveries = repo.deliveries(s, event_ids=[e.id for e in events])
         when = self.clock.now()
         now, baseline_kw = when.isoformat(), self.power.envelope()[0]
         out = []
@@ -123,6 +125,9 @@ class Events:
                     "test": event.test,
                     "external_id": event.external_id,
                     "modification": event.modification,
+                    "delivery": (
+                        delivery_doc(deliveries[event.id]) if event.id in deliveries else None
+                    ),
                 }
             )
         return out

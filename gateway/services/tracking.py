@@ -76,6 +76,7 @@ class Pursuit:
     moves: list[tuple[float, float]] = field(default_factory=list)
     measured_kw: float | None = None
     target_kw: float | None = None
+    reference_kw: float | None = None  #: the site without the event, at the meter [kW]
 
 
 class Tracker:
@@ -139,15 +140,15 @@ class Tracker:
         pursuit.moves.append((started_s, pursuit.achieved_kw - achieved_kw))
         pursuit.planned_kw, pursuit.achieved_kw = requested, achieved_kw
 
-    def _target_level_kw(self, pursuit: Pursuit, mix: JobMix) -> float | None:
-        if pursuit.level_kw is not None:
-            return pursuit.level_kw
+    def _reference_kw(self, pursuit: Pursuit, mix: JobMix) -> float | None:
+        """What the site would draw at the meter without the event: the meter before it,
+        moved by the model's baseline as the job mix changed."""
         if pursuit.start_facility_kw is None:
             return None
         moved_kw = self.site.facility_kw(mix.baseline_gpu_kw) - self.site.facility_kw(
             pursuit.start_baseline_gpu_kw
         )
-        return pursuit.start_facility_kw + moved_kw - pursuit.reduction_kw
+        return pursuit.start_facility_kw + moved_kw
 
     async def step(self) -> None:
         """One sample of the loop (after every sample of the site)."""
@@ -157,7 +158,7 @@ class Tracker:
         mix = self.book.mix()
         self._measure_delay()
         self._check(mix)
-        if pursuit.start_facility_kw is None and pursuit.level_kw is None:
+        if pursuit.start_facility_kw is None:
             # No whole window of the meter before the event: the model's baseline stands in.
             pursuit.start_facility_kw = self.site.facility_kw(pursuit.start_baseline_gpu_kw)
         baseline_kw = self.site.facility_kw(mix.baseline_gpu_kw)
@@ -165,8 +166,12 @@ class Tracker:
             pursuit.moves.append((self.clock.monotonic(), baseline_kw - pursuit.baseline_kw))
         pursuit.baseline_kw = baseline_kw
         measured = self.site.filtered_kw(self.window_s)
-        target = self._target_level_kw(pursuit, mix)
+        reference = self._reference_kw(pursuit, mix)
+        target = pursuit.level_kw
+        if target is None and reference is not None:
+            target = reference - pursuit.reduction_kw
         pursuit.measured_kw, pursuit.target_kw = measured, target
+        pursuit.reference_kw = reference
         if measured is None or target is None or self.verdict == "held":
             return  # a faulted meter: the correction is held, the plan is the model's
         error_kw = measured + self._unseen_kw(pursuit) - target

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel, create_engine, select
 
 from gateway.errors import StoreVersionError
 from gateway.store.models import SCHEMA_VERSION, SchemaVersion
+
+log = logging.getLogger("flexgate.gateway")
+
+#: The schema's upgrades: for each version, the statements that bring a database of the version
+#: before to it (SQL that SQLite and PostgreSQL both run). A table a version only adds needs no
+#: statement: `create_all` makes every missing table. A database older than the first version
+#: listed here less one is refused.
+UPGRADES: dict[int, tuple[str, ...]] = {
+    4: (),  # the deliveries table
+}
 
 
 def open_engine(url: str) -> Engine:
@@ -37,16 +48,29 @@ def _sqlite_pragmas(connection: Any, _: Any) -> None:
 
 
 def check_version(engine: Engine) -> None:
+    """Record the version of a new database, upgrade an older one, refuse anything else."""
     with Session(engine) as session:
         row = session.exec(select(SchemaVersion)).first()
         if row is None:
             session.add(SchemaVersion(version=SCHEMA_VERSION))
             session.commit()
-        elif row.version != SCHEMA_VERSION:
+            return
+        held = row.version
+        if held == SCHEMA_VERSION:
+            return
+        if not min(UPGRADES) - 1 <= held < SCHEMA_VERSION:
             raise StoreVersionError(
-                f"the database holds schema version {row.version}, this gateway uses "
-                f"{SCHEMA_VERSION}; migrate it or point FLEXGATE_DATABASE_URL elsewhere"
+                f"the database holds schema version {held}, this gateway uses "
+                f"{SCHEMA_VERSION} and upgrades from {min(UPGRADES) - 1} on; point "
+                "FLEXGATE_DATABASE_URL elsewhere or run the gateway that wrote it"
             )
+        for version in range(held + 1, SCHEMA_VERSION + 1):
+            for statement in UPGRADES[version]:
+                session.execute(text(statement))
+        row.version = SCHEMA_VERSION
+        session.add(row)
+        session.commit()  # one transaction: a failed upgrade leaves the old version
+        log.warning("upgraded the database from schema version %d to %d", held, SCHEMA_VERSION)
 
 
 class Store:

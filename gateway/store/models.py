@@ -13,8 +13,9 @@ from typing import Any
 from sqlalchemy import JSON, Column, DateTime
 from sqlmodel import Field, SQLModel
 
-#: Bump when a table changes; a database of another version is refused with a clear error.
-SCHEMA_VERSION = 3
+#: Bump when a table changes, with its upgrade in `gateway.store.db.UPGRADES`; an older
+#: database is upgraded when opened, a newer one is refused with a clear error.
+SCHEMA_VERSION = 4
 
 
 def as_utc(when: datetime) -> datetime:
@@ -125,3 +126,20 @@ class CalibrationRow(SQLModel, table=True):
     static_stderr_kw: float
     lag_s: float
     points: int
+
+
+class DeliveryRow(SQLModel, table=True):
+    """What an event shed at the meter, summed over the samples the site loop read during it:
+    the facility power the site would draw without the event (the loop's reference: the meter
+    before the event, moved by the model as the jobs changed) less the meter's reading.
+    Divided by `seconds` they are time averages (schema version 4)."""
+
+    __tablename__ = "deliveries"
+    event_id: str = Field(primary_key=True)
+    meter_source: str
+    first_at: datetime = _when(nullable=False)
+    last_at: datetime = _when(nullable=False)
+    samples: int
+    seconds: float  #: the time the meter was read during the event [s]
+    requested_kws: float  #: the reduction asked for, integrated over that time [kW s]
+    delivered_kws: float  #: the reduction seen at the meter, integrated over that time [kW s]

@@ -13,6 +13,7 @@ from gateway.store.models import (
     CalibrationRow,
     CommandRow,
     Counter,
+    DeliveryRow,
     EventRow,
     JobRow,
     NodeRow,
@@ -160,3 +161,38 @@ def latest_calibration(session: Session) -> CalibrationRow | None:
         col(CalibrationRow.at).desc(), col(CalibrationRow.id).desc()
     )
     return session.exec(query).first()
+
+
+def add_delivery_sample(
+    session: Session,
+    *,
+    event_id: str,
+    meter_source: str,
+    at: datetime,
+    seconds: float,
+    requested_kw: float,
+    delivered_kw: float,
+) -> None:
+    """Add one sample of an event's delivery at the meter, `seconds` long."""
+    row = session.get(DeliveryRow, event_id)
+    if row is None:
+        row = DeliveryRow(
+            event_id=event_id,
+            meter_source=meter_source,
+            first_at=at,
+            last_at=at,
+            samples=0,
+            seconds=0.0,
+            requested_kws=0.0,
+            delivered_kws=0.0,
+        )
+    row.meter_source, row.last_at, row.samples = meter_source, at, row.samples + 1
+    row.seconds += seconds
+    row.requested_kws += requested_kw * seconds
+    row.delivered_kws += delivered_kw * seconds
+    session.add(row)
+
+
+def deliveries(session: Session, *, event_ids: list[str]) -> dict[str, DeliveryRow]:
+    rows = session.exec(select(DeliveryRow).where(col(DeliveryRow.event_id).in_(event_ids)))
+    return {row.event_id: row for row in rows}

@@ -285,6 +285,15 @@ def test_an_event_appears_and_cancelling_needs_the_token_and_a_confirmation(tmp_
         assert "FLEXGATE_API_TOKEN" in refusal
         assert status() in ("pending", "active")
 
+        def delivered_cell():
+            return event_row(browser, event["id"]).find_element("css selector", "td.delivered")
+
+        def kept() -> dict | None:
+            return site.api.get(f"/v1/events/{event['id']}").json()["delivery"]
+
+        # The site loop adds a sample to the event's delivery every meter period (5 s).
+        wait_for(lambda: kept() is not None, "the event's first delivery sample", 15)
+
         # With the API token, confirmed: cancelled, on the gateway and on the page.
         use_token(browser, API["Authorization"].removeprefix("Bearer "))
         click_cancel()
@@ -296,6 +305,13 @@ def test_an_event_appears_and_cancelling_needs_the_token_and_a_confirmation(tmp_
             ONE_UPDATE_S,
         )
         assert not browser.find_element("id", "error").is_displayed()
+        # Ended, the event shows what the gateway kept of its delivery, not a live reading.
+        wait_for(
+            lambda: delivered_cell().text == f"{kept()['delivered_kw']:.1f}",
+            "the stored delivery",
+            ONE_UPDATE_S,
+        )
+        assert kept()["meter_source"] in delivered_cell().get_attribute("title")
         # The token is kept for this tab only.
         assert browser.execute_script("return window.localStorage.length") == 0
         assert browser.get_cookies() == []

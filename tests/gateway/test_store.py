@@ -3,13 +3,14 @@
 from datetime import UTC, datetime
 
 import pytest
-from sqlmodel import Session
+from sqlalchemy import text
+from sqlmodel import Session, create_engine
 
 from flexmodel.calibration import OverheadCalibration
 from gateway.errors import StoreVersionError
 from gateway.store import repo
 from gateway.store.db import open_engine
-from gateway.store.models import SchemaVersion, as_utc
+from gateway.store.models import SCHEMA_VERSION, EventRow, SchemaVersion, as_utc
 
 
 def test_a_database_of_another_schema_version_is_refused(tmp_path):
@@ -74,3 +75,46 @@ def test_the_latest_calibration_is_the_newest_fit_and_survives_a_reopen(database
         )
         assert as_utc(latest.at) == fits[1][0]
     reopened.dispose()
+
+
+def test_a_database_of_the_previous_schema_is_upgraded_and_keeps_its_rows(database_url):
+    """A version 3 database (no deliveries table) opens: the table is made, the version
+    recorded, and its events are still there."""
+    engine = open_engine(database_url)
+    with Session(engine) as s:
+        s.add(
+            EventRow(
+                id="ev-old",
+                source="manual",
+                status="completed",
+                start=datetime(2026, 3, 1, 12, tzinfo=UTC),
+                end=datetime(2026, 3, 1, 13, tzinfo=UTC),
+                reduction_kw=5.0,
+                intervals=[],
+                created_at=datetime(2026, 3, 1, 11, tzinfo=UTC),
+            )
+        )
+        s.get(SchemaVersion, 1).version = 3
+        s.commit()
+    with engine.begin() as connection:
+        connection.execute(text("drop table deliveries"))
+    engine.dispose()
+    reopened = open_engine(database_url)
+    with Session(reopened) as s:
+        assert s.get(SchemaVersion, 1).version == SCHEMA_VERSION
+        assert repo.get_event(s, event_id="ev-old").reduction_kw == 5.0
+        assert repo.deliveries(s, event_ids=["ev-old"]) == {}
+    reopened.dispose()
+
+
+def test_a_database_older_than_the_upgrades_reach_is_refused_and_left_alone(tmp_path):
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    engine = open_engine(url)
+    with Session(engine) as s:
+        s.get(SchemaVersion, 1).version = 2
+        s.commit()
+    engine.dispose()
+    with pytest.raises(StoreVersionError, match=r"schema version 2.*upgrades from 3"):
+        open_engine(url)
+    with Session(create_engine(url)) as s:
+        assert s.get(SchemaVersion, 1).version == 2

@@ -13,6 +13,8 @@ import copy
 import pytest
 
 from flexgate.simsite import SimulatedSite, Truth
+from gateway.services.delivery import delivery_doc
+from gateway.store import repo
 from tests.gateway.conftest import site_jobs
 
 REDUCTION_KW = 10.0
@@ -145,3 +147,34 @@ def test_the_open_loop_step_winds_nothing_up_where_the_model_is_right(tmp_path):
         asyncio.run(run())
     finally:
         site.close()
+
+
+def test_what_an_event_shed_at_the_meter_is_kept_with_it(sites):
+    """The delivery record is the mean of the metered shed over the event (the reference less
+    each reading, as a utility settles it), the same figure the meter's trace gives, and it
+    stays in the store after the loop lets go of the event."""
+    site = sites(tracking=True)
+
+    async def run():
+        await site.start()
+        await site.run_for(WARM_UP_S)
+        await site.tracker.pursue("ev-1", REDUCTION_KW, None)
+        reference = site.tracker.pursuit.start_facility_kw  # the jobs do not change
+        trace = await site.run_for(240)
+        site.tracker.release()
+        await site.run_for(30)  # after the event: nothing more is added to it
+        return reference, trace
+
+    reference, trace = asyncio.run(run())
+    with site.store.session() as s:
+        row = repo.deliveries(s, event_ids=["ev-1"])["ev-1"]
+    doc = delivery_doc(row)
+    shed = [reference - kw for _, kw in trace]
+    assert doc["samples"] == len(trace)
+    assert doc["measured_s"] == pytest.approx(240.0)
+    assert doc["requested_kw"] == pytest.approx(REDUCTION_KW, rel=1e-6)
+    assert doc["delivered_kw"] == pytest.approx(sum(shed) / len(shed), abs=0.02)
+    # The loop lands on target after a few windows, so the event's mean sheds nearly all of it.
+    assert doc["delivered_kw"] == pytest.approx(REDUCTION_KW, rel=0.1)
+    assert doc["delivered_kwh"] == pytest.approx(doc["delivered_kw"] * 240 / 3600)
+    assert doc["meter_source"] == site.power.source

@@ -1,0 +1,72 @@
+"""Deliveries: what each event shed at the meter, kept with the event.
+
+After every sample of the site, while the site loop pursues an event, the sample's facility
+power is compared with the loop's reference, what the site would draw without the event (the
+meter before it, moved by the model as the jobs changed). The difference, and the reduction
+asked for (the reference less the loop's target), are added to the event's record in the store,
+each weighted by the time since the previous sample. A gap longer than `MAX_GAP_PERIODS` meter
+periods (a fault, a restart) counts as `MAX_GAP_PERIODS` periods, so the averages are over the
+time the meter was read. Nothing is recorded while the meter faults or the loop is off.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.clock import Clock
+from gateway.services.site import SitePower
+from gateway.services.tracking import Tracker
+from gateway.store import repo
+from gateway.store.db import Store
+from gateway.store.models import DeliveryRow, iso
+
+MAX_GAP_PERIODS = 3.0
+
+
+class Deliveries:
+    def __init__(self, store: Store, clock: Clock, site: SitePower, tracker: Tracker) -> None:
+        self.store, self.clock, self.site, self.tracker = store, clock, site, tracker
+        self._last: tuple[str, float] | None = None  #: (event id, monotonic) of the last sample
+
+    async def sample(self) -> None:
+        """Add the site's latest sample to the pursued event's delivery (a `SitePower`
+        listener, after the site loop's step)."""
+        pursuit, history = self.tracker.pursuit, self.site.history
+        if not self.tracker.settings.tracking or pursuit is None or not history:
+            self._last = None
+            return
+        latest = history[-1]
+        reference, target = pursuit.reference_kw, pursuit.target_kw
+        if latest.facility_kw is None or reference is None or target is None:
+            return  # a faulted meter: the time until it answers again is not counted
+        period_s = self.tracker.period_s
+        seconds = period_s
+        if self._last is not None and self._last[0] == pursuit.event_id:
+            seconds = min(latest.at_s - self._last[1], MAX_GAP_PERIODS * period_s)
+        self._last = (pursuit.event_id, latest.at_s)
+        with self.store.session() as s:
+            repo.add_delivery_sample(
+                s,
+                event_id=pursuit.event_id,
+                meter_source=self.site.source,
+                at=self.clock.now(),
+                seconds=seconds,
+                requested_kw=reference - target,
+                delivered_kw=reference - latest.facility_kw,
+            )
+            s.commit()
+
+
+def delivery_doc(row: DeliveryRow) -> dict[str, Any]:
+    """An event's `delivery` object in the API: its averages over the time the meter was read."""
+    seconds = max(row.seconds, 1e-9)
+    return {
+        "meter_source": row.meter_source,
+        "requested_kw": row.requested_kws / seconds,
+        "delivered_kw": row.delivered_kws / seconds,
+        "delivered_kwh": row.delivered_kws / 3600.0,
+        "measured_s": row.seconds,
+        "samples": row.samples,
+        "first_at": iso(row.first_at),
+        "last_at": iso(row.last_at),
+    }
