@@ -12,7 +12,8 @@ period, never an invented one.
 
 Errors: the mean power's from the spread of per-period means; the period's from the two
 halves of the stretch measured apart (half their difference), at least the resolution of the
-sampling over the stretch; the relative throughput's from both periods' (first order).
+sampling over the stretch (twice that when the stretch is too short to halve); the relative
+throughput's from both periods' (first order).
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def _period_error(trace: np.ndarray, dt_s: float, period_s: float, periods: floa
     resolution = dt_s / math.sqrt(12.0) / max(periods, 1.0)
     half = trace.size // 2
     if periods < 2 * MIN_PERIODS:
-        return max(resolution, 0.5 * dt_s)
+        return 2.0 * resolution  # too short to halve: the resolution, with a margin
     try:
         halves = [
             estimate_waveform(
@@ -162,5 +163,5 @@ def _period_error(trace: np.ndarray, dt_s: float, period_s: float, periods: floa
             for part in (trace[:half], trace[half:])
         ]
     except FlexModelError:
-        return max(resolution, 0.5 * dt_s)
+        return 2.0 * resolution
     return max(abs(halves[0] - halves[1]) / 2.0, resolution)

@@ -125,3 +125,20 @@ class CalibrationRow(SQLModel, table=True):
     static_stderr_kw: float
     lag_s: float
     points: int
+
+
+class JobCurveRow(SQLModel, table=True):
+    """One fit of a job's measured curve (gateway.services.curves); the latest counts.
+
+    `points` are the agents' points per cap level (`agents.protocol.CapPoint`, with the
+    throughput in the job's units and where each came from); `fit` is flexmodel.sweeps' reading
+    of them: the PFI with its standard error on the measured grid, the monotone curve, the
+    points set aside."""
+
+    __tablename__ = "job_curves"
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True)
+    at: datetime = _when(nullable=False, index=True)
+    source: str  #: measured (the agents' points); the job's doc holds declared ones
+    points: list[dict[str, Any]] = Field(sa_column=Column(JSON, nullable=False))
+    fit: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))

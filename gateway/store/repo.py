@@ -14,6 +14,7 @@ from gateway.store.models import (
     CommandRow,
     Counter,
     EventRow,
+    JobCurveRow,
     JobRow,
     NodeRow,
     PlanRow,
@@ -160,3 +161,18 @@ def latest_calibration(session: Session) -> CalibrationRow | None:
         col(CalibrationRow.at).desc(), col(CalibrationRow.id).desc()
     )
     return session.exec(query).first()
+
+
+def add_job_curve(session: Session, *, curve: JobCurveRow) -> None:
+    session.add(curve)
+
+
+def latest_job_curves(session: Session) -> dict[str, JobCurveRow]:
+    """Each job's latest curve, by job id."""
+    latest = (
+        select(JobCurveRow.job_id, func.max(JobCurveRow.id).label("id"))
+        .group_by(col(JobCurveRow.job_id))
+        .subquery()
+    )
+    rows = session.exec(select(JobCurveRow).join(latest, col(JobCurveRow.id) == latest.c.id))
+    return {row.job_id: row for row in rows}
