@@ -6,7 +6,8 @@ its QoS floor and `probe_min_throughput_fraction`), never lower. Each level is h
 `probe_periods` iteration periods at that cap (as the curve stretches them) plus
 `probe_settle_s`, through the ordinary dispatch path: a stored plan with a lease, renewed by
 the reconciler, so a gateway that dies mid-probe leaves caps that lapse and are restored.
-A job whose measured throughput falls below its floor goes no lower. At the end every GPU gets
+A job whose measured throughput falls below its floor, or whose power shows no clear period at
+a level (the cap clips it flat), goes no lower. At the end every GPU gets
 its original limit back and the agents' points are fitted (`gateway.services.curves`).
 
 Refused, with the reason: during an event (or while caps step back after one), a protected or
@@ -250,7 +251,8 @@ class Characteriser:
         return {r.job_id: r for r in job_readings(await self.fleet.telemetry())}
 
     def _stop_below_floor(self, probe: Probe, level: int, readings: dict[str, Any]) -> None:
-        """A job measured below its probe floor at this level goes no lower."""
+        """A job measured below its probe floor at this level, or with no period there, goes
+        no lower."""
         mix = self.book.mix()
         index = {job.id: j for j, job in enumerate(mix.jobs)}
         for job_id, caps in probe.jobs.items():
@@ -259,11 +261,14 @@ class Characteriser:
                 continue
             floor = self._floor(mix, index[job_id])
             at = next((p for p in reading.points if abs(p.cap_w - caps[level]) < 0.5), None)
-            if (
-                at is not None
-                and at.relative_throughput is not None
-                and at.relative_throughput < floor
-            ):
+            if at is None or level == 0:
+                continue
+            if at.relative_throughput is None:  # lower caps clip it flatter still
+                probe.stopped[job_id] = (
+                    f"no clear iteration period at {caps[level]:g} W ({at.no_period_reason}): "
+                    "its throughput cannot be measured lower"
+                )
+            elif at.relative_throughput < floor:
                 probe.stopped[job_id] = (
                     f"measured {at.relative_throughput:.3f} of its throughput at "
                     f"{caps[level]:g} W, below its probe floor {floor:g}"

@@ -135,7 +135,7 @@ def uncapped(site: Site) -> bool:
 
 
 def test_a_probe_measures_the_job_and_restores_every_gpu(tmp_path):
-    with probe_site(tmp_path) as site:
+    with probe_site(tmp_path, curve_max_pfi_stderr=1.0) as site:
         with LimitWatch(site) as watch:
             answer = post(site, "/v1/jobs/flex/characterise")
             assert answer.status_code == 202, answer.text
@@ -157,6 +157,14 @@ def test_a_probe_measures_the_job_and_restores_every_gpu(tmp_path):
         shown = site.api.get("/v1/jobs/flex").json()
         assert shown["curve"]["measured"]["pfi"] == pytest.approx(curve["fit"]["pfi"], rel=1e-3)
         assert shown["curve"]["declared"] is None  # nothing was declared: the fleet default
+        # Good enough (FLEXGATE_CURVE_MAX_PFI_STDERR=1): quotes cut the job no lower than the
+        # lowest level measured, and carry the fitted error into firm kW.
+        assert shown["curve"]["source"] == "measured"
+        quote = site.api.post("/v1/quotes", json={"window_s": 60}).json()
+        flex = next(j for j in quote["jobs"] if j["id"] == "flex")
+        lowest_w = curve["fit"]["sweep"][0]["power_w"]
+        assert flex["max_reduction_w"] <= 4 * (640.0 - lowest_w) + 1.0
+        assert quote["firm_kw"] < quote["achievable_kw"]
 
 
 def test_refusals_name_the_reason_and_change_nothing(tmp_path):
