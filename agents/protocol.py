@@ -108,6 +108,27 @@ class GpuPower(BaseModel):
     sample_interval_s: float
 
 
+class CapPoint(BaseModel):
+    """A job's point at one cap level the agent saw (`agents.levels`): what a sweep is made of.
+
+    `relative_throughput` is `T_ref / T`, the iteration period at the reference level (the
+    highest cap seen, `JobTelemetry.reference_cap_w`) over the period at this one; null, with
+    `no_period_reason`, where the power shows no clear period (never an invented one)."""
+
+    cap_w: float  #: the lowest enforced limit of the job's GPUs over the stretch [W]
+    power_w: float  #: mean power per GPU over whole periods [W]
+    power_stderr_w: float | None = None
+    period_s: float | None = None
+    period_stderr_s: float | None = None
+    period_confidence: float | None = None  #: the autocorrelation at the period (1: alike)
+    relative_throughput: float | None = None
+    relative_throughput_stderr: float | None = None
+    periods: float = 0.0  #: iteration periods the stretch covered
+    samples: int = 0
+    span_s: float = 0.0  #: the stretch measured [s]
+    no_period_reason: str | None = None
+
+
 class JobTelemetry(BaseModel):
     job_id: str
     period_s: float | None
@@ -115,6 +136,11 @@ class JobTelemetry(BaseModel):
     phase_rad: float | None  #: None when the reading is too coarse for the period
     phase_at: float | None  #: agent monotonic time [s] of that phase
     power_w: float | None  #: mean power per GPU over the window
+    period_confidence: float | None = None  #: the autocorrelation at the period (1: alike)
+    no_period_reason: str | None = None  #: why `period_s` is null, when a trace was read
+    cap_w: float | None = None  #: the lowest enforced limit of the job's GPUs now [W]
+    reference_cap_w: float | None = None  #: the level `points` are relative to [W]
+    points: list[CapPoint] = Field(default_factory=list)  #: per cap level seen, by cap
 
 
 class DelayStats(BaseModel):

@@ -4,7 +4,9 @@ A sampler thread reads every GPU's power at `sample_hz` (>= 10 Hz) into a ring b
 covering `window_s` seconds. Per job (the GPUs the job mix places on this node), the mean power
 of its GPUs gives its iteration period and duty (`flexmodel.phases.estimate_waveform`) and its
 phase (`estimate_phase`). The phase is null when the backend's reading averages over too long
-for the job's period (NVML's 1 s average for periods under about 3 s).
+for the job's period (NVML's 1 s average for periods under about 3 s). The enforced limits are
+sampled with the power, so each job's points per cap level (`agents.levels.CapLevels`) come from
+the same trace: the sweep a probe or an event leaves, measured without touching the job.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from agents.backend import GpuBackend
 from agents.errors import AgentError
+from agents.levels import CapLevels
 from agents.protocol import GpuPower, JobTelemetry
 from flexmodel.errors import FlexModelError
 from flexmodel.phases import estimate_phase, estimate_waveform, phase_at_end
@@ -42,6 +45,8 @@ class Sampler:
         self.clock = clock
         size = max(int(window_s * sample_hz), 16)
         self._power = np.full((backend.count(), size), np.nan)
+        self._limits = np.full((backend.count(), size), np.nan)
+        self.levels = CapLevels()
         self._times = np.full(size, np.nan)
         self._next = 0
         self._filled = 0
@@ -52,13 +57,16 @@ class Sampler:
 
     def sample_once(self) -> None:
         row = np.full(self._power.shape[0], np.nan)
+        limits = np.full(row.size, np.nan)
         for index in range(row.size):
             try:
                 row[index] = self.backend.power_w(index)
+                limits[index] = self.backend.enforced_limit_w(index)
             except AgentError:
                 self.read_errors += 1
         with self._lock:
             self._power[:, self._next] = row
+            self._limits[:, self._next] = limits
             self._times[self._next] = self.clock()
             self._next = (self._next + 1) % self._times.size
             self._filled = min(self._filled + 1, self._times.size)
@@ -81,9 +89,18 @@ class Sampler:
 
     def window(self) -> tuple[np.ndarray, np.ndarray]:
         """(times (S,), power (G, S)), oldest first."""
+        times, power, _ = self.window_with_limits()
+        return times, power
+
+    def window_with_limits(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(times (S,), power (G, S), enforced limits (G, S)), oldest first."""
         with self._lock:
             order = np.roll(np.arange(self._times.size), -self._next)[-self._filled :]
-            return self._times[order].copy(), self._power[:, order].copy()
+            return (
+                self._times[order].copy(),
+                self._power[:, order].copy(),
+                self._limits[:, order].copy(),
+            )
 
     def gpu_power(self, last: int = 100) -> list[GpuPower]:
         _, power = self.window()
@@ -97,11 +114,20 @@ class Sampler:
         ]
 
     def job_telemetry(self) -> list[JobTelemetry]:
-        times, power = self.window()
+        times, power, limits = self.window_with_limits()
         out = []
         for job_id, gpus in self.jobs.items():
             trace = np.nanmean(power[gpus], axis=0) if times.size else np.array([])
-            out.append(self._estimate(job_id, times, trace))
+            found = self._estimate(job_id, times, trace)
+            if times.size:
+                caps = _lowest(limits[gpus])
+                self.levels.update(job_id, times, trace, caps, self.interval_s)
+                reference, points = self.levels.points(job_id)
+                now = float(caps[-1]) if np.isfinite(caps[-1]) else None
+                found = found.model_copy(
+                    update={"cap_w": now, "reference_cap_w": reference, "points": points}
+                )
+            out.append(found)
         return out
 
     def _estimate(self, job_id: str, times: np.ndarray, trace: np.ndarray) -> JobTelemetry:
@@ -116,8 +142,8 @@ class Sampler:
         span = float(times[-1] - times[0])
         try:
             found = estimate_waveform(trace, self.interval_s, max_period_s=max(span / 2.5, 0.5))
-        except FlexModelError:
-            return empty.model_copy(update={"power_w": mean})
+        except FlexModelError as exc:
+            return empty.model_copy(update={"power_w": mean, "no_period_reason": str(exc)})
         phase = estimate_phase(
             trace, self.interval_s, found.period_s, averaging_s=self.backend.averaging_s
         )
@@ -128,4 +154,12 @@ class Sampler:
             phase_rad=None if phase is None else phase_at_end(phase, times, found.period_s),
             phase_at=None if phase is None else float(times[-1]),
             power_w=mean,
+            period_confidence=found.confidence,
         )
+
+
+def _lowest(limits: np.ndarray) -> np.ndarray:
+    """Per sample, the lowest limit of the GPUs read (NaN where none was)."""
+    known = np.isfinite(limits)
+    lowest = np.min(np.where(known, limits, np.inf), axis=0)
+    return np.where(known.any(axis=0), lowest, np.nan)

@@ -163,9 +163,18 @@ class JobMix:
         """How much each job's largest cut [W] grows per unit of PFI.
 
         A finite difference over `PFI_STEP`: the curves of the jobs whose PFI is uncertain,
-        rebuilt at a lower PFI, once per mix. 0 for the others (sweep jobs are measured).
+        rebuilt at a lower PFI, once per mix. A sweep fitted with a stated error
+        (`pfi_stderr`, a measured curve) has its cut proportional to its PFI (Eq. 1 at the
+        throughput lost at its largest cut): `cut / PFI`. 0 for the others (declared sweeps).
         """
         slope = np.zeros(len(self.jobs))
+        fitted = [
+            i
+            for i, j in enumerate(self.jobs)
+            if j.curve_source == "sweep" and j.pfi_stderr and j.pfi_value > 0
+        ]
+        for i in fitted:
+            slope[i] = self.problem.max_cut_w[i] / self.jobs[i].pfi_value
         uncertain = [
             i for i, j in enumerate(self.jobs) if j.curve_source != "sweep" and j.pfi_error
         ]

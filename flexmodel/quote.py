@@ -15,8 +15,9 @@ capped); they give nothing here, and each says why.
   `Var F = (S * se_k)^2 + k^2 * sum_j (dS_j/dPFI * se_j)^2`, the derivative from one rebuild
   of the curves at a lower PFI (`JobMix.shed_per_pfi_w`): a lower PFI lowers what a job can
   give, as its QoS floor and its power at the minimum cap both rise.
-  `firm_kw = k*S - z_C * sd(F)`, clipped to `[0, achievable_kw]`. Sweep jobs carry no PFI
-  uncertainty (their curve is measured).
+  `firm_kw = k*S - z_C * sd(F)`, clipped to `[0, achievable_kw]`. Declared sweeps carry no
+  PFI uncertainty; a sweep fitted on site with its standard error (`pfi_stderr`) does, its
+  cut proportional to its PFI (`JobMix.shed_per_pfi_w`).
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ from gateway.clock import Clock, SystemClock
 from gateway.errors import GatewayError
 from gateway.jobsource import JobSource
 from gateway.jobsource.slurm import SlurmSource
+from gateway.services.characterise import Characteriser
+from gateway.services.curves import JobCurves
 from gateway.services.delivery import Deliveries
 from gateway.services.events import Events
 from gateway.services.fleet import Fleet
@@ -91,12 +93,26 @@ def create_app(
         reconciler = Reconciler(settings.reconcile_period_s, clock, fleet, targets, events)
         feed = JobFeed(settings, clock, book, fleet, source) if source else None
         status = Status(settings, fleet, book, power, targets, events, feed)
+        curves = JobCurves(settings, store, clock, book, fleet)
+        characteriser = Characteriser(settings, clock, book, fleet, targets, events, curves)
         app.state.services = Services(
-            book, fleet, power, targets, tracker, quotes, events, status, feed
+            book,
+            fleet,
+            power,
+            targets,
+            tracker,
+            quotes,
+            events,
+            status,
+            feed,
+            curves,
+            characteriser,
         )
         await fleet.discover()
+        curves.start()  # before events resume: plans use the measured curves in force
         await events.start()
         reconciler.start()
+        characteriser.start()
         power.start()
         if feed is not None:
             feed.start()
@@ -109,6 +125,8 @@ def create_app(
                 await ven.stop()
             if feed is not None:
                 await feed.stop()
+            characteriser.stop()
+            curves.stop()
             reconciler.stop()
             power.stop()
             targets.stop()

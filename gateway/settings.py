@@ -112,6 +112,18 @@ class GatewaySettings(BaseSettings):
     kubernetes_watch_s: float = Field(default=300.0, ge=1.0)  #: one watch request's length
     tiers: str = Field(default="0,0.10,0.25,0.50", description="tolerated slowdown per tier")
     tier_slowdown_means: Literal["throughput", "duration"] = "throughput"
+    #: characterisation (gateway.services.characterise): the share of the site's throughput
+    #: (tokens/s of the jobs probed, over the mix's) that may be under probe at once
+    probe_budget: float = Field(default=0.25, gt=0.0, le=1.0)
+    probe_levels: int = Field(default=3, ge=1, le=10)  #: capped levels per probe
+    probe_periods: float = Field(default=20.0, ge=3.0, le=1000.0)  #: iterations per level
+    probe_settle_s: float = Field(default=2.0, ge=0.0)  #: added to each level's hold
+    #: no level below this throughput fraction (nor below the job's own floor)
+    probe_min_throughput_fraction: float = Field(default=0.75, gt=0.0, lt=1.0)
+    probe_every_s: float = Field(default=0.0, ge=0.0)  #: probe unmeasured jobs; 0: never
+    curve_harvest_s: float = Field(default=60.0, gt=0.0)  #: agents' points read this often
+    #: a measured curve replaces the declared one once its PFI's standard error is this small
+    curve_max_pfi_stderr: float = Field(default=0.15, gt=0.0)
 
     @property
     def tier_table(self) -> TierTable:

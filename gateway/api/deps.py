@@ -10,6 +10,8 @@ from fastapi import APIRouter, Depends, Header, Request
 
 from agents.protocol import problems
 from gateway.errors import UnauthorizedError
+from gateway.services.characterise import Characteriser
+from gateway.services.curves import JobCurves
 from gateway.services.events import Events
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
@@ -35,6 +37,8 @@ class Services:
     events: Events
     status: Status
     feed: JobFeed | None = None  #: the scheduler the jobs follow; None: the static mix
+    curves: JobCurves | None = None
+    characteriser: Characteriser | None = None
 
 
 def _services(request: Request) -> Services:

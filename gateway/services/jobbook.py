@@ -2,13 +2,16 @@
 
 It holds the parsed mix until it changes (`version` counts the changes), and tells its
 listeners (the events, which re-plan) after every change. A job's `tier` is read in the site's
-tier table. When a scheduler is the source of the jobs (`managed_by`), the API's changes are
+tier table. Measured curves good enough to use (`use_curves`, from `gateway.services.curves`)
+are laid over the jobs as stored when the mix is built; the stored jobs stay as declared. When
+a scheduler is the source of the jobs (`managed_by`), the API's changes are
 refused and the source's view comes in through `follow`, each job started or ended audited
 with its user and account.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,6 +24,8 @@ from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
 from gateway.services.overhead import Overhead, OverheadModel
 from gateway.store import repo
 from gateway.store.db import Store
+
+log = logging.getLogger("flexgate.gateway")
 
 
 def site_mix(
@@ -56,6 +61,7 @@ class JobBook:
         self._mix: JobMix | None = None
         self.version = 0  #: rises with every change of the mix in force
         self._listeners: list[Callable[[], Awaitable[None]]] = []
+        self._curves: dict[str, dict[str, Any]] = {}  #: job id -> measured fields in force
 
     def subscribe(self, listener: Callable[[], Awaitable[None]]) -> None:
         """`listener()` is awaited after every change of the mix."""
@@ -67,9 +73,26 @@ class JobBook:
 
     def mix(self) -> JobMix:
         if self._mix is None:
-            self._mix = self.validate(self.docs())
+            self._mix = self._with_measured_curves(self.docs())
             self.version += 1
         return self._mix
+
+    def use_curves(self, curves: dict[str, dict[str, Any]]) -> None:
+        """Measured curves in force from now on (job id -> the job-mix fields they set)."""
+        self._curves = curves
+        self._mix = None
+
+    def _with_measured_curves(self, docs: list[dict[str, Any]]) -> JobMix:
+        """The mix with the measured curves laid over the declared jobs; as declared when the
+        overlay does not validate (a job's bounds changed since), with a warning."""
+        laid = [d | self._curves[d["id"]] if d.get("id") in self._curves else d for d in docs]
+        if laid == docs:
+            return self.validate(docs)
+        try:
+            return self.validate(laid)
+        except InvalidRequestError as exc:
+            log.warning("measured curves not used: %s", exc)
+            return self.validate(docs)
 
     def validate(self, docs: list[dict[str, Any]]) -> JobMix:
         """These jobs as the site's mix; `InvalidRequestError` naming the first problem."""
@@ -128,7 +151,7 @@ class JobBook:
         with self.store.session() as s:
             repo.replace_jobs(s, docs=docs)
             s.commit()
-        self._mix = mix
+        self._mix = None if self._curves else mix
         self.version += 1
 
     def _refuse_when_managed(self) -> None:
@@ -146,7 +169,7 @@ class JobBook:
         repo.audit(session, actor=actor, action=action, detail=detail, at=self.clock.now())
 
     async def _changed(self, mix: JobMix | None) -> None:
-        self._mix = mix
+        self._mix = None if self._curves else mix
         self.version += 1
         for listener in self._listeners:
             await listener()

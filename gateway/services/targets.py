@@ -11,6 +11,10 @@
   unreachable store does not drop caps mid-event.
 - **Release**: caps step back over `recovery_ramp_s` in `recovery_steps` plans of decreasing
   reduction, then every GPU gets its original limit.
+- **Probe** (`gateway.services.characterise`): outside targets, given caps for a few jobs,
+  stored as a plan with no event, leased and renewed like any plan; `end_probe` restores every
+  GPU. Holding a target ends the probe at once (the target's plan is the whole desired state),
+  and a probe is refused while a target is held or caps step back.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class Targets:
         self._target: tuple[float, str | None, dict[str, Any] | None] | None = None
         self._lock = asyncio.Lock()
         self._ramp: asyncio.Task[None] | None = None
+        self.probe_id: str | None = None  #: the probe whose caps are the desired state
 
     def stop(self) -> None:
         if self._ramp is not None:
@@ -78,8 +83,46 @@ class Targets:
         if self._ramp is not None:
             self._ramp.cancel()
             self._ramp = None
+        self.probe_id = None  # a target ends any probe: its plan replaces the probe's caps
         async with self._lock:
+            self.probe_id = None
             await self._plan_and_send(facility_kw, event_id, tracking)
+
+    @property
+    def busy(self) -> str | None:
+        """Why no probe may start now (a target is held, caps step back), or None."""
+        if self.recovering:
+            return "caps are stepping back after an event"
+        if self._target is not None:
+            return "a target is held (an event is under way)"
+        return None
+
+    async def probe(
+        self, probe_id: str, desired: dict[str, list[GpuCap]], doc: dict[str, Any]
+    ) -> bool:
+        """Send these caps as every node's desired state for probe `probe_id` (`doc`, with the
+        nodes' `commands`, is stored as its plan); False, sending nothing, when a target is
+        held, caps step back, or another probe (or a target) took over."""
+        async with self._lock:
+            if self.busy is not None or self.probe_id not in (None, probe_id):
+                return False
+            self.probe_id = probe_id
+            await self.fleet.discover()
+            row = self._store_plan(doc, None)
+            self.desired = desired
+            self.generation, self.plan_id = row.generation, row.id
+            self.fleet.note_answers(await self._send())
+            return True
+
+    async def end_probe(self, probe_id: str) -> bool:
+        """Every GPU back to its original limit, unless a target took over from the probe."""
+        async with self._lock:
+            if self.probe_id != probe_id:
+                return False
+            self.probe_id = None
+            await self._plan_and_send(0.0, None)
+            self.desired, self.generation, self._target = {}, None, None
+            return True
 
     def release(self) -> None:
         """No target any more: step the caps back (once; a release under way goes on)."""
@@ -129,27 +172,31 @@ class Targets:
             )
             if tracking is not None:
                 doc["tracking"] = tracking
-            self.last_plan = doc
-            with self.store.session() as s:
-                generation = repo.next_generation(s)
-                row = PlanRow(
-                    id=f"plan-{uuid.uuid4().hex[:12]}",
-                    event_id=event_id,
-                    generation=generation,
-                    doc=doc,
-                    created_at=self.clock.now(),
-                )
-                repo.add_plan(s, plan=row)
-                if event_id is not None:
-                    repo.link_plan(s, event_id=event_id, plan_id=row.id)
-                s.commit()
+            row = self._store_plan(doc, event_id)
             self.desired = {
                 c["node"]: [GpuCap(gpu=x["gpu"], cap_w=x["cap_w"]) for x in c["caps"]]
                 for c in doc["commands"]
             }
-            self.generation, self.plan_id = generation, row.id
+            self.generation, self.plan_id = row.generation, row.id
             if not self.fleet.note_answers(await self._send()):
                 return
+
+    def _store_plan(self, doc: dict[str, Any], event_id: str | None) -> PlanRow:
+        """The plan, stored with the next generation before it is sent."""
+        self.last_plan = doc
+        with self.store.session() as s:
+            row = PlanRow(
+                id=f"plan-{uuid.uuid4().hex[:12]}",
+                event_id=event_id,
+                generation=repo.next_generation(s),
+                doc=doc,
+                created_at=self.clock.now(),
+            )
+            repo.add_plan(s, plan=row)
+            if event_id is not None:
+                repo.link_plan(s, event_id=event_id, plan_id=row.id)
+            s.commit()
+        return row
 
     async def _send(self) -> list[Ack]:
         assert self.generation is not None
@@ -203,8 +250,8 @@ class Targets:
         if self.generation is None or not self.fleet.nodes:
             return
         async with self._lock:
-            if self.generation is not None and self.fleet.note_answers(await self._send()):
-                assert self._target is not None
+            changed = self.generation is not None and self.fleet.note_answers(await self._send())
+            if changed and self._target is not None:  # a probe's caps are not re-planned
                 await self._plan_and_send(*self._target)
 
     async def plan_doc(self, plan_id: str) -> dict[str, Any]:

@@ -143,3 +143,20 @@ class DeliveryRow(SQLModel, table=True):
     seconds: float  #: the time the meter was read during the event [s]
     requested_kws: float  #: the reduction asked for, integrated over that time [kW s]
     delivered_kws: float  #: the reduction seen at the meter, integrated over that time [kW s]
+
+
+class JobCurveRow(SQLModel, table=True):
+    """One fit of a job's measured curve (gateway.services.curves); the latest counts.
+
+    `points` are the agents' points per cap level (`agents.protocol.CapPoint`, with the
+    throughput in the job's units and where each came from); `fit` is flexmodel.sweeps' reading
+    of them: the PFI with its standard error on the measured grid, the monotone curve, the
+    points set aside."""
+
+    __tablename__ = "job_curves"
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True)
+    at: datetime = _when(nullable=False, index=True)
+    source: str  #: measured (the agents' points); the job's doc holds declared ones
+    points: list[dict[str, Any]] = Field(sa_column=Column(JSON, nullable=False))
+    fit: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))

@@ -15,6 +15,7 @@ from gateway.store.models import (
     Counter,
     DeliveryRow,
     EventRow,
+    JobCurveRow,
     JobRow,
     NodeRow,
     PlanRow,
@@ -196,3 +197,18 @@ def add_delivery_sample(
 def deliveries(session: Session, *, event_ids: list[str]) -> dict[str, DeliveryRow]:
     rows = session.exec(select(DeliveryRow).where(col(DeliveryRow.event_id).in_(event_ids)))
     return {row.event_id: row for row in rows}
+
+
+def add_job_curve(session: Session, *, curve: JobCurveRow) -> None:
+    session.add(curve)
+
+
+def latest_job_curves(session: Session) -> dict[str, JobCurveRow]:
+    """Each job's latest curve, by job id."""
+    latest = (
+        select(JobCurveRow.job_id, func.max(JobCurveRow.id).label("id"))
+        .group_by(col(JobCurveRow.job_id))
+        .subquery()
+    )
+    rows = session.exec(select(JobCurveRow).join(latest, col(JobCurveRow.id) == latest.c.id))
+    return {row.job_id: row for row in rows}

@@ -1,0 +1,167 @@
+"""Each job's points per cap level seen: (cap, mean power, relative throughput) with errors.
+
+The sampler hands over, per job, its power trace and its cap at every sample (the lowest
+enforced limit of its GPUs: a synchronous job runs at its slowest GPU's pace). A stretch at one
+cap, less its first `SETTLE_S` (the iteration under way when the cap moved), gives the job's
+iteration period there (`flexmodel.phases.estimate_waveform`) and its mean power over whole
+periods. Throughput relative to the reference level (the highest cap seen: the uncapped run
+once the job has run at its GPUs' limit) is `T_ref / T`: a capped iteration does the same work
+in longer time. Each level keeps the stretch that covered the most periods, so a level outlives
+the sample window. A stretch with no clear period gives its mean power and why it has no
+period, never an invented one.
+
+Errors: the mean power's from the spread of per-period means; the period's from the two
+halves of the stretch measured apart (half their difference), at least the resolution of the
+sampling over the stretch (twice that when the stretch is too short to halve); the relative
+throughput's from both periods' (first order).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from agents.protocol import CapPoint
+from flexmodel.errors import FlexModelError
+from flexmodel.phases import estimate_waveform
+
+#: The start of a stretch at a new cap that is not measured: the iteration under way then.
+SETTLE_S = 1.0
+#: A stretch needs this many periods (at its longest candidate) to be measured.
+MIN_PERIODS = 2.5
+#: Two caps within this are one level [W].
+CAP_RESOLUTION_W = 0.5
+#: Levels kept per job (the oldest measured go first).
+MAX_LEVELS = 32
+
+
+@dataclass
+class _Level:
+    start: float  #: when the stretch measured began (agent monotonic) [s]
+    end: float
+    periods: float  #: iteration periods it covered (0 without a period)
+    point: CapPoint
+
+
+class CapLevels:
+    """Per job, per cap level: the point measured on its longest stretch."""
+
+    def __init__(self) -> None:
+        self._levels: dict[str, dict[float, _Level]] = {}
+
+    def update(
+        self, job_id: str, times: np.ndarray, trace: np.ndarray, caps: np.ndarray, dt_s: float
+    ) -> None:
+        """Measure the stretches at one cap in this window (`caps` NaN where unknown)."""
+        levels = self._levels.setdefault(job_id, {})
+        for start, stop, cap in _stretches(times, caps):
+            known = levels.get(cap)
+            t0, t1 = float(times[start]), float(times[stop - 1])
+            if known is not None and known.start == t0 and known.end == t1:
+                continue  # measured already
+            found = measure(trace[start:stop], dt_s, cap)
+            if found is None:
+                continue
+            point, periods = found
+            if known is None or periods >= known.periods or known.start == t0:
+                levels[cap] = _Level(t0, t1, periods, point)
+        while len(levels) > MAX_LEVELS:
+            del levels[min(levels, key=lambda c: levels[c].end)]
+
+    def points(self, job_id: str) -> tuple[float | None, list[CapPoint]]:
+        """(the reference cap [W], the points by cap), each with its throughput relative to
+        the reference level's (None where either period is unknown)."""
+        levels = self._levels.get(job_id, {})
+        if not levels:
+            return None, []
+        reference_cap = max(levels)
+        ref = levels[reference_cap].point
+        out = []
+        for cap in sorted(levels):
+            point = levels[cap].point
+            relative = stderr = None
+            if point.period_s and ref.period_s:
+                relative = ref.period_s / point.period_s
+                stderr = relative * math.hypot(
+                    (point.period_stderr_s or 0.0) / point.period_s,
+                    (ref.period_stderr_s or 0.0) / ref.period_s if cap != reference_cap else 0.0,
+                )
+            out.append(
+                point.model_copy(
+                    update={"relative_throughput": relative, "relative_throughput_stderr": stderr}
+                )
+            )
+        return reference_cap, out
+
+
+def _stretches(times: np.ndarray, caps: np.ndarray) -> list[tuple[int, int, float]]:
+    """(first, past-last index, cap) of each run at one cap, less its settling start."""
+    ok = np.isfinite(caps)
+    level = np.where(ok, np.round(caps / CAP_RESOLUTION_W) * CAP_RESOLUTION_W, np.nan)
+    edges = np.flatnonzero(~((level[1:] == level[:-1]) | (~ok[1:] & ~ok[:-1]))) + 1
+    bounds = np.concatenate([[0], edges, [level.size]])
+    out = []
+    for a, b in itertools.pairwise(bounds):
+        if not ok[a]:
+            continue
+        # A run that starts the window began before it: no settling to drop.
+        first = a if a == 0 else int(np.searchsorted(times, times[a] + SETTLE_S))
+        if b - first >= 16:
+            out.append((first, int(b), float(level[a])))
+    return out
+
+
+def measure(trace: np.ndarray, dt_s: float, cap_w: float) -> tuple[CapPoint, float] | None:
+    """The point one stretch at `cap_w` gives, and the periods it covered; None when too few
+    samples are finite."""
+    ok = np.isfinite(trace)
+    if ok.sum() < 16:
+        return None
+    span_s = trace.size * dt_s
+    base = {"cap_w": cap_w, "samples": int(ok.sum()), "span_s": span_s}
+    try:
+        found = estimate_waveform(trace, dt_s, max_period_s=max(span_s / MIN_PERIODS, 0.5))
+    except FlexModelError as exc:
+        mean = float(np.nanmean(trace))
+        return CapPoint(**base, power_w=mean, no_period_reason=str(exc)), 0.0
+    period = found.period_s
+    periods = span_s / period
+    width = max(round(period / dt_s), 1)
+    blocks = trace[: (trace.size // width) * width].reshape(-1, width)
+    means = np.array([np.nanmean(b) for b in blocks if np.isfinite(b).sum() >= width / 2])
+    power = float(means.mean()) if means.size else float(np.nanmean(trace))
+    power_se = float(means.std(ddof=1) / math.sqrt(means.size)) if means.size >= 2 else None
+    return (
+        CapPoint(
+            **base,
+            power_w=power,
+            power_stderr_w=power_se,
+            period_s=period,
+            period_stderr_s=_period_error(trace, dt_s, period, periods),
+            period_confidence=found.confidence,
+            periods=periods,
+        ),
+        periods,
+    )
+
+
+def _period_error(trace: np.ndarray, dt_s: float, period_s: float, periods: float) -> float:
+    """Half the difference of the periods the two halves give, at least the sampling's
+    resolution over the stretch (a uniform error of one sample spread over its periods)."""
+    resolution = dt_s / math.sqrt(12.0) / max(periods, 1.0)
+    half = trace.size // 2
+    if periods < 2 * MIN_PERIODS:
+        return 2.0 * resolution  # too short to halve: the resolution, with a margin
+    try:
+        halves = [
+            estimate_waveform(
+                part, dt_s, min_period_s=0.5 * period_s, max_period_s=1.5 * period_s
+            ).period_s
+            for part in (trace[:half], trace[half:])
+        ]
+    except FlexModelError:
+        return 2.0 * resolution
+    return max(abs(halves[0] - halves[1]) / 2.0, resolution)

@@ -1,0 +1,104 @@
+"""A probe on simulated GPUs on simulated time: what the agents report of one job (bench, tests).
+
+The job runs on one simulated node (its true curve, noise, optionally real jobs' irregularity);
+its caps step through `caps_w` (the uncapped limit first), each held for `periods` iterations at
+that cap plus the agents' settling, while the agent's sampler reads power and limits at 20 Hz on
+a stepped clock. The sampling instants jitter about their schedule (uniformly, within 40% of an
+interval, never accumulating), as a sampler thread's do: a period that is a whole number of
+sampling intervals would otherwise alias, every iteration sampled at the same phases, and bias
+the mean power by up to a sample's share of the period. The answer is the agent's telemetry for
+the job (`JobTelemetry` with its points per cap level), read at the end of every level as the
+gateway reads it, and the truth at each cap.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from agents.irregularity import Irregularity
+from agents.levels import SETTLE_S
+from agents.protocol import JobTelemetry
+from agents.simulated import SimulatedBackend
+from agents.telemetry import Sampler
+from flexmodel.curves import operating_point
+from flexmodel.jobmix import parse_job_mix
+from flexmodel.jobs import Job
+
+SAMPLE_HZ = 20.0
+#: The most GPUs of a job one simulated node runs (a synchronous job's GPUs iterate together,
+#: so a larger job's relative curve is the same).
+NODE_GPUS = 8
+#: How far a sampling instant strays from its schedule, in sampling intervals.
+JITTER = 0.4
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    job: Job  #: the job as simulated (on one node)
+    reading: JobTelemetry  #: the agent's last telemetry for it
+    truth: dict[float, tuple[float, float]]  #: cap -> (mean power per GPU, throughput)
+    seconds: float  #: simulated time the probe took [s]
+
+
+def run_probe(
+    truth_doc: dict[str, Any],
+    caps_w: list[float],
+    *,
+    periods: float = 20.0,
+    noise_w: float = 5.0,
+    seed: int = 0,
+    irregularity: Irregularity | None = None,
+) -> ProbeRun:
+    """Step the job's caps through `caps_w` on a simulated node and read what the agent sees."""
+    doc = copy.deepcopy(truth_doc)
+    gpus = min(int(doc["gpus"]), NODE_GPUS)
+    doc |= {"gpus": gpus, "placement": [{"node": "sim", "gpus": list(range(gpus))}]}
+    mix = parse_job_mix({"jobs": [doc]})
+    job = mix.jobs[0]
+    clock = _Clock()
+    backend = SimulatedBackend(
+        gpus,
+        mix=mix,
+        node_id="sim",
+        clock=clock,
+        noise_w=noise_w,
+        seed=seed,
+        irregularity=irregularity,
+    )
+    holds, truth = [], {}
+    for cap in caps_w:
+        power, thr, period = (float(v[0]) for v in operating_point(mix.curves, cap))
+        truth[cap] = (power, thr)
+        holds.append(periods * period + SETTLE_S + 0.5)
+    sampler = Sampler(
+        backend,
+        {job.id: list(range(gpus))},
+        sample_hz=SAMPLE_HZ,
+        window_s=max(holds) + 5.0,
+        clock=clock,
+    )
+    reading = None
+    rng = np.random.default_rng(seed + 1)
+    dt, k = 1.0 / SAMPLE_HZ, 0
+    for cap, hold_s in zip(caps_w, holds, strict=True):
+        for g in range(gpus):
+            backend.set_limit_w(g, cap)
+        for _ in range(int(hold_s * SAMPLE_HZ)):
+            k += 1
+            clock.now = k * dt + float(rng.uniform(-JITTER, JITTER)) * dt
+            sampler.sample_once()
+        reading = sampler.job_telemetry()[0]
+    assert reading is not None
+    return ProbeRun(job=job, reading=reading, truth=truth, seconds=sum(holds))

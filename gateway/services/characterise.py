@@ -1,0 +1,344 @@
+"""Characterisation: measure a job's curve on site by stepping its caps a little, outside events.
+
+A probe takes a batch of jobs and runs each through its uncapped level, then `probe_levels`
+caps stepping down to the cap where its declared curve reaches its probe floor (the stricter of
+its QoS floor and `probe_min_throughput_fraction`), never lower. Each level is held for
+`probe_periods` iteration periods at that cap (as the curve stretches them) plus
+`probe_settle_s`, through the ordinary dispatch path: a stored plan with a lease, renewed by
+the reconciler, so a gateway that dies mid-probe leaves caps that lapse and are restored.
+A job whose measured throughput falls below its floor, or whose power shows no clear period at
+a level (the cap clips it flat), goes no lower. At the end every GPU gets
+its original limit back and the agents' points are fitted (`gateway.services.curves`).
+
+Refused, with the reason: during an event (or while caps step back after one), a protected or
+unplaced job, a job whose throughput alone is more than `probe_budget` of the site's (the jobs
+probed at once hold at most that share), a second probe while one runs. An event that starts
+mid-probe ends it at once: its plan replaces the probe's caps (`Targets.hold`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agents.protocol import GpuCap
+from flexmodel.curves import cap_for_power, operating_point, power_for_throughput
+from flexmodel.jobs import JobMix
+from gateway.clock import Clock
+from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
+from gateway.services.curves import JobCurves
+from gateway.services.events import Events
+from gateway.services.fleet import Fleet, job_readings
+from gateway.services.jobbook import JobBook
+from gateway.services.targets import Targets
+from gateway.settings import GatewaySettings
+
+log = logging.getLogger("flexgate.gateway")
+#: A probe looks this often whether an event took over (as a share of a level's hold).
+WATCH_SLICES = 20
+
+
+@dataclass
+class Probe:
+    id: str
+    jobs: dict[str, list[float]]  #: job id -> its caps, uncapped first [W]
+    hold_s: list[float]  #: each level's hold [s]
+    skipped: list[dict[str, str]]
+    actor: str
+    status: str = "running"  #: running, completed, interrupted, failed
+    level: int = 0
+    reason: str | None = None
+    stopped: dict[str, str] = field(default_factory=dict)  #: job id -> why it went no lower
+    curves_changed: list[str] = field(default_factory=list)
+
+    def doc(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "status": self.status,
+            "actor": self.actor,
+            "jobs": [{"id": j, "caps_w": caps} for j, caps in self.jobs.items()],
+            "hold_s": self.hold_s,
+            "level": self.level,
+            "skipped": self.skipped,
+            "stopped": [{"id": j, "reason": r} for j, r in self.stopped.items()],
+            "reason": self.reason,
+            "curves_changed": self.curves_changed,
+        }
+
+
+def probe_caps(mix: JobMix, j: int, floor: float, levels: int) -> list[float]:
+    """Job j's probe: its uncapped limit, then `levels` caps (whole watts) evenly down to the
+    cap where its curve meets throughput fraction `floor` (never below its minimum cap) [W]."""
+    job = mix.jobs[j]
+    curve = mix.curves.select(slice(j, j + 1))
+    power = power_for_throughput(curve, floor * job.throughput)
+    lowest = max(float(cap_for_power(curve, power)[0]), job.min_cap_w)
+    steps = np.linspace(job.max_cap_w, lowest, levels + 1)
+    return [float(round(c)) for c in steps]  # whole watts: one level to the agents too
+
+
+class Characteriser:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        clock: Clock,
+        book: JobBook,
+        fleet: Fleet,
+        targets: Targets,
+        events: Events,
+        curves: JobCurves,
+    ) -> None:
+        self.settings, self.clock, self.book, self.fleet = settings, clock, book, fleet
+        self.targets, self.events, self.curves = targets, events, curves
+        self.current: Probe | None = None  #: the probe running or last run
+        self._task: asyncio.Task[None] | None = None
+        self._schedule: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.settings.probe_every_s > 0:
+            self._schedule = asyncio.create_task(self._scheduled())
+
+    def stop(self) -> None:
+        for task in (self._task, self._schedule):
+            if task is not None:
+                task.cancel()
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def characterise(self, job_ids: list[str] | None, actor: str) -> Probe:
+        """Start a probe of these jobs (None: every placed job without a measured curve);
+        `ConflictError` or `InvalidRequestError` naming the reason, and nothing changes."""
+        self._refuse_when_busy()
+        mix = self.book.mix()
+        chosen, skipped = self._choose(mix, job_ids)
+        if not chosen:
+            reasons = "; ".join(f"{s['id']}: {s['reason']}" for s in skipped) or "no jobs"
+            raise InvalidRequestError(f"nothing to characterise ({reasons})")
+        index = {job.id: j for j, job in enumerate(mix.jobs)}
+        jobs = {
+            job_id: probe_caps(mix, index[job_id], self._floor(mix, index[job_id]), self._levels)
+            for job_id in chosen
+        }
+        probe = Probe(
+            id=f"probe-{uuid.uuid4().hex[:12]}",
+            jobs=jobs,
+            hold_s=self._holds(mix, index, jobs),
+            skipped=skipped,
+            actor=actor,
+        )
+        self.current = probe
+        self._task = asyncio.create_task(self._run(probe))
+        return probe
+
+    @property
+    def _levels(self) -> int:
+        return self.settings.probe_levels
+
+    def _floor(self, mix: JobMix, j: int) -> float:
+        return max(mix.jobs[j].min_throughput_fraction, self.settings.probe_min_throughput_fraction)
+
+    def _refuse_when_busy(self) -> None:
+        if self.running:
+            assert self.current is not None
+            raise ConflictError(f"probe {self.current.id} is running: one probe at a time")
+        busy = self.targets.busy
+        if busy is None and self.events.active():
+            busy = "an event is active"
+        if busy is not None:
+            raise ConflictError(f"no probe now: {busy}")
+
+    def _choose(
+        self, mix: JobMix, job_ids: list[str] | None
+    ) -> tuple[list[str], list[dict[str, str]]]:
+        """The jobs to probe, within the budget, and those left out with why. Named jobs that
+        cannot be probed are refused; of all unmeasured jobs, those that fit are taken."""
+        known = {job.id: job for job in mix.jobs}
+        for job_id in job_ids or []:
+            if job_id not in known:
+                raise NotFoundError(f"no job '{job_id}'")
+        total = sum(job.throughput for job in mix.jobs)
+        measured = set(self.curves.latest())
+        wanted = (
+            job_ids if job_ids is not None else [j.id for j in mix.jobs if j.id not in measured]
+        )
+        chosen, skipped, share = [], [], 0.0
+        budget = self.settings.probe_budget
+        for job_id in wanted:
+            job = known[job_id]
+            mine = job.throughput / total
+            why = None
+            if job.protected:
+                why = "protected: its caps are never touched"
+            elif not job.placement:
+                why = "no placement: the gateway cannot cap it"
+            elif mine > budget:
+                why = (
+                    f"holds {100 * mine:.3g}% of the site's throughput, above the probe budget "
+                    f"FLEXGATE_PROBE_BUDGET={budget:g}"
+                )
+            elif share + mine > budget:
+                why = "over the probe budget with the jobs probed now: probe it next"
+            if why is None:
+                chosen.append(job_id)
+                share += mine
+            elif job_ids is not None:  # a job named and refused: nothing starts
+                raise InvalidRequestError(f"job '{job_id}' cannot be characterised: {why}")
+            else:
+                skipped.append({"id": job_id, "reason": why})
+        return chosen, skipped
+
+    def _holds(
+        self, mix: JobMix, index: dict[str, int], jobs: dict[str, list[float]]
+    ) -> list[float]:
+        """Each level's hold: `probe_periods` of the slowest job's iterations at that level,
+        its period stretched as its curve says, plus the settling time [s]."""
+        measured = self.fleet.loop_measurements().periods_s
+        holds = []
+        for level in range(self._levels + 1):
+            longest = 0.0
+            for job_id, caps in jobs.items():
+                j = index[job_id]
+                job = mix.jobs[j]
+                thr = float(operating_point(mix.curves.select(slice(j, j + 1)), caps[level])[1][0])
+                period = measured.get(job_id, job.period_s) * job.throughput / max(thr, 1e-9)
+                longest = max(longest, period)
+            holds.append(self.settings.probe_periods * longest + self.settings.probe_settle_s)
+        return holds
+
+    async def _run(self, probe: Probe) -> None:
+        try:
+            for level, hold_s in enumerate(probe.hold_s):
+                probe.level = level
+                if not await self.targets.probe(
+                    probe.id, self._desired(probe, level), self._plan(probe, level)
+                ):
+                    return self._interrupted(probe)
+                if not await self._hold(probe, hold_s):
+                    return self._interrupted(probe)
+                self._stop_below_floor(probe, level, await self._readings())
+            await self.targets.end_probe(probe.id)
+            probe.status = "completed"
+            probe.curves_changed = await self.curves.harvest(set(probe.jobs), origin="probe")
+        except asyncio.CancelledError:
+            probe.status, probe.reason = "interrupted", "the gateway stopped: the leases restore"
+            raise
+        except Exception as exc:  # restore first, then say what failed
+            log.exception("probe %s failed", probe.id)
+            probe.status, probe.reason = "failed", str(exc)
+            await self.targets.end_probe(probe.id)
+
+    def _interrupted(self, probe: Probe) -> None:
+        probe.status = "interrupted"
+        probe.reason = "a target took over (an event): its plan replaced the probe's caps"
+        log.info("probe %s: %s", probe.id, probe.reason)
+
+    async def _hold(self, probe: Probe, hold_s: float) -> bool:
+        """Wait out a level; False as soon as a target took over from the probe."""
+        for _ in range(WATCH_SLICES):
+            await self.clock.sleep(hold_s / WATCH_SLICES)
+            if self.targets.probe_id != probe.id:
+                return False
+        return True
+
+    async def _readings(self) -> dict[str, Any]:
+        return {r.job_id: r for r in job_readings(await self.fleet.telemetry())}
+
+    def _stop_below_floor(self, probe: Probe, level: int, readings: dict[str, Any]) -> None:
+        """A job measured below its probe floor at this level, or with no period there, goes
+        no lower."""
+        mix = self.book.mix()
+        index = {job.id: j for j, job in enumerate(mix.jobs)}
+        for job_id, caps in probe.jobs.items():
+            reading = readings.get(job_id)
+            if reading is None or job_id in probe.stopped or job_id not in index:
+                continue
+            floor = self._floor(mix, index[job_id])
+            at = next((p for p in reading.points if abs(p.cap_w - caps[level]) < 0.5), None)
+            if at is None or level == 0:
+                continue
+            if at.relative_throughput is None:  # lower caps clip it flatter still
+                probe.stopped[job_id] = (
+                    f"no clear iteration period at {caps[level]:g} W ({at.no_period_reason}): "
+                    "its throughput cannot be measured lower"
+                )
+            elif at.relative_throughput < floor:
+                probe.stopped[job_id] = (
+                    f"measured {at.relative_throughput:.3f} of its throughput at "
+                    f"{caps[level]:g} W, below its probe floor {floor:g}"
+                )
+
+    def _desired(self, probe: Probe, level: int) -> dict[str, list[GpuCap]]:
+        mix = self.book.mix()
+        jobs = {job.id: job for job in mix.jobs}
+        desired: dict[str, list[GpuCap]] = {}
+        for job_id, caps in probe.jobs.items():
+            job = jobs.get(job_id)
+            if job is None or job_id in probe.stopped or level == 0 or job.protected:
+                continue
+            for where in job.placement or ():
+                desired.setdefault(where.node, []).extend(
+                    GpuCap(gpu=g, cap_w=caps[level]) for g in where.gpus
+                )
+        return desired
+
+    def _plan(self, probe: Probe, level: int) -> dict[str, Any]:
+        """The probe's level as a plan (the shape of GET /v1/plans/{id}): per job its cap and
+        what its curve expects there, per node the caps."""
+        desired = self._desired(probe, level)
+        mix = self.book.mix()
+        index = {job.id: j for j, job in enumerate(mix.jobs)}
+        jobs, shed_w = [], 0.0
+        for job_id, caps in probe.jobs.items():
+            if job_id in probe.stopped or job_id not in index:
+                continue
+            j = index[job_id]
+            job = mix.jobs[j]
+            power, thr, _ = operating_point(mix.curves.select(slice(j, j + 1)), caps[level])
+            shed_w += job.gpus * (job.power_w - float(power[0]))
+            jobs.append(
+                {
+                    "id": job_id,
+                    "cap_w": caps[level],
+                    "power_w": float(power[0]),
+                    "throughput": float(thr[0]),
+                    "throughput_fraction": float(thr[0]) / job.throughput,
+                    "min_throughput_fraction": job.min_throughput_fraction,
+                }
+            )
+        expected_kw = mix.overhead_factor * max(shed_w, 0.0) / 1000.0
+        return {
+            "strategy": "probe",
+            "probe_id": probe.id,
+            "level": level,
+            "feasible": True,
+            "requested_facility_kw": 0.0,
+            "achieved_facility_kw": expected_kw,
+            "max_facility_kw": expected_kw,
+            "shortfall_kw": 0.0,
+            "jobs": jobs,
+            "unplaced_jobs": [],
+            "commands": [
+                {"node": node, "caps": [c.model_dump() for c in desired.get(node, [])]}
+                for node in sorted(self.fleet.nodes)
+            ],
+            # Static per-GPU caps are held by each GPU's firmware: they couple no jobs.
+            "sync": {"loops": [], "verdict": "safe"},
+        }
+
+    async def _scheduled(self) -> None:
+        """Every `probe_every_s`, a probe of the unmeasured jobs, when none runs and no event."""
+        while True:
+            await self.clock.sleep(self.settings.probe_every_s)
+            try:
+                await self.characterise(None, "schedule")
+            except (ConflictError, InvalidRequestError) as exc:
+                log.info("scheduled probe skipped: %s", exc)
+            except Exception:
+                log.exception("scheduled probe failed")

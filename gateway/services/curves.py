@@ -1,0 +1,252 @@
+"""Each job's measured curve: the agents' points per cap level, fitted by the one sweep rule.
+
+- **Harvest**: every `curve_harvest_s`, and at the end of each probe, the agents' points per
+  cap level (`agents.protocol.CapPoint`) are merged into each job's stored points (a level
+  measured over more periods replaces the one kept). Points count only once the job has been
+  seen at its uncapped limit (`reference_cap_w` at `max_cap_w`): throughput is `T_ref / T`
+  times the job's uncapped throughput. Events add points as probes do: the agents see every cap.
+- **Fit**: `flexmodel.sweeps.fit_sweep` on the points with their stated noise: the PFI with its
+  standard error on the measured grid (nothing extrapolated; PFIs compare only on one grid),
+  the monotone curve, the points set aside. Each fit is stored (`JobCurveRow`) with when.
+- **In force**: a fit whose PFI's standard error is at most `curve_max_pfi_stderr` replaces the
+  job's declared curve in the job book (`JobBook.use_curves`), as a sweep in the job-mix form
+  with the fitted error, so plans and quotes use it and firm kW carries its uncertainty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import Any
+
+from agents.protocol import JobTelemetry
+from flexmodel.errors import FlexModelError
+from flexmodel.jobmix import PFI_RANGE
+from flexmodel.jobs import Job
+from flexmodel.sweeps import fit_sweep
+from gateway.clock import Clock
+from gateway.services.fleet import Fleet, job_readings
+from gateway.services.jobbook import JobBook
+from gateway.settings import GatewaySettings
+from gateway.store import repo
+from gateway.store.db import Store
+from gateway.store.models import JobCurveRow, iso
+
+log = logging.getLogger("flexgate.gateway")
+#: Two levels within this are one [W] (as the agents group them).
+CAP_RESOLUTION_W = 0.5
+
+
+def fit_points(points: list[dict[str, Any]], *, name: str) -> dict[str, Any]:
+    """The one sweep rule on measured points (`cap_w`, `power_w`, `throughput` and their
+    errors): the PFI with its error on the grid of the caps that bound, and the fitted curve;
+    `error` says why there is none."""
+    if len(points) < 2:
+        return {"error": "needs a capped level besides the uncapped run", "pfi": None}
+    rows = [(p["cap_w"], p["power_w"], p["throughput"]) for p in points]
+    noise = max((_relative_error(p) for p in points), default=0.0)
+    try:
+        sweep = fit_sweep(rows, name=name, noise=min(noise, 0.5))
+    except FlexModelError as exc:
+        return {"error": str(exc), "pfi": None}
+    return {
+        "pfi": sweep.pfi,
+        "pfi_stderr": sweep.pfi_stderr,
+        "pfi_measured": sweep.pfi_measured,
+        "grid_w": list(sweep.grid_w),
+        "noise_fraction": sweep.noise_fraction,
+        "set_aside": [
+            {"cap_w": a.cap_w, "power_w": a.power_w, "throughput": a.throughput, "reason": a.reason}
+            for a in sweep.set_aside
+        ],
+        "sweep": [
+            {"cap_w": float(c), "power_w": float(p), "throughput": float(t)}
+            for c, p, t in zip(sweep.cap_w, sweep.fit_power_w, sweep.fit_throughput, strict=True)
+        ],
+    }
+
+
+def _relative_error(point: dict[str, Any]) -> float:
+    parts = [
+        (point.get("power_stderr_w"), point["power_w"]),
+        (point.get("throughput_stderr"), point["throughput"]),
+    ]
+    return max((se / value for se, value in parts if se and value > 0), default=0.0)
+
+
+def verdict(fit: dict[str, Any] | None, max_stderr: float) -> str | None:
+    """Why this fit may not replace the declared curve, or None when it may."""
+    if fit is None or fit.get("pfi") is None:
+        return (fit or {}).get("error") or "no capped level slowed the job beyond the noise"
+    if fit["pfi_stderr"] > max_stderr:
+        return (
+            f"the PFI's standard error {fit['pfi_stderr']:.3g} is above "
+            f"FLEXGATE_CURVE_MAX_PFI_STDERR={max_stderr:g}"
+        )
+    if not PFI_RANGE[0] <= fit["pfi"] <= PFI_RANGE[1]:
+        return f"the PFI {fit['pfi']:.3g} lies outside the plausible {PFI_RANGE}"
+    return None
+
+
+def points_of(reading: JobTelemetry, job: Job, origin: str, at: str) -> list[dict[str, Any]]:
+    """An agent's points for `job` in the job's units; none before it was seen uncapped."""
+    reference = reading.reference_cap_w
+    if reference is None or reference < job.max_cap_w - CAP_RESOLUTION_W:
+        return []
+    out = []
+    for p in reading.points:
+        if p.relative_throughput is None:
+            continue
+        out.append(
+            {
+                "cap_w": p.cap_w,
+                "power_w": p.power_w,
+                "power_stderr_w": p.power_stderr_w,
+                "throughput_fraction": p.relative_throughput,
+                "throughput": p.relative_throughput * job.throughput,
+                "throughput_stderr": (p.relative_throughput_stderr or 0.0) * job.throughput,
+                "period_s": p.period_s,
+                "periods": p.periods,
+                "origin": origin,
+                "at": at,
+            }
+        )
+    return out
+
+
+def merged(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The points by level: a level measured over at least as many periods replaces the one
+    kept."""
+    by_cap = {round(p["cap_w"] / CAP_RESOLUTION_W): p for p in old}
+    for point in new:
+        key = round(point["cap_w"] / CAP_RESOLUTION_W)
+        kept = by_cap.get(key)
+        if kept is None or (point["periods"] >= kept["periods"] and _differs(point, kept)):
+            by_cap[key] = point
+    return [by_cap[k] for k in sorted(by_cap)]
+
+
+def _differs(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    keys = ("power_w", "throughput", "periods")
+    return any(not math.isclose(a[k], b[k], rel_tol=1e-9) for k in keys)
+
+
+class JobCurves:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        store: Store,
+        clock: Clock,
+        book: JobBook,
+        fleet: Fleet,
+    ) -> None:
+        self.settings, self.store, self.clock, self.book, self.fleet = (
+            settings,
+            store,
+            clock,
+            book,
+            fleet,
+        )
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    def start(self) -> None:
+        self.book.use_curves(self.in_force())
+        self._task = asyncio.create_task(self._forever())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _forever(self) -> None:
+        while True:
+            await self.clock.sleep(self.settings.curve_harvest_s)
+            try:
+                await self.harvest()
+            except Exception:  # the next round reads again; the agents keep their points
+                log.exception("reading the jobs' measured points failed")
+
+    def latest(self) -> dict[str, JobCurveRow]:
+        with self.store.session() as s:
+            return repo.latest_job_curves(s)
+
+    def in_force(self) -> dict[str, dict[str, Any]]:
+        """The job-mix fields each good enough fit sets over the job's declared ones."""
+        out = {}
+        for job_id, row in self.latest().items():
+            if row.fit is None or verdict(row.fit, self.settings.curve_max_pfi_stderr):
+                continue
+            sweep = row.fit["sweep"]
+            out[job_id] = {
+                "power_w": sweep[-1]["power_w"],
+                "pfi": row.fit["pfi"],
+                "pfi_stderr": row.fit["pfi_stderr"],
+                "sweep": sweep,
+            }
+        return out
+
+    async def harvest(
+        self, job_ids: set[str] | None = None, origin: str = "telemetry"
+    ) -> list[str]:
+        """Merge the agents' points into the stored curves and fit those that changed; the
+        ids of the jobs whose curve changed."""
+        async with self._lock:
+            readings = {r.job_id: r for r in job_readings(await self.fleet.telemetry())}
+            jobs = {j.id: j for j in self.book.mix().jobs}
+            stored = self.latest()
+            at = self.clock.now()
+            changed = []
+            for job_id, reading in readings.items():
+                job = jobs.get(job_id)
+                if job is None or (job_ids is not None and job_id not in job_ids):
+                    continue
+                old = stored[job_id].points if job_id in stored else []
+                points = merged(old, points_of(reading, job, origin, at.isoformat()))
+                if points == old or not points:
+                    continue
+                fit = fit_points(points, name=f"job '{job_id}' measured curve")
+                with self.store.session() as s:
+                    repo.add_job_curve(
+                        s,
+                        curve=JobCurveRow(
+                            job_id=job_id, at=at, source="measured", points=points, fit=fit
+                        ),
+                    )
+                    s.commit()
+                changed.append(job_id)
+            if changed:
+                self.book.use_curves(self.in_force())
+            return changed
+
+    def describe(
+        self, doc: dict[str, Any], row: JobCurveRow | None, *, points: bool
+    ) -> dict[str, Any]:
+        """A job's curve as the API shows it (`doc`: the job as declared): where it comes from,
+        the PFI with its error and grid, and (with `points`) the measured points and the fit."""
+        fit = row.fit if row is not None else None
+        why_not = verdict(fit, self.settings.curve_max_pfi_stderr) if row is not None else None
+        used = row is not None and why_not is None
+        kind = "sweep" if doc.get("sweep") else ("pfi" if doc.get("pfi") is not None else None)
+        out: dict[str, Any] = {
+            "source": "measured" if used else ("declared" if kind else "default"),
+            "declared": None
+            if kind is None
+            else {"kind": kind, "pfi": doc.get("pfi"), "pfi_stderr": doc.get("pfi_stderr")},
+            "measured": None,
+        }
+        if row is not None and fit is not None:
+            out["measured"] = {
+                "at": iso(row.at),
+                "in_force": used,
+                "why_not": why_not,
+                "pfi": fit.get("pfi"),
+                "pfi_stderr": fit.get("pfi_stderr"),
+                "pfi_measured": fit.get("pfi_measured"),
+                "grid_w": fit.get("grid_w"),
+                "levels": len(row.points),
+            }
+        if points:
+            out["points"] = row.points if row is not None else []
+            out["fit"] = fit
+        return out

@@ -1,0 +1,81 @@
+"""Each job's points per cap level, from its GPUs' power and limits (agents.levels)."""
+
+import numpy as np
+import pytest
+
+from agents.simulated import SimulatedBackend
+from agents.telemetry import Sampler
+from flexmodel.curves import operating_point
+from tests.agents.test_simulated import MIX, Clock
+
+JOBS = {"big": [0, 1, 2, 3, 4, 5], "small": [6, 7]}
+
+
+def run(sampler, clock, seconds, read_every_s=5.0):
+    """Sample at 20 Hz, reading the telemetry every few seconds as the gateway would."""
+    for k in range(int(seconds * 20)):
+        clock.now += 0.05
+        sampler.sample_once()
+        if k % int(read_every_s * 20) == 0:
+            sampler.job_telemetry()
+    return {j.job_id: j for j in sampler.job_telemetry()}
+
+
+def step(sim, gpus, cap):
+    for g in gpus:
+        sim.set_limit_w(g, cap)
+
+
+def test_each_cap_level_gives_power_and_relative_throughput_within_their_errors():
+    """Three levels of 40 s each through a 60 s window: every level is kept, and its mean
+    power and T_ref / T match what the simulated GPUs do, within a few stated errors."""
+    clock = Clock()
+    sim = SimulatedBackend(8, mix=MIX, node_id="n1", clock=clock, noise_w=8.0, seed=5)
+    sampler = Sampler(sim, JOBS, sample_hz=20, window_s=60, clock=clock)
+    caps = [700.0, 620.0, 560.0]
+    for cap in caps:
+        step(sim, JOBS["big"], cap)
+        found = run(sampler, clock, 40.0)["big"]
+    assert found.cap_w == 560.0
+    assert found.reference_cap_w == 700.0
+    assert [p.cap_w for p in found.points] == sorted(caps)
+    curve = MIX.curves.select(slice(0, 1))
+    points = {c: [float(v[0]) for v in operating_point(curve, c)] for c in caps}
+    truth = {c: (p, t / points[700.0][1]) for c, (p, t, _) in points.items()}
+    for point in found.points:
+        want_power, want_relative = truth[point.cap_w]
+        assert point.periods >= 10
+        assert point.power_stderr_w is not None
+        assert point.power_stderr_w > 0
+        assert abs(point.power_w - want_power) <= 4 * point.power_stderr_w + 1.0
+        assert point.relative_throughput is not None
+        error = point.relative_throughput_stderr
+        assert abs(point.relative_throughput - want_relative) <= max(4 * error, 0.01)
+    assert found.points[-1].relative_throughput == 1.0
+
+
+def test_a_level_with_no_clear_period_says_why_and_invents_no_throughput():
+    clock = Clock()
+    sim = SimulatedBackend(8, mix=MIX, node_id="n1", clock=clock, noise_w=8.0, seed=3)
+    sampler = Sampler(sim, JOBS, sample_hz=20, window_s=60, clock=clock)
+    run(sampler, clock, 30.0)
+    step(sim, JOBS["big"], 420.0)  # below both levels: the waveform is clipped flat
+    found = run(sampler, clock, 30.0)["big"]
+    flat = next(p for p in found.points if p.cap_w == 420.0)
+    assert flat.period_s is None
+    assert flat.relative_throughput is None
+    assert "period" in (flat.no_period_reason or "") or "level" in (flat.no_period_reason or "")
+    assert flat.power_w == pytest.approx(420.0, rel=0.02)
+    assert found.period_s is None or found.period_confidence is not None
+
+
+def test_a_job_never_capped_has_one_level_its_own_reference():
+    clock = Clock()
+    sim = SimulatedBackend(8, mix=MIX, node_id="n1", clock=clock, noise_w=8.0, seed=1)
+    sampler = Sampler(sim, JOBS, sample_hz=20, window_s=60, clock=clock)
+    found = run(sampler, clock, 30.0)["small"]
+    assert [p.cap_w for p in found.points] == [700.0]
+    assert found.points[0].relative_throughput == 1.0
+    assert found.period_confidence is not None
+    assert 0 < found.period_confidence <= 1
+    assert np.isfinite(found.points[0].period_s)

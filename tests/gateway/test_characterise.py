@@ -1,0 +1,239 @@
+"""Characterisation on a site on loopback: probes step a job's caps outside events, measure its
+curve and always restore; events, protected jobs and the budget are never crossed."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import threading
+import time
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+
+from agents.run import jobs_on_node
+from agents.service import AgentNode
+from agents.service import create_app as agent_app
+from agents.simulated import MAX_W, SimulatedBackend
+from flexgate.serve import ServerThread
+from flexmodel.jobmix import parse_job_mix
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+from tests.gateway.conftest import AGENT_TOKEN, API, API_TOKEN, Site
+
+
+def job(job_id, node, gpus, period_s, **extra):
+    return {
+        "id": job_id,
+        "gpus": len(gpus),
+        "power_w": 640.0,
+        "throughput": 10000.0 * len(gpus) / 4,
+        "period_s": period_s,
+        "duty": 0.8,
+        "comm_power_fraction": 0.5,
+        "placement": [{"node": node, "gpus": gpus}],
+        **extra,
+    }
+
+
+#: What the jobs really are (the simulated GPUs run these curves); the gateway is told no PFI.
+TRUTH = [
+    job("flex", "node-a", [0, 1, 2, 3], 0.5, pfi=2.0),
+    job("stiff", "node-a", [4, 5, 6, 7], 0.6, pfi=1.2),
+    job("guarded", "node-b", [0, 1, 2, 3, 4, 5, 6, 7], 0.5, pfi=1.5, protected=True),
+]
+
+
+def declared() -> list[dict]:
+    return [{k: v for k, v in copy.deepcopy(j).items() if k != "pfi"} for j in TRUTH]
+
+
+@contextlib.contextmanager
+def probe_site(tmp_path, **changes):
+    mix = parse_job_mix({"jobs": TRUTH})
+    nodes = {
+        n: AgentNode(
+            n,
+            SimulatedBackend(8, mix=mix, node_id=n, noise_w=3.0, seed=i),
+            tmp_path / "agents" / n,
+            jobs=jobs_on_node(mix, n, 8),
+            sample_hz=20,
+        )
+        for i, n in enumerate(("node-a", "node-b"))
+    }
+    with ServerThread(agent_app(list(nodes.values()), AGENT_TOKEN, prefixed=True)) as agents:
+        settings = GatewaySettings(
+            database_url=f"sqlite:///{tmp_path / 'gateway.db'}",
+            api_token=API_TOKEN,
+            agent_token=AGENT_TOKEN,
+            agents=",".join(f"{agents}/nodes/{n}" for n in nodes),
+            lease_s=5.0,
+            reconcile_period_s=0.5,
+            recovery_ramp_s=0.4,
+            recovery_steps=2,
+            probe_levels=2,
+            probe_periods=10.0,
+            probe_settle_s=1.0,
+            **changes,
+        )
+        with (
+            ServerThread(create_app(settings)) as url,
+            httpx.Client(base_url=url, timeout=20) as api,
+        ):
+            answer = api.put("/v1/jobs", json={"jobs": declared()}, headers=API)
+            assert answer.status_code == 200, answer.text
+            yield Site(api, nodes, settings)
+
+
+class LimitWatch:
+    """Every limit each GPU was seen at while the block ran (polled every 20 ms)."""
+
+    def __init__(self, site: Site) -> None:
+        self.site, self.seen = site, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.seen.append(self.site.limits())
+            time.sleep(0.02)
+
+    def __enter__(self) -> LimitWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def lowest(self, node: str, gpus: list[int]) -> float:
+        return min(min(limits[node][g] for g in gpus) for limits in self.seen)
+
+
+def post(site: Site, path: str, **kwargs) -> httpx.Response:
+    """POST once the restore a gateway does at its start is over (no probe while caps step
+    back)."""
+
+    def answered():
+        answer = site.api.post(path, headers=API, **kwargs)
+        return None if "stepping back" in answer.text else answer
+
+    return site.wait(answered, what="the start's restore")
+
+
+def finished(site: Site, seconds: float = 60.0) -> dict:
+    def done():
+        probe = site.api.get("/v1/characterise").json()["probe"]
+        return probe if probe and probe["status"] != "running" else None
+
+    return site.wait(done, seconds, what="the probe's end")
+
+
+def uncapped(site: Site) -> bool:
+    return all(v == MAX_W for limits in site.limits().values() for v in limits)
+
+
+def test_a_probe_measures_the_job_and_restores_every_gpu(tmp_path):
+    with probe_site(tmp_path, curve_max_pfi_stderr=1.0) as site:
+        with LimitWatch(site) as watch:
+            answer = post(site, "/v1/jobs/flex/characterise")
+            assert answer.status_code == 202, answer.text
+            caps = answer.json()["jobs"][0]["caps_w"]
+            assert caps[0] == MAX_W
+            assert len(caps) == 3
+            assert caps == sorted(caps, reverse=True)
+            probe = finished(site)
+            assert probe["status"] == "completed", probe
+            assert uncapped(site)
+        # Only the probed job's GPUs moved, and never below its lowest probe level.
+        assert watch.lowest("node-a", [0, 1, 2, 3]) == pytest.approx(caps[-1])
+        assert watch.lowest("node-a", [4, 5, 6, 7]) == MAX_W
+        assert watch.lowest("node-b", list(range(8))) == MAX_W
+        curve = site.api.get("/v1/jobs/flex/curve").json()
+        assert [p["cap_w"] for p in curve["points"]] == sorted(caps)
+        assert curve["fit"]["pfi"] is not None
+        assert curve["fit"]["grid_w"][-1] == MAX_W
+        shown = site.api.get("/v1/jobs/flex").json()
+        assert shown["curve"]["measured"]["pfi"] == pytest.approx(curve["fit"]["pfi"], rel=1e-3)
+        assert shown["curve"]["declared"] is None  # nothing was declared: the fleet default
+        # Good enough (FLEXGATE_CURVE_MAX_PFI_STDERR=1): quotes cut the job no lower than the
+        # lowest level measured, and carry the fitted error into firm kW.
+        assert shown["curve"]["source"] == "measured"
+        quote = site.api.post("/v1/quotes", json={"window_s": 60}).json()
+        flex = next(j for j in quote["jobs"] if j["id"] == "flex")
+        lowest_w = curve["fit"]["sweep"][0]["power_w"]
+        assert flex["max_reduction_w"] <= 4 * (640.0 - lowest_w) + 1.0
+        assert quote["firm_kw"] < quote["achievable_kw"]
+
+
+def test_refusals_name_the_reason_and_change_nothing(tmp_path):
+    with probe_site(tmp_path, probe_budget=0.3) as site:
+        cases = [
+            ("guarded", 422, "protected"),
+            ("nobody", 404, "no job 'nobody'"),
+        ]
+        for job_id, status, words in cases:
+            answer = post(site, f"/v1/jobs/{job_id}/characterise")
+            assert answer.status_code == status, answer.text
+            assert words in answer.json()["detail"]
+        assert site.api.post("/v1/jobs/flex/characterise").status_code == 401
+        # Two jobs of a quarter of the site each are over a budget of 0.3 together.
+        both = post(site, "/v1/characterise", json={"jobs": ["flex", "stiff"]})
+        assert both.status_code == 422
+        assert "probe budget" in both.json()["detail"]
+        assert site.api.get("/v1/characterise").json()["probe"] is None
+        assert uncapped(site)
+
+
+def test_a_job_over_the_budget_alone_is_refused(tmp_path):
+    with probe_site(tmp_path, probe_budget=0.2) as site:
+        answer = post(site, "/v1/jobs/flex/characterise")
+        assert answer.status_code == 422
+        assert "FLEXGATE_PROBE_BUDGET=0.2" in answer.json()["detail"]
+
+
+def test_probing_every_unmeasured_job_keeps_to_the_budget(tmp_path):
+    with probe_site(tmp_path) as site, LimitWatch(site) as watch:
+        probe = post(site, "/v1/characterise").json()
+        assert [j["id"] for j in probe["jobs"]] == ["flex"]  # a quarter of the site: the budget
+        skipped = {s["id"]: s["reason"] for s in probe["skipped"]}
+        assert "probe budget" in skipped["stiff"]
+        assert "protected" in skipped["guarded"]
+        assert finished(site)["status"] == "completed"
+    # Never two jobs capped at once (each holds a quarter of the site's throughput).
+    for limits in watch.seen:
+        capped = [
+            gpus for gpus in ([0, 1, 2, 3], [4, 5, 6, 7]) if limits["node-a"][gpus[0]] < MAX_W
+        ]
+        assert len(capped) <= 1
+    assert watch.lowest("node-b", list(range(8))) == MAX_W
+
+
+def test_no_probe_starts_during_an_event_and_an_event_ends_a_probe(tmp_path):
+    with probe_site(tmp_path) as site:
+        assert post(site, "/v1/jobs/flex/characterise").status_code == 202
+        site.wait(lambda: site.limits()["node-a"][0] < MAX_W, 30, what="the probe's first cap")
+        event = site.api.post(
+            "/v1/events",
+            headers=API,
+            json={"reduction_kw": 0.3, "start": datetime.now(UTC).isoformat(), "duration_s": 4},
+        ).json()
+        probe = finished(site, 15)
+        assert probe["status"] == "interrupted"
+        assert "event" in probe["reason"]
+        site.wait(
+            lambda: site.api.get(f"/v1/events/{event['id']}").json()["status"] == "active",
+            what="the event's start",
+        )
+        refused = site.api.post("/v1/jobs/stiff/characterise", headers=API)
+        assert refused.status_code == 409
+        assert "no probe now" in refused.json()["detail"]
+        # The event's plan is the whole desired state: the guarded job is never touched, and
+        # every GPU is back at its limit once the event is over.
+        assert all(v == MAX_W for v in site.limits()["node-b"])
+        site.wait(
+            lambda: uncapped(site) and not site.api.get("/v1/site").json()["active_event_id"],
+            30,
+            what="the restore after the event",
+        )

@@ -1,0 +1,156 @@
+"""Measured curves: the fit recovers a known curve within its stated error, and planners and
+quotes given measured curves do better than on the fleet's default PFI."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flexgate.probesim import run_probe
+from flexmodel.allocate import allocate_mix
+from flexmodel.curves import operating_point
+from flexmodel.jobmix import parse_job_mix
+from flexmodel.pfi import pfi_of_sweep
+from flexmodel.quote import quote
+from gateway.services.characterise import probe_caps
+from gateway.services.curves import fit_points, points_of, verdict
+
+
+def job_doc(job_id: str, pfi: float, period_s: float, power_w: float = 640.0) -> dict:
+    return {
+        "id": job_id,
+        "gpus": 8,
+        "power_w": power_w,
+        "throughput": 20000.0,
+        "pfi": pfi,
+        "period_s": period_s,
+        "duty": 0.8,
+        "comm_power_fraction": 0.5,
+        "min_throughput_fraction": 0.5,
+        "placement": [{"node": f"node-{job_id}", "gpus": list(range(8))}],
+    }
+
+
+def measure(doc: dict, *, seed: int = 0, periods: float = 20.0, levels: int = 3):
+    """Probe the job (as the gateway would, on its true curve) and fit what the agent saw."""
+    truth_mix = parse_job_mix({"jobs": [doc]})
+    caps = probe_caps(truth_mix, 0, 0.75, levels)
+    run = run_probe(doc, caps, periods=periods, seed=seed)
+    points = points_of(run.reading, truth_mix.jobs[0], "probe", "now")
+    return run, points, fit_points(points, name=doc["id"])
+
+
+def true_pfi(run, grid_w) -> float:
+    rows = [(c, *run.truth[c]) for c in grid_w]
+    return pfi_of_sweep(rows).pfi
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
+)
+@given(
+    pfi=st.floats(1.1, 2.6),
+    period_s=st.floats(0.8, 3.0),
+    seed=st.integers(0, 10_000),
+)
+def test_the_fit_recovers_a_known_curve_within_its_stated_error(pfi, period_s, seed):
+    run, points, fit = measure(job_doc("j", pfi, period_s), seed=seed)
+    # Every level measured but one that clips the job's power flat (no period: no point).
+    assert len(points) >= 3
+    assert points[-1]["cap_w"] == 700.0
+    assert fit["pfi"] is not None, fit
+    truth = true_pfi(run, fit["grid_w"])  # the PFI on the measured grid: nothing extrapolated
+    assert abs(fit["pfi"] - truth) <= 3.0 * fit["pfi_stderr"] + 0.01, (fit, truth)
+
+
+def test_a_job_with_no_clear_period_gives_no_points():
+    doc = job_doc("flat", 1.5, 2.0) | {"duty": 1.0}  # no communication phase: nothing repeats
+    run, points, fit = measure(doc)
+    assert run.reading.period_s is None
+    assert run.reading.no_period_reason
+    assert points == []
+    assert fit["pfi"] is None
+    assert verdict(fit, 0.15)
+
+
+TRUE_PFI = {"a": 1.1, "b": 1.3, "c": 2.0, "d": 2.6}
+
+
+def overlay(doc: dict, fit: dict) -> dict:
+    """The job-mix fields a measured curve sets (as `JobCurves.in_force`)."""
+    sweep = fit["sweep"]
+    return doc | {
+        "power_w": sweep[-1]["power_w"],
+        "pfi": fit["pfi"],
+        "pfi_stderr": fit["pfi_stderr"],
+        "sweep": sweep,
+    }
+
+
+@pytest.fixture(scope="module")
+def mixes():
+    truth = [job_doc(j, pfi, 1.2) for j, pfi in TRUE_PFI.items()]
+    default = [{k: v for k, v in doc.items() if k != "pfi"} for doc in truth]
+    measured = []
+    for i, (doc, declared) in enumerate(zip(truth, default, strict=True)):
+        _, _, fit = measure(doc, seed=i)
+        assert verdict(fit, 0.15) is None, fit
+        measured.append(overlay(declared, fit))
+    return [parse_job_mix({"jobs": jobs}) for jobs in (truth, default, measured)]
+
+
+def true_outcome(truth, plan) -> tuple[float, float]:
+    """(GPU power shed [W], throughput kept) on the true curves, under the plan's caps."""
+    caps = np.array([job["cap_w"] for job in plan["jobs"]])
+    power, thr, _ = operating_point(truth.curves, caps)
+    gpus = truth.array("gpus")
+    return float(np.sum(gpus * (truth.array("power_w") - power))), float(thr.sum())
+
+
+def kept_at_true_shed(truth, belief, shed_w: float) -> float:
+    """Throughput kept when the planner on `belief` is asked for what sheds `shed_w` on the
+    true curves (the site loop at the meter corrects the request until it does)."""
+    lo, hi = 0.0, 2.0 * shed_w
+    for _ in range(40):
+        asked = 0.5 * (lo + hi)
+        plan = allocate_mix(belief, asked / 1000.0, strategy="optimal")
+        got, kept = true_outcome(truth, plan)
+        lo, hi = (asked, hi) if got < shed_w else (lo, asked)
+    return kept
+
+
+def test_a_planner_given_measured_curves_beats_the_same_planner_on_the_default_pfi(mixes):
+    truth, default, measured = mixes
+    reach_w = 0.8 * float(measured.problem.max_cut_w.sum())  # within the probed range
+    before = float(truth.array("throughput").sum())
+    for share in (0.3, 0.6, 1.0):
+        shed_w = share * reach_w
+        on_measured = kept_at_true_shed(truth, measured, shed_w)
+        on_default = kept_at_true_shed(truth, default, shed_w)
+        oracle = kept_at_true_shed(truth, truth, shed_w)
+        assert on_measured > on_default, (share, on_measured, on_default)
+        # Measured curves close most of the gap from the default PFI to the true curves.
+        assert (oracle - on_measured) <= 0.5 * (oracle - on_default), (share, before)
+
+
+def test_firm_kw_carries_the_fitted_uncertainty(mixes):
+    _, _, measured = mixes
+    doc = quote(measured, window_s=600.0, confidence=0.9)
+    assert doc["firm_kw"] < doc["achievable_kw"]
+    exact = parse_job_mix({"jobs": [{**_doc(job), "pfi_stderr": 1e-6} for job in measured.jobs]})
+    assert quote(exact, window_s=600.0, confidence=0.9)["firm_kw"] > doc["firm_kw"]
+
+
+def _doc(job) -> dict:
+    return {
+        "id": job.id,
+        "gpus": job.gpus,
+        "power_w": job.power_w,
+        "throughput": job.throughput,
+        "pfi": job.pfi,
+        "sweep": [{"cap_w": c, "power_w": p, "throughput": t} for c, p, t in job.sweep],
+        "period_s": job.period_s,
+        "min_throughput_fraction": job.min_throughput_fraction,
+    }
