@@ -115,6 +115,12 @@ class JobTelemetry(BaseModel):
     phase_rad: float | None  #: None when the reading is too coarse for the period
     phase_at: float | None  #: agent monotonic time [s] of that phase
     power_w: float | None  #: mean power per GPU over the window
+    #: the PFI predictor's features over the job's uncapped run (`agents.features`): memory
+    #: copy utilisation and DRAM activity [0-1], their product; None where not read
+    mem_copy_util: float | None = None
+    dram_active: float | None = None
+    dram_copy_product: float | None = None
+    feature_samples: int = 0  #: readings per GPU behind the product, summed over its GPUs
 
 
 class DelayStats(BaseModel):
@@ -152,6 +158,9 @@ class TelemetryResponse(BaseModel):
         default=None, description="pods' GPUs (PodResources); null when the agent reads none"
     )
     pods_error: str | None = Field(default=None, description="why the kubelet gave no answer")
+    features_error: str | None = Field(
+        default=None, description="why the last DRAM activity reading (DCGM) failed"
+    )
 
 
 class Health(BaseModel):

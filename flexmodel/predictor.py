@@ -92,12 +92,15 @@ class PfiPredictor:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def dram_copy_product(pfi: Array | float, rng: np.random.Generator) -> Array:
+def dram_copy_product(
+    pfi: Array | float, rng: np.random.Generator, noise: float = DRAM_NOISE
+) -> Array:
     """Telemetry feature of a simulated job: DRAM activity times memory copy utilisation,
-    in [0, 1], from its PFI with the feature model's scatter."""
-    noise = rng.normal(0.0, DRAM_NOISE, np.shape(pfi))
+    in [0, 1], from its PFI with the feature model's scatter (sigma `noise`)."""
+    scatter = rng.normal(0.0, noise, np.shape(pfi))
     return np.asarray(
-        np.clip(DRAM_BASE + DRAM_SLOPE * (np.asarray(pfi) - 1.0) + noise, 0.005, 1.0), dtype=float
+        np.clip(DRAM_BASE + DRAM_SLOPE * (np.asarray(pfi) - 1.0) + scatter, 0.005, 1.0),
+        dtype=float,
     )
 
 
