@@ -33,6 +33,7 @@ from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.jobfeed import JobFeed
 from gateway.services.overhead import Overhead
+from gateway.services.predictions import Predictions
 from gateway.services.quotes import Quotes
 from gateway.services.reconciler import Reconciler
 from gateway.services.site import SitePower, open_feed
@@ -89,13 +90,15 @@ def create_app(
         reconciler = Reconciler(settings.reconcile_period_s, clock, fleet, targets, events)
         feed = JobFeed(settings, clock, book, fleet, source) if source else None
         status = Status(settings, fleet, book, power, targets, events, feed)
+        predictions = Predictions(settings, store, clock, fleet, book)
         app.state.services = Services(
-            book, fleet, power, targets, tracker, quotes, events, status, feed
+            book, fleet, power, targets, tracker, quotes, events, status, feed, predictions
         )
         await fleet.discover()
         await events.start()
         reconciler.start()
         power.start()
+        predictions.start()
         if feed is not None:
             feed.start()
         if ven is not None:
@@ -108,6 +111,7 @@ def create_app(
             if feed is not None:
                 await feed.stop()
             reconciler.stop()
+            predictions.stop()
             power.stop()
             targets.stop()
             fleet.stop()

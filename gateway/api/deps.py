@@ -14,6 +14,7 @@ from gateway.services.events import Events
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.jobfeed import JobFeed
+from gateway.services.predictions import Predictions
 from gateway.services.quotes import Quotes
 from gateway.services.site import SitePower
 from gateway.services.status import Status
@@ -35,6 +36,7 @@ class Services:
     events: Events
     status: Status
     feed: JobFeed | None = None  #: the scheduler the jobs follow; None: the static mix
+    predictions: Predictions | None = None  #: PFIs predicted from telemetry
 
 
 def _services(request: Request) -> Services:

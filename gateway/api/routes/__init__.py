@@ -1,11 +1,12 @@
 """The gateway's HTTP API, one module per resource. Routes stay thin: they call services."""
 
-from gateway.api.routes import dashboard, events, health, jobs, plans, quotes, site
+from gateway.api.routes import dashboard, events, health, jobs, plans, predictor, quotes, site
 
 routers = [
     health.router,
     site.router,
     jobs.router,
+    predictor.router,
     quotes.router,
     events.router,
     plans.router,
