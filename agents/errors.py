@@ -9,6 +9,7 @@ AgentError (500)
     ├── GpuLostError              the GPU fell off the bus
     ├── NoPermissionError         the agent may not set limits (needs root)
     └── NotSupportedError         the GPU does not offer this
+DcgmError (502)                   DCGM's exporter did not answer, or not with what it should
 """
 
 from __future__ import annotations
@@ -52,3 +53,9 @@ class NotSupportedError(BackendError):
 
 class NodeNotFoundError(AgentError):
     status_code = 404
+
+
+class DcgmError(AgentError):
+    """DCGM's exporter did not answer, or its answer lacks what was asked for."""
+
+    status_code = 502

@@ -9,7 +9,8 @@ Limits are set with the v1 call (`nvmlDeviceSetPowerManagementLimit`) and read b
 report success regardless). Power comes from the `NVML_FI_DEV_POWER_INSTANT` field where the GPU
 offers it, else from `nvmlDeviceGetPowerUsage`, a 1 s average on Hopper (`averaging_s` says
 which, so phase estimation can refuse periods it cannot resolve). Persistence mode is reported:
-without it a driver reload forgets the limits.
+without it a driver reload forgets the limits. Memory utilisation (`nvmlDeviceGetUtilizationRates`,
+percent) becomes a fraction here: one factor of the DRAM copy product (`agents.features`).
 """
 
 from __future__ import annotations
@@ -117,6 +118,13 @@ class NvmlBackend:
             return bool(self._call(self._nvml.nvmlDeviceGetPersistenceMode, self._handle(index)))
         except NotSupportedError:
             return None
+
+    def memory_utilisation(self, index: int) -> float | None:
+        try:
+            rates = self._call(self._nvml.nvmlDeviceGetUtilizationRates, self._handle(index))
+        except NotSupportedError:
+            return None
+        return float(rates.memory) / 100.0  # NVML speaks percent
 
     def close(self) -> None:
         with contextlib.suppress(BackendError):

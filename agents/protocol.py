@@ -141,6 +141,12 @@ class JobTelemetry(BaseModel):
     cap_w: float | None = None  #: the lowest enforced limit of the job's GPUs now [W]
     reference_cap_w: float | None = None  #: the level `points` are relative to [W]
     points: list[CapPoint] = Field(default_factory=list)  #: per cap level seen, by cap
+    #: the PFI predictor's features over the job's uncapped run (`agents.features`): memory
+    #: copy utilisation and DRAM activity [0-1], their product; None where not read
+    mem_copy_util: float | None = None
+    dram_active: float | None = None
+    dram_copy_product: float | None = None
+    feature_samples: int = 0  #: readings per GPU behind the product, summed over its GPUs
 
 
 class DelayStats(BaseModel):
@@ -178,6 +184,9 @@ class TelemetryResponse(BaseModel):
         default=None, description="pods' GPUs (PodResources); null when the agent reads none"
     )
     pods_error: str | None = Field(default=None, description="why the kubelet gave no answer")
+    features_error: str | None = Field(
+        default=None, description="why the last DRAM activity reading (DCGM) failed"
+    )
 
 
 class Health(BaseModel):

@@ -8,6 +8,7 @@ import logging
 import uvicorn
 
 from agents.backend import GpuBackend
+from agents.dcgm import DcgmExporter
 from agents.logs import decision, show_on_stderr
 from agents.podresources import PodGpuReader, PodResourcesClient
 from agents.service import AgentNode, create_app
@@ -34,7 +35,19 @@ def build_node(settings: AgentSettings) -> AgentNode:
         sample_hz=settings.agent_sample_hz,
         window_s=settings.agent_telemetry_window_s,
         pods=pod_reader(settings, backend),
+        dram=dram_source(settings, backend),
+        feature_period_s=settings.agent_feature_period_s,
+        feature_samples=settings.agent_feature_samples,
     )
+
+
+def dram_source(settings: AgentSettings, backend: GpuBackend) -> DcgmExporter | None:
+    """DCGM-exporter, where `FLEXGATE_AGENT_DCGM_URL` names it (the simulated GPUs read their
+    own DRAM activity without it)."""
+    if settings.agent_dcgm_url is None:
+        return None
+    uuids = [backend.identity(i)[0] for i in range(backend.count())]
+    return DcgmExporter(settings.agent_dcgm_url, uuids, timeout_s=settings.agent_dcgm_timeout_s)
 
 
 def pod_reader(settings: AgentSettings, backend: GpuBackend) -> PodGpuReader | None:

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from agents.backend import GpuBackend
 from agents.caps import CapController
 from agents.errors import AgentError, NodeNotFoundError, UnauthorizedError
+from agents.features import DramActivitySource, FeatureSampler
 from agents.logs import decision
 from agents.podresources import PodGpuReader
 from agents.protocol import (
@@ -58,6 +59,9 @@ class AgentNode:
         sample_hz: float = 20.0,
         window_s: float = 60.0,
         pods: PodGpuReader | None = None,
+        dram: DramActivitySource | None = None,
+        feature_period_s: float = 5.0,
+        feature_samples: int = 120,
     ) -> None:
         self.node_id = node_id
         self.pods = pods  #: the pods' GPUs (Kubernetes), None where there is no kubelet
@@ -68,18 +72,31 @@ class AgentNode:
             backend, jobs or {}, sample_hz=sample_hz or 10.0, window_s=window_s, clock=clock
         )
         self.sampling = bool(sample_hz)
+        # DRAM activity from `dram` (DCGM), else from the backend where it has it (simulated).
+        if dram is None and isinstance(backend, DramActivitySource):
+            dram = backend
+        self.features = FeatureSampler(
+            backend,
+            jobs or {},
+            dram,
+            capped=lambda: {index for index, _ in self.controller.originals.saved().values()},
+            period_s=feature_period_s,
+            samples=feature_samples,
+        )
 
     def start(self) -> None:
         # A previous run's originals (it was killed) come back before anything is served.
         self.controller.restore_all(reason="restored at start (the last run left caps)")
         if self.sampling:
             self.sampler.start()
+            self.features.start()
 
     def stop(self) -> None:
         restored = self.controller.restore_all(reason="stopping")
         if not restored:
             decision(logging.INFO, "stopping", node=self.node_id, restored_gpus=[])
         self.sampler.stop()
+        self.features.stop()
         self.backend.close()
         if self.pods is not None:
             self.pods.close()
@@ -129,11 +146,12 @@ class AgentNode:
         return TelemetryResponse(
             node_id=self.node_id,
             gpus=self.sampler.gpu_power(),
-            jobs=self.sampler.job_telemetry(),
+            jobs=self.features.apply(self.sampler.job_telemetry()),
             actuation_delay=self.controller.delay_stats(),
             agent_time_s=self.controller.clock(),
             pods=pods,
             pods_error=pods_error,
+            features_error=self.features.error,
         )
 
     def summary(self, period_s: float) -> TelemetrySummary:
@@ -151,7 +169,7 @@ class AgentNode:
             node_id=self.node_id,
             period_s=period_s,
             gpu_power_w=power,
-            jobs=self.sampler.job_telemetry() if self.sampling else [],
+            jobs=self.features.apply(self.sampler.job_telemetry()) if self.sampling else [],
             actuation_delay=self.controller.delay_stats(),
             generation=self.controller.generation,
             lease_remaining_s=self.controller.lease_remaining_s(),
@@ -324,6 +342,12 @@ DCGM_FIELDS: tuple[tuple[str, str, str, Callable[[GpuBackend, int], float | None
         "gauge",
         "Default power management limit (in W).",
         lambda b, i: b.constraints(i).default_w,
+    ),
+    (
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "gauge",
+        "Memory utilization (in %).",
+        lambda b, i: None if (u := b.memory_utilisation(i)) is None else u * 100.0,
     ),
     (
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",

@@ -37,6 +37,11 @@ class AgentSettings(BaseSettings):
     agent_nats_password: SecretStr | None = None
     agent_nats_tls_ca: Path | None = None
     agent_telemetry_period_s: float = Field(default=1.0, gt=0.0, le=3600.0)
+    #: DCGM-exporter's metrics URL (DRAM activity for the PFI predictor); None: not read
+    agent_dcgm_url: str | None = None
+    agent_dcgm_timeout_s: float = Field(default=2.0, gt=0.0, le=60.0)
+    agent_feature_period_s: float = Field(default=5.0, gt=0.0, le=3600.0)
+    agent_feature_samples: int = Field(default=120, ge=1, le=100_000)
     lab: bool = False
 
     @model_validator(mode="after")
@@ -50,6 +55,13 @@ class AgentSettings(BaseSettings):
                 f"{MIN_TOKEN_CHARS} characters (placeholders are refused outside the lab)"
             )
         self._check_nats()
+        if self.agent_dcgm_url is not None and not self.agent_dcgm_url.startswith(
+            ("http://", "https://")
+        ):
+            raise ValueError(
+                f"FLEXGATE_AGENT_DCGM_URL {self.agent_dcgm_url!r} is not an http(s) URL "
+                "(dcgm-exporter serves http://HOST:9400/metrics)"
+            )
         return self
 
     def _check_nats(self) -> None:

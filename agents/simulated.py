@@ -14,6 +14,11 @@ Gaussian noise. GPUs with no job draw `IDLE_W`. The clock is passed in (monotoni
 tests can drive time. A job's phase is one across the nodes it spans (`job_phase`), as the GPUs
 of one synchronous job iterate together.
 
+Each job shows the telemetry features of its true PFI (`job_features`): the DRAM copy product
+of the feature model (`flexmodel.predictor.dram_copy_product`, with its scatter `feature_noise`
+drawn from the job's id, so every node agrees), split into memory copy utilisation (what NVML
+reads) and DRAM activity (what DCGM reads, `read_dram_active`), constant while the job runs.
+
 `irregularity` (`agents.irregularity.Irregularity`, off by default) gives the jobs real jobs'
 iteration jitter, periodic pauses and slow drift, for testing what reads their power; the
 mean power and throughput a cap leaves are then no longer exactly the curve's.
@@ -34,8 +39,10 @@ from agents.backend import Constraints
 from agents.errors import BackendError, InvalidSetupError
 from agents.irregularity import Irregularity
 from flexmodel.curves import Curves, operating_point, waveform_levels
+from flexmodel.errors import FlexModelError
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.jobs import Job, JobMix
+from flexmodel.predictor import DRAM_NOISE, dram_copy_product
 
 MIN_W, MAX_W, DEFAULT_W = 200.0, 700.0, 700.0
 IDLE_W = 80.0
@@ -49,6 +56,22 @@ DEFAULT_JOB = {
     "duty": 0.8,
     "comm_power_fraction": 0.5,
 }
+
+
+def job_features(job_id: str, pfi: float, noise: float = DRAM_NOISE) -> tuple[float, float]:
+    """(memory copy utilisation, DRAM activity), fractions, of a simulated job of this PFI:
+    their product is the feature model's DRAM copy product, its scatter drawn from the id."""
+    rng = np.random.default_rng(zlib.crc32(job_id.encode()))
+    product = float(dram_copy_product(pfi, rng, noise))
+    copy = min(1.0, 1.25 * math.sqrt(product))
+    return copy, product / copy
+
+
+def _true_pfi(job: Job) -> float:
+    try:
+        return job.pfi_value
+    except FlexModelError:  # a sweep no cap slowed: as flexible as it gets
+        return 10.0
 
 
 def job_phase(job_id: str, period_s: float, now: float) -> float:
@@ -72,6 +95,8 @@ class _Job:
     compute_share: float = 0.0
     scale: float = 1.0
     throughput: float = 0.0
+    mem_copy_util: float = 0.0  #: telemetry features (`job_features`)
+    dram_active: float = 0.0
     stale: bool = True  #: the caps changed since the pace was computed
     mean_w: float = 0.0  #: per GPU, over an iteration at the present caps
 
@@ -99,6 +124,7 @@ class SimulatedBackend:
         seed: int = 0,
         firmware_s: float = FIRMWARE_S,
         irregularity: Irregularity | None = None,
+        feature_noise: float = DRAM_NOISE,
     ) -> None:
         if gpus < 1:
             raise InvalidSetupError("a simulated node needs at least one GPU")
@@ -110,6 +136,7 @@ class SimulatedBackend:
         self._lock = threading.Lock()
         self.node_id = node_id
         self._gpus = [_Gpu() for _ in range(gpus)]
+        self._feature_noise = feature_noise
         self.jobs = self._place(mix, node_id, gpus)
         now = clock()
         for job in self.jobs:
@@ -148,6 +175,9 @@ class SimulatedBackend:
                 duty=job.duty,
                 compute_w=float(compute),
                 comm_w=float(comm),
+            )
+            sim.mem_copy_util, sim.dram_active = job_features(
+                job.id, _true_pfi(job), self._feature_noise
             )
             for g in indices:
                 if self._gpus[g].job is not None:
@@ -258,8 +288,20 @@ class SimulatedBackend:
         self._gpu(index)
         return True
 
+    def memory_utilisation(self, index: int) -> float | None:
+        job = self._gpu(index).job
+        return 0.0 if job is None else job.mem_copy_util
+
     def close(self) -> None:
         return None
+
+    # --- what DCGM would read (`agents.features.DramActivitySource`) -------------------------
+
+    kind_of_dram = "sim"
+
+    def read_dram_active(self) -> dict[int, float]:
+        """Each GPU's DRAM activity [0-1], as DCGM's DCGM_FI_PROF_DRAM_ACTIVE would read it."""
+        return {i: 0.0 if g.job is None else g.job.dram_active for i, g in enumerate(self._gpus)}
 
     # --- for the lab and tests -------------------------------------------------------------
 

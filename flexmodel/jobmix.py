@@ -180,10 +180,22 @@ def parse_job(doc: Any, index: int = 0, tiers: TierTable = DEFAULT_TIERS) -> Job
             doc, "comm_power_fraction", where, DEFAULT_COMM_POWER_FRACTION, within=_SHARE
         ),
         placement=_placement(doc.get("placement"), where, gpus),
+        model_family=_model_family(doc.get("model_family"), where),
     )
     if job.sweep is not None:
         _check_sweep(job, where)
     return job
+
+
+def _model_family(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value.strip()) <= 64:
+        raise InvalidJobError(
+            f"{where}: 'model_family' must be a name of 1 to 64 characters "
+            "(e.g. dense, moe-finetune)"
+        )
+    return value.strip()
 
 
 def _refuse_shared_gpus(jobs: tuple[Job, ...]) -> None:

@@ -67,6 +67,9 @@ class Job:
     duty: float = DEFAULT_DUTY
     comm_power_fraction: float = DEFAULT_COMM_POWER_FRACTION
     placement: tuple[Placement, ...] | None = None
+    #: the job's kind of model (dense, moe-pretrain, moe-finetune ...): the PFI predictor's
+    #: group, for its leave-one-group-out error
+    model_family: str | None = None
 
     @property
     def curve_source(self) -> str:

@@ -32,6 +32,7 @@ from flexmodel.pfi import (
     pfi_rows,
     solve_insensitive_share,
 )
+from flexmodel.predictor import PfiPredictor, dram_copy_product, fit_pfi_predictor
 
 
 @dataclass(frozen=True)
@@ -126,30 +127,7 @@ PFI_SPREAD = 0.04
 CURVE_NOISE = 0.03
 #: Production mix: 85% of jobs fine-tuning (dense and MoE), 15% pretraining, by count.
 PRODUCTION_FINETUNE_SHARE = 0.85
-#: DRAM copy product = DRAM_BASE + DRAM_SLOPE * (PFI - 1) + noise: the telemetry feature the
-#: study found most predictive. The noise is set so the OLS fit on the 25 main types gives
-#: a leave-one-out R^2 near the study's 0.524.
-DRAM_BASE, DRAM_SLOPE, DRAM_NOISE = 0.10, 0.30, 0.075
 MIX_NAMES = ("production", "random")
-
-
-@dataclass(frozen=True)
-class PfiPredictor:
-    """The study's single-feature OLS: PFI = intercept + slope * DRAM copy product."""
-
-    intercept: float
-    slope: float
-    samples: int
-    r2: float
-    loo_r2: float  #: leave-one-out
-    logo_r2: float  #: leave-one-group-out (groups: architecture x task)
-    loo_rmse: float
-
-    def predict(self, feature: Array) -> Array:
-        return np.asarray(self.intercept + self.slope * feature, dtype=float)
-
-    def as_dict(self) -> dict[str, float | int]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 @dataclass(frozen=True)
@@ -175,47 +153,6 @@ class Workloads:
     def group(self, index: int) -> slice:
         """The rows of workload `index`."""
         return slice(index * self.jobs, (index + 1) * self.jobs)
-
-
-def dram_copy_product(pfi: Array, rng: np.random.Generator) -> Array:
-    """Telemetry feature of a job: DRAM activity times memory copy utilisation, in [0, 1]."""
-    noise = rng.normal(0.0, DRAM_NOISE, np.shape(pfi))
-    return np.clip(DRAM_BASE + DRAM_SLOPE * (np.asarray(pfi) - 1.0) + noise, 0.005, 1.0)
-
-
-def fit_pfi_predictor(feature: Array, pfi: Array, groups: list[str]) -> PfiPredictor:
-    """OLS of PFI on one feature, with leave-one-out and leave-one-group-out R^2."""
-    x, y = np.asarray(feature, dtype=float), np.asarray(pfi, dtype=float)
-    if x.size < 3:
-        raise FlexModelError("a PFI predictor needs at least three samples")
-
-    def fit(mask: NDArray[np.bool_]) -> tuple[float, float]:
-        slope, intercept = np.polyfit(x[mask], y[mask], 1)
-        return float(intercept), float(slope)
-
-    def r2(pred: Array) -> float:
-        return float(1.0 - np.sum((y - pred) ** 2) / np.sum((y - y.mean()) ** 2))
-
-    everyone = np.ones(x.size, dtype=bool)
-    intercept, slope = fit(everyone)
-    loo = np.empty_like(y)
-    for i in range(x.size):
-        a, b = fit(everyone & (np.arange(x.size) != i))
-        loo[i] = a + b * x[i]
-    logo = np.empty_like(y)
-    labels = np.asarray(groups)
-    for g in set(groups):
-        a, b = fit(labels != g)
-        logo[labels == g] = a + b * x[labels == g]
-    return PfiPredictor(
-        intercept=intercept,
-        slope=slope,
-        samples=int(x.size),
-        r2=r2(intercept + slope * x),
-        loo_r2=r2(loo),
-        logo_r2=r2(logo),
-        loo_rmse=float(np.sqrt(np.mean((y - loo) ** 2))),
-    )
 
 
 def draw_types(mix: str, count: int, rng: np.random.Generator) -> NDArray[np.intp]:
@@ -296,8 +233,25 @@ def measured_pfi(curves: Curves, grid_w: Array) -> Array:
 
 def _fit_on_study_types(rng: np.random.Generator) -> PfiPredictor:
     pfi = np.array([t.pfi for t in MAIN_TYPES])
-    groups = [f"{t.architecture}-{t.task}" for t in MAIN_TYPES]
-    return fit_pfi_predictor(dram_copy_product(pfi, rng), pfi, groups)
+    return fit_pfi_predictor(dram_copy_product(pfi, rng), pfi, STUDY_GROUPS, source="study")
+
+
+#: The study's groups for its leave-one-group-out error: architecture x task.
+STUDY_GROUPS = [f"{t.architecture}-{t.task}" for t in MAIN_TYPES]
+#: The seed of the study's features (`study_predictor`): of the first 3000 seeds, the one whose
+#: fit's errors come closest to the study's published ones (LOO R^2 0.534 against 0.524,
+#: group-out 0.252 against 0.246, RMSE 0.24 and 0.30 against "about 0.24 to 0.30").
+STUDY_SEED = 632
+
+
+def study_predictor(seed: int = STUDY_SEED) -> PfiPredictor:
+    """The study's fit: its 25 main jobs' PFIs against their DRAM copy products.
+
+    The study publishes the jobs' PFIs and its fit's errors, not each job's feature: the
+    features come from the feature model (`flexmodel.predictor.dram_copy_product`), drawn
+    with `seed` (`STUDY_SEED` gives the study's errors: LOO R^2 0.53, group-out 0.25).
+    """
+    return _fit_on_study_types(np.random.default_rng(seed))
 
 
 def _uniform(rng: np.random.Generator, lo: Array, hi: Array) -> Array:

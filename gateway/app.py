@@ -36,6 +36,7 @@ from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.jobfeed import JobFeed
 from gateway.services.overhead import Overhead
+from gateway.services.predictions import Predictions
 from gateway.services.quotes import Quotes
 from gateway.services.reconciler import Reconciler
 from gateway.services.site import SitePower, open_feed
@@ -95,6 +96,7 @@ def create_app(
         status = Status(settings, fleet, book, power, targets, events, feed)
         curves = JobCurves(settings, store, clock, book, fleet)
         characteriser = Characteriser(settings, clock, book, fleet, targets, events, curves)
+        predictions = Predictions(settings, store, clock, fleet, book)
         app.state.services = Services(
             book,
             fleet,
@@ -107,6 +109,7 @@ def create_app(
             feed,
             curves,
             characteriser,
+            predictions,
         )
         await fleet.discover()
         curves.start()  # before events resume: plans use the measured curves in force
@@ -114,6 +117,7 @@ def create_app(
         reconciler.start()
         characteriser.start()
         power.start()
+        predictions.start()
         if feed is not None:
             feed.start()
         if ven is not None:
@@ -128,6 +132,7 @@ def create_app(
             characteriser.stop()
             curves.stop()
             reconciler.stop()
+            predictions.stop()
             power.stop()
             targets.stop()
             fleet.stop()

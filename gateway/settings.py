@@ -56,6 +56,10 @@ class GatewaySettings(BaseSettings):
     dispatch_timeout_s: float = Field(default=5.0, gt=0.0)
     dispatch_retries: int = Field(default=3, ge=0, le=10)
     telemetry_max_age_s: float = Field(default=1.0, ge=0.0)
+    #: how often jobs' PFIs are predicted from their telemetry [s]
+    predictor_period_s: float = Field(default=30.0, gt=0.0, le=86400.0)
+    #: the site's measured jobs the predictor needs before it is refitted on them alone
+    predictor_min_jobs: int = Field(default=8, ge=3, le=100_000)
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     tls_cert: Path | None = None

@@ -16,6 +16,7 @@ from gateway.services.events import Events
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.jobfeed import JobFeed
+from gateway.services.predictions import Predictions
 from gateway.services.quotes import Quotes
 from gateway.services.site import SitePower
 from gateway.services.status import Status
@@ -39,6 +40,7 @@ class Services:
     feed: JobFeed | None = None  #: the scheduler the jobs follow; None: the static mix
     curves: JobCurves | None = None
     characteriser: Characteriser | None = None
+    predictions: Predictions | None = None  #: PFIs predicted from telemetry
 
 
 def _services(request: Request) -> Services:

@@ -6,7 +6,9 @@ tier table. Measured curves good enough to use (`use_curves`, from `gateway.serv
 are laid over the jobs as stored when the mix is built; the stored jobs stay as declared. When
 a scheduler is the source of the jobs (`managed_by`), the API's changes are
 refused and the source's view comes in through `follow`, each job started or ended audited
-with its user and account.
+with its user and account. PFIs predicted for the jobs that declare none
+(`gateway.services.predictions`) are laid over the stored jobs in the mix it gives
+(`predict_with`); what is stored and shown as the job stays what was given.
 """
 
 from __future__ import annotations
@@ -46,6 +48,20 @@ def site_mix(
         raise InvalidRequestError(str(exc)) from exc
 
 
+def with_predictions(
+    docs: list[dict[str, Any]], predicted: dict[str, tuple[float, float]]
+) -> list[dict[str, Any]]:
+    """The jobs with a predicted PFI where they declare neither a PFI nor a sweep."""
+    out = []
+    for doc in docs:
+        found = predicted.get(doc.get("id", ""))
+        if found is None or "pfi" in doc or "sweep" in doc:
+            out.append(doc)
+        else:
+            out.append({**doc, "pfi": found[0], "pfi_stderr": found[1]})
+    return out
+
+
 class JobBook:
     def __init__(
         self,
@@ -62,6 +78,7 @@ class JobBook:
         self.version = 0  #: rises with every change of the mix in force
         self._listeners: list[Callable[[], Awaitable[None]]] = []
         self._curves: dict[str, dict[str, Any]] = {}  #: job id -> measured fields in force
+        self._predicted: dict[str, tuple[float, float]] = {}  #: job id -> (PFI, stderr)
 
     def subscribe(self, listener: Callable[[], Awaitable[None]]) -> None:
         """`listener()` is awaited after every change of the mix."""
@@ -95,8 +112,18 @@ class JobBook:
             return self.validate(docs)
 
     def validate(self, docs: list[dict[str, Any]]) -> JobMix:
-        """These jobs as the site's mix; `InvalidRequestError` naming the first problem."""
-        return site_mix(docs, self.overhead.current(), self.tiers)
+        """These jobs as the site's mix, with the predicted PFIs of those that declare none;
+        `InvalidRequestError` naming the first problem."""
+        return site_mix(
+            with_predictions(docs, self._predicted), self.overhead.current(), self.tiers
+        )
+
+    def predict_with(self, predicted: dict[str, tuple[float, float]]) -> None:
+        """These predicted PFIs (job id -> (PFI, standard error)) in the mix from now on, for
+        jobs with neither `pfi` nor `sweep`; no re-plan (the next plan or quote uses them)."""
+        if predicted != self._predicted:
+            self._predicted = dict(predicted)
+            self._mix = None
 
     async def replace(self, docs: list[dict[str, Any]], actor: str) -> JobMix:
         self._refuse_when_managed()

@@ -90,12 +90,17 @@ class FakeNvml:
         instant: bool = True,
         root: bool = True,
         state_file: Path | None = None,
+        memory_util_pct: list[int] | None = None,
     ) -> None:
         self.min_mw, self.max_mw, self.default_mw = min_mw, max_mw, default_mw
         self.draw_mw = draw_mw
         self.instant = instant
         self.root = root
         self.state_file = state_file
+        #: per GPU, what `nvmlDeviceGetUtilizationRates(...).memory` answers [%]; None: the
+        #: call is not supported
+        self.memory_util_pct = memory_util_pct if memory_util_pct is not None else [35] * gpus
+        self.utilisation_supported = True
         self.lost: set[int] = set()
         self.readback_offset_mw: dict[int, int] = {}
         self.initialised = False
@@ -191,6 +196,13 @@ class FakeNvml:
                 )
             )
         return out
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        """Like pynvml's `c_nvmlUtilization_t`: `gpu` and `memory`, integer percent."""
+        index = self._index(handle)
+        if not self.utilisation_supported:
+            raise NVMLError_NotSupported()
+        return SimpleNamespace(gpu=90, memory=int(self.memory_util_pct[index]))
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
         self._index(handle)

@@ -1,12 +1,23 @@
 """The gateway's HTTP API, one module per resource. Routes stay thin: they call services."""
 
-from gateway.api.routes import characterise, dashboard, events, health, jobs, plans, quotes, site
+from gateway.api.routes import (
+    characterise,
+    dashboard,
+    events,
+    health,
+    jobs,
+    plans,
+    predictor,
+    quotes,
+    site,
+)
 
 routers = [
     health.router,
     site.router,
     jobs.router,
     characterise.router,
+    predictor.router,
     quotes.router,
     events.router,
     plans.router,

@@ -22,10 +22,14 @@ log = logging.getLogger("flexgate.gateway")
 async def list_jobs(services: ServicesDep) -> dict[str, Any]:
     """The job mix as stored (`jobs`); each job's floor and protection with its tier in force
     (`bounds`); the tier table (`tiers`); the scheduler it follows (`source`, null for the
-    static mix: its state, and per job its start, end, user and account)."""
+    static mix: its state, and per job its start, end, user and account); each job's PFI in
+    force with its error and source, `declared`, `sweep`, `predicted` or `default` (`pfi`)."""
     feed = services.feed
+    docs = services.book.docs()
+    predictions = services.predictions
     return {
-        "jobs": services.book.docs(),
+        "jobs": docs,
+        "pfi": [predictions.job_pfi(doc) for doc in docs] if predictions else [],
         "bounds": [
             {
                 "id": job.id,

@@ -1,0 +1,258 @@
+"""Predicted PFIs for the jobs that declare none (MODEL.md section 3, "PFI from telemetry").
+
+A job with neither `pfi` nor `sweep` in the job mix has the fleet default (1.35 +- 0.30)
+until its agents have read its features over its uncapped run (`agents.features`); then it
+gets a `predicted` PFI with its standard error, from its DRAM copy product through the
+predictor (`flexmodel.predictor`). The job book takes them into the mix it gives plans and
+quotes (`JobBook.predict_with`), so the error is carried into firm kW as the default's is.
+A declared PFI or a sweep always stays above a prediction.
+
+The predictor is the study's fit until the site has `predictor_min_jobs` measured jobs of its
+own (`gateway.store.pfirecords`), then the refit on those: the job mix's sweeps, each with the
+job's features, and whatever `record` is given (a measuring service). A predictor that does
+no better out of sample than the default's error (leave-one-out RMSE at or above 0.30)
+predicts nothing: the default is then the better guess.
+
+Every `predictor_period_s` the service reads the fleet's telemetry and updates both; a new
+prediction is in force from the next plan or quote on (it re-plans nothing by itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from flexmodel.errors import FlexModelError
+from flexmodel.jobs import DEFAULT_PFI, DEFAULT_PFI_STDERR, Job
+from flexmodel.predictor import PfiPredictor, PfiRecord, check_record, choose_predictor
+from flexmodel.workload import study_predictor
+from gateway.clock import Clock
+from gateway.errors import InvalidRequestError
+from gateway.services.fleet import Fleet, Telemetry
+from gateway.services.jobbook import JobBook
+from gateway.settings import GatewaySettings
+from gateway.store import pfirecords
+from gateway.store.db import Store
+
+log = logging.getLogger("flexgate.gateway")
+#: A job's features count once its agents have this many readings behind them.
+MIN_FEATURE_SAMPLES = 3
+#: Predictions are rounded to this, so the mix changes when a prediction does, not with
+#: every reading.
+PFI_STEP = 0.01
+#: A sweep job's record is rewritten when its feature moves by more than this.
+FEATURE_STEP = 0.005
+UNKNOWN_FAMILY = "unknown"
+
+
+@dataclass(frozen=True)
+class JobFeature:
+    dram_copy_product: float  #: over the job's uncapped run, all its nodes
+    samples: int
+
+
+def job_features(telemetry: Telemetry) -> dict[str, JobFeature]:
+    """Each job's DRAM copy product: its nodes' readings, weighted by how many each has."""
+    sums: dict[str, list[float]] = {}
+    for report in telemetry.values():
+        for job in report.jobs:
+            if job.dram_copy_product is None or job.feature_samples <= 0:
+                continue
+            acc = sums.setdefault(job.job_id, [0.0, 0.0])
+            acc[0] += job.dram_copy_product * job.feature_samples
+            acc[1] += job.feature_samples
+    return {j: JobFeature(total / n, int(n)) for j, (total, n) in sums.items()}
+
+
+class Predictions:
+    def __init__(
+        self, settings: GatewaySettings, store: Store, clock: Clock, fleet: Fleet, book: JobBook
+    ) -> None:
+        self.settings, self.store, self.clock, self.fleet, self.book = (
+            settings,
+            store,
+            clock,
+            fleet,
+            book,
+        )
+        self.study = study_predictor()
+        self.predictor = self.study
+        self.features: dict[str, JobFeature] = {}
+        self.predicted: dict[str, tuple[float, float]] = {}  #: job id -> (PFI, stderr)
+        self._task: asyncio.Task[None] | None = None
+        self._refit()
+
+    # --- the predictor ----------------------------------------------------------------------
+
+    def records(self) -> list[pfirecords.PfiRecordRow]:
+        with self.store.session() as s:
+            return pfirecords.load_records(s)
+
+    def _refit(self) -> None:
+        records = [pfirecords.as_record(r) for r in self.records()]
+        self.predictor = choose_predictor(
+            records, self.study, min_samples=self.settings.predictor_min_jobs
+        )
+
+    @property
+    def in_use(self) -> bool:
+        return self.predictor.loo_rmse < DEFAULT_PFI_STDERR
+
+    def record(
+        self, records: list[PfiRecord], *, source: str, grid_w: list[float] | None = None
+    ) -> None:
+        """Measured jobs for the site's refit: (feature, measured PFI, model family) each.
+        Every record is checked before any is kept (`InvalidRequestError` naming the first
+        bad one); a job recorded again replaces its record."""
+        for r in records:
+            try:
+                check_record(r)
+            except FlexModelError as exc:
+                raise InvalidRequestError(str(exc)) from exc
+            if not r.job_id:
+                raise InvalidRequestError("a PFI record needs the id of the job it measured")
+        now = self.clock.now()
+        with self.store.session() as s:
+            pfirecords.put_records(
+                s,
+                rows=[
+                    pfirecords.PfiRecordRow(
+                        job_id=r.job_id,
+                        feature=r.feature,
+                        pfi=r.pfi,
+                        model_family=r.group,
+                        source=source,
+                        grid_w=grid_w,
+                        at=now,
+                    )
+                    for r in records
+                ],
+            )
+            s.commit()
+        self._refit()
+
+    # --- the jobs ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._forever())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _forever(self) -> None:
+        while True:
+            try:
+                self.update(await self.fleet.telemetry())
+            except Exception:  # the next period tries again; the default stands meanwhile
+                log.exception("PFI prediction failed")
+            await self.clock.sleep(self.settings.predictor_period_s)
+
+    def update(self, telemetry: Telemetry) -> None:
+        """The jobs' features from this telemetry: the sweep jobs' records, then every
+        undeclared job's prediction, put in force in the job book."""
+        self.features = {
+            j: f for j, f in job_features(telemetry).items() if f.samples >= MIN_FEATURE_SAMPLES
+        }
+        self._record_sweeps(self.book.mix().jobs)
+        predicted: dict[str, tuple[float, float]] = {}
+        if self.in_use:
+            for doc in self.book.docs():
+                found = self.features.get(doc["id"])
+                if found is None or "pfi" in doc or "sweep" in doc:
+                    continue
+                value = float(self.predictor.predict(found.dram_copy_product))
+                error = float(self.predictor.prediction_stderr(found.dram_copy_product))
+                predicted[doc["id"]] = (_step(value), _step(error, up=True))
+        self.predicted = predicted
+        self.book.predict_with(predicted)
+
+    def _record_sweeps(self, jobs: tuple[Job, ...]) -> None:
+        known = {r.job_id: r for r in self.records()}
+        fresh = []
+        for job in jobs:
+            found = self.features.get(job.id)
+            if job.sweep is None or found is None:
+                continue
+            try:
+                pfi = job.pfi_value
+            except FlexModelError:  # a sweep no cap slowed has no PFI to learn from
+                continue
+            old = known.get(job.id)
+            if old and abs(old.feature - found.dram_copy_product) <= FEATURE_STEP:
+                continue
+            fresh.append(
+                PfiRecord(
+                    feature=found.dram_copy_product,
+                    pfi=pfi,
+                    group=job.model_family or UNKNOWN_FAMILY,
+                    job_id=job.id,
+                )
+            )
+        if fresh:
+            self.record(fresh, source="sweep")
+
+    # --- what the API shows -----------------------------------------------------------------
+
+    def job_pfi(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """A job's PFI in force, its standard error and where it comes from: `declared`,
+        `sweep`, `predicted` (with the feature it rests on) or `default`."""
+        found = self.features.get(doc["id"])
+        out: dict[str, Any] = {
+            "id": doc["id"],
+            "dram_copy_product": None if found is None else found.dram_copy_product,
+            "feature_samples": 0 if found is None else found.samples,
+        }
+        if "pfi" in doc:
+            return out | {
+                "source": "declared",
+                "pfi": doc["pfi"],
+                "pfi_stderr": doc.get("pfi_stderr", 0.0),
+            }
+        if "sweep" in doc:
+            job = next((j for j in self.book.mix().jobs if j.id == doc["id"]), None)
+            return out | {
+                "source": "sweep",
+                "pfi": job.pfi_value if job else None,
+                "pfi_stderr": job.pfi_error if job else None,
+            }
+        if doc["id"] in self.predicted:
+            value, error = self.predicted[doc["id"]]
+            return out | {"source": "predicted", "pfi": value, "pfi_stderr": error}
+        return out | {"source": "default", "pfi": DEFAULT_PFI, "pfi_stderr": DEFAULT_PFI_STDERR}
+
+    def doc(self) -> dict[str, Any]:
+        """The predictor in force, the study's fit it started from, the site's records."""
+        rows = self.records()
+        return {
+            "feature": "dram_copy_product",
+            "in_use": self.in_use,
+            "reason": None
+            if self.in_use
+            else (
+                f"its leave-one-out RMSE {self.predictor.loo_rmse:.3f} is not below the "
+                f"default's error {DEFAULT_PFI_STDERR}: jobs keep the default"
+            ),
+            "fit": _fit_doc(self.predictor),
+            "study": _fit_doc(self.study),
+            "site_records": len(rows),
+            "site_records_needed": self.settings.predictor_min_jobs,
+            "records": [pfirecords.row_doc(r) for r in rows],
+            "predicted_jobs": sorted(self.predicted),
+        }
+
+
+def _fit_doc(fit: PfiPredictor) -> dict[str, Any]:
+    doc = fit.as_dict()
+    doc["pfi_range"] = [doc.pop("pfi_min"), doc.pop("pfi_max")]
+    return doc
+
+
+def _step(value: float, up: bool = False) -> float:
+    """Rounded to `PFI_STEP` (an error upwards, never understated)."""
+    steps = value / PFI_STEP
+    whole = math.ceil(steps - 1e-9) if up else round(steps)
+    return round(whole * PFI_STEP, 6)
