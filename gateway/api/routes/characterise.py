@@ -48,6 +48,7 @@ async def get_job(job_id: str, services: ServicesDep) -> dict[str, Any]:
     return rounded(
         {
             "job": doc,
+            "pfi": services.predictions.job_pfi(doc) if services.predictions else None,
             "bounds": {
                 "tier": job.tier,
                 "min_throughput_fraction": job.min_throughput_fraction,
