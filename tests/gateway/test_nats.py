@@ -27,7 +27,7 @@ from agents.settings import AgentSettings
 from agents.simulated import SimulatedBackend
 from flexgate.serve import ServerThread, free_port
 from flexmodel.jobmix import parse_job_mix
-from gateway.agentclient import AgentUnreachableError
+from gateway.agentclient import AgentUnreachableError, fan_out
 from gateway.agentclient.natsbus import NatsAgentClient, NatsConnectError, NatsOptions
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
@@ -241,6 +241,49 @@ def test_a_node_cut_off_during_an_event_gets_its_desired_state_on_reconnect(tmp_
         assert agents.limits("node-a") == [300.0] * 8
         assert agents.nodes["node-a"].controller.generation == 2
         assert agents.links["node-a"].caught_up == 1
+
+
+def test_one_fan_out_acks_retries_and_refuses_each_node_on_its_own(tmp_path, nats_server):
+    names = ["node-a", "node-b", "node-c"]
+    with NatsAgents(tmp_path, nats_server.url, names) as agents:
+        agents.cut("node-b")
+
+        async def run():
+            client = gateway_client(nats_server.url)
+            await client.connect()
+            nc = await nats.connect(nats_server.url, token=NATS_TOKEN)
+            try:
+                assert (await client.put_caps("node-c", "node-c", command(5, 600.0))).status == (
+                    "acked"
+                )
+                acks = await fan_out(client, [(n, n, command(2, 400.0)) for n in names])
+                auth = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+                reply = await nc.request(
+                    caps_subject("node-a"),
+                    command(3, 400.0).model_dump_json().encode(),
+                    timeout=5,
+                    headers=auth,
+                )
+                return acks, reply
+            finally:
+                await nc.close()
+                await client.close()
+
+        acks, reply = asyncio.run(run())
+        assert [a.node for a in acks] == names
+        a, b, c = acks
+        assert (a.status, a.attempts, a.error) == ("acked", 1, None)
+        assert a.answer is not None
+        assert [r.enforced_w for r in a.answer.results] == [400.0] * 8
+        assert a.delay_s is not None
+        assert a.acked_at is not None
+        assert a.acked_at >= a.sent_at
+        assert (b.status, b.attempts) == ("failed", 2)  # no responder: retried once, as set
+        assert "NoResponders" in (b.error or "")
+        assert (c.status, c.attempts) == ("failed", 1)  # a stale generation is final
+        assert "409" in (c.error or "")
+        assert agents.limits("node-c") == [600.0] * 8
+        assert not reply.headers  # the agent token is not sent back with the answer
 
 
 def test_a_node_that_hears_nothing_restores_at_lease_end_and_not_after(tmp_path, nats_server):
