@@ -10,7 +10,9 @@
   up on what it missed, and never on the state of a gateway that died more than a lease ago.
 - Telemetry is not asked for: agents publish summaries on `flexgate.telemetry.<node>`, this
   client keeps the last of each node, and `telemetry` answers from it (None once a node has
-  been silent for three of its periods). A summary that does not parse is dropped and counted.
+  been silent for three of its periods), the agent's clock stamp carried forward by the
+  summary's age, so the phases align as over HTTP. A summary that does not parse is dropped
+  and counted.
 
 An agent's address over NATS is its node id.
 """
@@ -182,7 +184,15 @@ class NatsAgentClient:
         if kept is None:
             return None
         at, period_s, report = kept
-        return None if self._clock.monotonic() - at > SILENT_PERIODS * period_s else report
+        age_s = self._clock.monotonic() - at
+        if age_s > SILENT_PERIODS * period_s:
+            return None
+        if report.agent_time_s is None:
+            return report
+        # The agent's clock now, by its stamp and the summary's age here: the offset the fleet
+        # estimates from it (services/clocks.py) is wrong by the summary's way through the
+        # broker, not by its age.
+        return report.model_copy(update={"agent_time_s": report.agent_time_s + age_s})
 
     async def _on_telemetry(self, msg: Msg) -> None:
         node = msg.subject.rsplit(".", 1)[1]
@@ -329,6 +339,7 @@ def as_telemetry(summary: TelemetrySummary) -> TelemetryResponse:
         ],
         jobs=summary.jobs,
         actuation_delay=summary.actuation_delay,
+        agent_time_s=summary.agent_time_s,
     )
 
 
