@@ -65,10 +65,11 @@ class CapController:
             wanted = self._validate(command)
             before = {gpu: self._enforced_or_none(gpu) for gpu in range(self.backend.count())}
             results = [self._set(gpu, cap, received_at) for gpu, cap in sorted(wanted.items())]
+            saved = self.originals.saved()
             results += [
                 self._restore(gpu, received_at)
                 for gpu in range(self.backend.count())
-                if gpu not in wanted and self._uuid_or_none(gpu) in self.originals.saved()
+                if gpu not in wanted and self._uuid_or_none(gpu) in saved
             ]
             self.generation = command.generation
             self.plan_id = command.plan_id

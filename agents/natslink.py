@@ -136,7 +136,7 @@ class NatsLink:
     async def _on_caps(self, msg: Msg) -> None:
         node = self.nodes[msg.subject.rsplit(".", 1)[1]]
         answer = await self._answer_caps(node, msg)
-        await msg.respond(answer.model_dump_json().encode())
+        await self._reply(msg, answer)
 
     async def _answer_caps(self, node: AgentNode, msg: Msg) -> NatsAnswer:
         scheme, _, given = (msg.headers or {}).get("Authorization", "").partition(" ")
@@ -165,7 +165,14 @@ class NatsLink:
 
     async def _on_health(self, msg: Msg) -> None:
         node = self.nodes[msg.subject.rsplit(".", 1)[1]]
-        await msg.respond(NatsAnswer(status=200, health=node.health()).model_dump_json().encode())
+        await self._reply(msg, NatsAnswer(status=200, health=node.health()))
+
+    async def _reply(self, msg: Msg, answer: NatsAnswer) -> None:
+        """The answer on the request's reply subject, without its headers: `msg.respond`
+        would send the request's headers back, the agent token with them."""
+        assert self._nc is not None
+        if msg.reply:
+            await self._nc.publish(msg.reply, answer.model_dump_json().encode())
 
     # --- telemetry ---------------------------------------------------------------------------
 

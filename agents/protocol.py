@@ -286,3 +286,6 @@ class TelemetrySummary(BaseModel):
     actuation_delay: DelayStats
     generation: int | None
     lease_remaining_s: float | None
+    #: the agent's monotonic clock when it published [s]: the time base of `phase_at`, as in
+    #: `TelemetryResponse`
+    agent_time_s: float | None = None

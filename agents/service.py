@@ -173,6 +173,7 @@ class AgentNode:
             actuation_delay=self.controller.delay_stats(),
             generation=self.controller.generation,
             lease_remaining_s=self.controller.lease_remaining_s(),
+            agent_time_s=self.controller.clock(),
         )
 
     def _power_now(self, index: int) -> float | None:

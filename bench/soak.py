@@ -17,26 +17,35 @@ fitted slope per 100 fan-outs (the first quarter warms up).
 Reported: requests, errors (any answer but the expected one, or no answer), p50/p99 by kind
 and overall; the memory figures of both phases. Exit status 1 on any error.
 
+With `--transport nats` the gateway reaches the nodes over NATS instead (docs/nats.md): a
+`nats-server -js` of the soak's own and the agent farm `bench/farm.py` (its nodes publish their
+telemetry summaries every 5 s, which the gateway aggregates; nothing is asked of them for
+`/v1/site` or `/v1/sync`); results/soak_nats.json.
+
     python bench/soak.py [--seconds 60] [--clients 50] [--nodes 1000] [--reconcile-s 0.5]
-                         [--fan-out-s 90]
+                         [--fan-out-s 90] [--transport http|nats]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import random
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aiohttp
 import httpx
 import numpy as np
+from farm import Farm, node_name
 from gateway_bench import (
     API_TOKEN,
     RESULTS,
@@ -46,6 +55,7 @@ from gateway_bench import (
     serve,
     serve_gateway,
 )  # bench/ is on sys.path
+from nats_bench import NATS_TOKEN, start_nats
 
 from flexgate.serve import free_port
 
@@ -186,22 +196,60 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--reconcile-s", type=float, default=0.5)
     parser.add_argument("--fan-out-s", type=float, default=90.0)
-    parser.add_argument("--out", type=Path, default=RESULTS / "soak.json")
+    parser.add_argument("--transport", choices=["http", "nats"], default="http")
+    parser.add_argument("--out", type=Path, default=None, help="default results/soak[_nats].json")
     args = parser.parse_args()
+    out_path = args.out or RESULTS / ("soak.json" if args.transport == "http" else "soak_nats.json")
     tmp = Path(tempfile.mkdtemp(prefix="soak-"))
     mix = big_mix(args.nodes, args.nodes)
+    with nodes_for_gateway(args.transport, tmp, mix, args.nodes) as reach:
+        return soak(args, tmp, mix, reach, out_path)
+
+
+@contextlib.contextmanager
+def nodes_for_gateway(transport: str, tmp: Path, mix: dict, count: int) -> Iterator[dict[str, str]]:
+    """The simulated nodes, running; yields the gateway's settings that reach them."""
+    if transport == "http":
+        (tmp / "mix.json").write_text(json.dumps(mix))
+        port = free_port()
+        args = ["bench/servers.py", "farm", str(port), str(count), TOKEN, str(tmp / "mix.json")]
+        farm = serve(args, f"http://127.0.0.1:{port}/nodes/n0000/health")
+        try:
+            nodes = ",".join(f"http://127.0.0.1:{port}/nodes/n{i:04d}" for i in range(count))
+            yield {"agents": nodes}
+        finally:
+            farm.terminate()
+            farm.wait()
+        return
+    for i, job in enumerate(mix["jobs"][:count]):  # bench/farm.py's node names
+        job["placement"][0]["node"] = node_name(i)
     (tmp / "mix.json").write_text(json.dumps(mix))
-    farm_port = free_port()
-    farm = serve(
-        ["bench/servers.py", "farm", str(farm_port), str(args.nodes), TOKEN, str(tmp / "mix.json")],
-        f"http://127.0.0.1:{farm_port}/nodes/n0000/health",
-    )
+    broker, url = start_nats(tmp / "nats")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXGATE_")} | {
+        "FLEXGATE_AGENT_TOKEN": TOKEN,
+        "FLEXGATE_AGENT_NATS_URL": url,
+        "FLEXGATE_AGENT_NATS_TOKEN": NATS_TOKEN,
+    }
+    try:
+        with Farm(count, 2, env, mix_path=str(tmp / "mix.json")):
+            yield {
+                "transport": "nats",
+                "nats_url": url,
+                "nats_token": NATS_TOKEN,
+                "agents": ",".join(node_name(i) for i in range(count)),
+            }
+    finally:
+        broker.terminate()
+        broker.wait()
+
+
+def soak(args: argparse.Namespace, tmp: Path, mix: dict, reach: dict, out_path: Path) -> int:
     env = gateway_env(
         tmp / "gateway.db",
-        agents=",".join(f"http://127.0.0.1:{farm_port}/nodes/n{i:04d}" for i in range(args.nodes)),
         reconcile_period_s=str(args.reconcile_s),
         lease_s=str(max(30.0, 10 * args.reconcile_s)),
         dispatch_timeout_s="20",
+        **reach,
     )
     gateway, url = serve_gateway(env)
     try:
@@ -229,12 +277,12 @@ def main() -> int:
         sampler.join()
     finally:
         gateway.terminate()
-        farm.terminate()
         gateway.wait()
-        farm.wait()
     everything = [v for values in rec.latency.values() for v in values]
     out = {
         "benchmark": "soak",
+        "transport": args.transport,
+        "load_average_after": os.getloadavg(),
         "seconds": elapsed,
         "clients": args.clients,
         "nodes": args.nodes,
@@ -248,8 +296,8 @@ def main() -> int:
         "memory_under_load": memory_report(samples[:under_load]),
         "memory_fan_outs_alone": memory_report(samples[under_load:]),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(out, indent=2) + "\n")
     shown = ("requests", "errors", "latency", "memory_under_load", "memory_fan_outs_alone")
     print(json.dumps({k: out[k] for k in shown}, indent=2))
     return 1 if rec.errors else 0

@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from agents.protocol import CapCommand, CapResponse, Health, TelemetryResponse
 
@@ -65,6 +65,15 @@ class AgentClient(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class BatchAgentClient(Protocol):
+    """A transport that sends a whole fan-out itself, cheaper than one `put_caps` per node."""
+
+    async def put_caps_many(self, targets: Sequence[tuple[str, str, CapCommand]]) -> list[Ack]: ...
+
+
 async def fan_out(client: AgentClient, targets: Sequence[tuple[str, str, CapCommand]]) -> list[Ack]:
     """Send every (node, address, command) at once; the answers come back in the same order."""
+    if isinstance(client, BatchAgentClient):
+        return await client.put_caps_many(targets)
     return list(await asyncio.gather(*(client.put_caps(n, a, c) for n, a, c in targets)))

@@ -37,7 +37,7 @@ from gateway.services.site import SitePower
 from gateway.settings import GatewaySettings
 from gateway.store import repo
 from gateway.store.db import Store
-from gateway.store.models import CommandRow, PlanRow, iso
+from gateway.store.models import PlanRow, iso
 
 log = logging.getLogger("flexgate.gateway")
 
@@ -225,23 +225,23 @@ class Targets:
     def _store_acks(self, acks: list[Ack]) -> None:
         assert self.plan_id is not None
         assert self.generation is not None
+        rows = [
+            {
+                "plan_id": self.plan_id,
+                "node": ack.node,
+                "generation": self.generation,
+                "status": ack.status,
+                "attempts": ack.attempts,
+                "sent_at": ack.sent_at,
+                "acked_at": ack.acked_at,
+                "delay_s": ack.delay_s,
+                "error": ack.error,
+                "answer": ack.answer.model_dump() if ack.answer else None,
+            }
+            for ack in acks
+        ]
         with self.store.session() as s:
-            for ack in acks:
-                repo.add_command(
-                    s,
-                    command=CommandRow(
-                        plan_id=self.plan_id,
-                        node=ack.node,
-                        generation=self.generation,
-                        status=ack.status,
-                        attempts=ack.attempts,
-                        sent_at=ack.sent_at,
-                        acked_at=ack.acked_at,
-                        delay_s=ack.delay_s,
-                        error=ack.error,
-                        answer=ack.answer.model_dump() if ack.answer else None,
-                    ),
-                )
+            repo.add_commands(s, commands=rows)
             s.commit()
 
     async def reconcile(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import insert
 from sqlmodel import Session, col, delete, func, select
 
 from flexmodel.calibration import OverheadCalibration
@@ -105,8 +106,11 @@ def get_plan(session: Session, *, plan_id: str) -> PlanRow | None:
     return session.get(PlanRow, plan_id)
 
 
-def add_command(session: Session, *, command: CommandRow) -> None:
-    session.add(command)
+def add_commands(session: Session, *, commands: list[dict[str, Any]]) -> None:
+    """One fan-out's answers (`CommandRow` fields), in one statement: at 10,000 nodes an ORM
+    object per row held the event loop three times as long."""
+    if commands:
+        session.execute(insert(CommandRow), commands)
 
 
 def latest_commands(session: Session, *, plan_id: str) -> list[CommandRow]:

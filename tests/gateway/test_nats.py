@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 
 import httpx
@@ -27,12 +28,19 @@ from agents.settings import AgentSettings
 from agents.simulated import SimulatedBackend
 from flexgate.serve import ServerThread, free_port
 from flexmodel.jobmix import parse_job_mix
-from gateway.agentclient import AgentUnreachableError
+from gateway.agentclient import AgentUnreachableError, fan_out
 from gateway.agentclient.natsbus import NatsAgentClient, NatsConnectError, NatsOptions
 from gateway.app import create_app
+from gateway.clock import SystemClock
+from gateway.services.fleet import Fleet
 from gateway.settings import GatewaySettings
+from gateway.store.db import Store
 from tests.conftest import wait_for
 from tests.gateway.conftest import AGENT_TOKEN, API, API_TOKEN, Site, site_jobs
+from tests.gateway.test_phase_clocks import OFFSETS as CLOCK_OFFSETS
+from tests.gateway.test_phase_clocks import PAIRS as PHASE_PAIRS
+from tests.gateway.test_phase_clocks import circular_gap
+from tests.gateway.test_phase_clocks import mix as phase_mix
 from tests.natsserver import NATS_TOKEN, NatsServer
 
 ORIGINAL_W = 700.0
@@ -243,6 +251,49 @@ def test_a_node_cut_off_during_an_event_gets_its_desired_state_on_reconnect(tmp_
         assert agents.links["node-a"].caught_up == 1
 
 
+def test_one_fan_out_acks_retries_and_refuses_each_node_on_its_own(tmp_path, nats_server):
+    names = ["node-a", "node-b", "node-c"]
+    with NatsAgents(tmp_path, nats_server.url, names) as agents:
+        agents.cut("node-b")
+
+        async def run():
+            client = gateway_client(nats_server.url)
+            await client.connect()
+            nc = await nats.connect(nats_server.url, token=NATS_TOKEN)
+            try:
+                assert (await client.put_caps("node-c", "node-c", command(5, 600.0))).status == (
+                    "acked"
+                )
+                acks = await fan_out(client, [(n, n, command(2, 400.0)) for n in names])
+                auth = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+                reply = await nc.request(
+                    caps_subject("node-a"),
+                    command(3, 400.0).model_dump_json().encode(),
+                    timeout=5,
+                    headers=auth,
+                )
+                return acks, reply
+            finally:
+                await nc.close()
+                await client.close()
+
+        acks, reply = asyncio.run(run())
+        assert [a.node for a in acks] == names
+        a, b, c = acks
+        assert (a.status, a.attempts, a.error) == ("acked", 1, None)
+        assert a.answer is not None
+        assert [r.enforced_w for r in a.answer.results] == [400.0] * 8
+        assert a.delay_s is not None
+        assert a.acked_at is not None
+        assert a.acked_at >= a.sent_at
+        assert (b.status, b.attempts) == ("failed", 2)  # no responder: retried once, as set
+        assert "NoResponders" in (b.error or "")
+        assert (c.status, c.attempts) == ("failed", 1)  # a stale generation is final
+        assert "409" in (c.error or "")
+        assert agents.limits("node-c") == [600.0] * 8
+        assert not reply.headers  # the agent token is not sent back with the answer
+
+
 def test_a_node_that_hears_nothing_restores_at_lease_end_and_not_after(tmp_path, nats_server):
     with NatsAgents(tmp_path, nats_server.url, ["node-a"]) as agents:
 
@@ -416,6 +467,77 @@ def test_telemetry_summaries_that_do_not_parse_or_speak_for_another_node_are_dro
             await client.close()
 
     asyncio.run(run())
+
+
+def test_phases_align_over_nats_with_the_agents_clock_in_each_summary(tmp_path, nats_server):
+    """Agents whose clocks are tens of seconds off the gateway's: each summary carries the
+    agent's clock, so the offsets are estimated and one job's phase on its two nodes agrees."""
+    jobs = phase_mix()
+    nodes = [
+        AgentNode(
+            node,
+            SimulatedBackend(8, mix=jobs, node_id=node, noise_w=2),
+            tmp_path / node,
+            jobs={j.id: j.gpus for j in SimulatedBackend(8, mix=jobs, node_id=node).jobs},
+            clock=lambda offset=offset: time.monotonic() + offset,
+            sample_hz=20,
+            window_s=12.0,
+        )
+        for node, offset in CLOCK_OFFSETS.items()
+    ]
+    settings = GatewaySettings(
+        database_url=f"sqlite:///{tmp_path / 'gateway.db'}",
+        lab=True,
+        agents=",".join(CLOCK_OFFSETS),
+        telemetry_max_age_s=0.01,
+    )
+    store = Store(settings.database_url)
+
+    async def run():
+        link = NatsLink(
+            nodes,
+            AgentNatsOptions(nats_server.url, token=NATS_TOKEN),
+            AGENT_TOKEN,
+            telemetry_period_s=0.1,
+        )
+        client = gateway_client(nats_server.url)
+        for node in nodes:
+            node.start()
+        await link.start()
+        await client.connect()
+        fleet = Fleet(settings, store, SystemClock(), client)
+        try:
+            await fleet.discover()
+            for _ in range(300):  # until every job has a phase on each of its nodes
+                await asyncio.sleep(0.1)
+                telemetry = await fleet.telemetry()
+                readings = [j for t in telemetry.values() for j in t.jobs]
+                if len(readings) == 2 * len(PHASE_PAIRS) and all(
+                    j.phase_rad is not None for j in readings
+                ):
+                    break
+            now = time.monotonic()
+            return fleet, telemetry, now, await fleet.phase_doc()
+        finally:
+            await client.close()
+            await link.stop()
+            for node in nodes:
+                node.stop()
+
+    try:
+        fleet, telemetry, now, doc = asyncio.run(run())
+    finally:
+        store.close()
+    for node, offset in CLOCK_OFFSETS.items():
+        assert doc["clocks"][node]["offset_s"] == pytest.approx(offset, abs=0.05)
+    for job, (first, second) in PHASE_PAIRS.items():
+        one, two = (next(j for j in telemetry[n].jobs if j.job_id == job) for n in (first, second))
+        here = fleet.clocks.phase_now(first, one, now)
+        there = fleet.clocks.phase_now(second, two, now)
+        assert here is not None
+        assert there is not None
+        assert circular_gap(here, there) < 0.2, job
+    assert sorted(j["job_id"] for j in doc["jobs"]) == sorted(PHASE_PAIRS)
 
 
 def agent_process(tmp_path, url: str, nats_token: str, log: str) -> subprocess.Popen:
