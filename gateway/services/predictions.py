@@ -145,11 +145,11 @@ class Predictions:
 
     async def _forever(self) -> None:
         while True:
+            await self.clock.sleep(self.settings.predictor_period_s)
             try:
                 self.update(await self.fleet.telemetry())
             except Exception:  # the next period tries again; the default stands meanwhile
                 log.exception("PFI prediction failed")
-            await self.clock.sleep(self.settings.predictor_period_s)
 
     def update(self, telemetry: Telemetry) -> None:
         """The jobs' features from this telemetry: the sweep jobs' records, then every
