@@ -14,6 +14,7 @@ is a different feature from the one the predictor was fitted on.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from typing import Protocol, runtime_checkable
 from agents.backend import GpuBackend
 from agents.errors import AgentError
 from agents.protocol import JobTelemetry
+
+log = logging.getLogger("flexgate.agent")
 
 
 @runtime_checkable
@@ -87,7 +90,11 @@ class FeatureSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
-            self.sample_once()
+            try:
+                self.sample_once()
+            except Exception:  # a reading gone wrong must not end the readings
+                self.read_errors += 1
+                log.exception("reading the PFI predictor's features failed")
 
     def start(self) -> None:
         self.sample_once()

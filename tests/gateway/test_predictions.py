@@ -185,6 +185,7 @@ def test_the_predictor_refits_on_the_sites_measured_jobs_and_keeps_them(tmp_path
             )
         after = api.get("/v1/predictor").json()
     fit = doc["fit"]
+    assert {pfis[f"swept-{i}"]["source"] for i in range(8)} == {"sweep"}
     assert doc["site_records"] == 8
     assert {r["source"] for r in doc["records"]} == {"sweep"}
     assert fit["groups"] == 2
