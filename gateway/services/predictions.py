@@ -214,10 +214,14 @@ class Predictions:
             }
         if "sweep" in doc:
             job = next((j for j in self.book.mix().jobs if j.id == doc["id"]), None)
+            try:
+                value = None if job is None else job.pfi_value
+            except FlexModelError:  # no cap slowed it beyond the noise: no PFI to show
+                value = None
             return out | {
                 "source": "sweep",
-                "pfi": job.pfi_value if job else None,
-                "pfi_stderr": job.pfi_error if job else None,
+                "pfi": value,
+                "pfi_stderr": None if value is None or job is None else job.pfi_error,
             }
         if doc["id"] in self.predicted:
             value, error = self.predicted[doc["id"]]
