@@ -29,8 +29,6 @@ log = logging.getLogger("flexgate.agent")
 
 @runtime_checkable
 class DramActivitySource(Protocol):
-    kind_of_dram: str  #: `dcgm-exporter`, `sim`
-
     def read_dram_active(self) -> dict[int, float]:
         """GPU index -> DRAM activity [0-1] now; raises an `AgentError` saying why not."""
         ...
