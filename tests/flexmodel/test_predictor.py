@@ -81,6 +81,10 @@ def test_leaving_groups_out_reveals_a_family_the_line_does_not_describe():
     fit = fit_pfi_predictor(x, y, ["a"] * 4 + ["b"] * 4)
     assert fit.logo_rmse == pytest.approx(1.0, abs=0.05)
     assert fit.logo_rmse > fit.loo_rmse
+    assert fit.group_names == ("a", "b")
+    # a job of a family the fit has not seen is as uncertain as a family left out
+    assert float(fit.prediction_stderr(0.25, new_group=True)) >= fit.logo_rmse
+    assert float(fit.prediction_stderr(0.25)) < fit.logo_rmse
     one_group = fit_pfi_predictor(x, y, ["a"] * 8)
     assert one_group.logo_r2 is None
     assert one_group.logo_rmse is None
