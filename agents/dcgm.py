@@ -45,8 +45,6 @@ def parse_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
 class DcgmExporter:
     """`read_dram_active()`: each GPU's DRAM activity, from the exporter at `url`."""
 
-    kind_of_dram = "dcgm-exporter"
-
     def __init__(self, url: str, uuids: list[str], *, timeout_s: float = 2.0) -> None:
         self.url = url
         self.timeout_s = timeout_s

@@ -14,6 +14,7 @@ is a different feature from the one the predictor was fitted on.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -23,11 +24,11 @@ from agents.backend import GpuBackend
 from agents.errors import AgentError
 from agents.protocol import JobTelemetry
 
+log = logging.getLogger("flexgate.agent")
+
 
 @runtime_checkable
 class DramActivitySource(Protocol):
-    kind_of_dram: str  #: `dcgm-exporter`, `sim`
-
     def read_dram_active(self) -> dict[int, float]:
         """GPU index -> DRAM activity [0-1] now; raises an `AgentError` saying why not."""
         ...
@@ -87,7 +88,11 @@ class FeatureSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
-            self.sample_once()
+            try:
+                self.sample_once()
+            except Exception:  # a reading gone wrong must not end the readings
+                self.read_errors += 1
+                log.exception("reading the PFI predictor's features failed")
 
     def start(self) -> None:
         self.sample_once()

@@ -297,8 +297,6 @@ class SimulatedBackend:
 
     # --- what DCGM would read (`agents.features.DramActivitySource`) -------------------------
 
-    kind_of_dram = "sim"
-
     def read_dram_active(self) -> dict[int, float]:
         """Each GPU's DRAM activity [0-1], as DCGM's DCGM_FI_PROF_DRAM_ACTIVE would read it."""
         return {i: 0.0 if g.job is None else g.job.dram_active for i, g in enumerate(self._gpus)}

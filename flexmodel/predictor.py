@@ -11,7 +11,8 @@ Every fit reports its in-sample R^2 and its out-of-sample errors: leave-one-out 
 a kind the fit has seen) and leave-one-group-out (a new family; groups are model families such
 as dense, MoE pretraining, MoE fine-tuning). A prediction carries its standard error: the OLS
 prediction error of a new observation at that feature, never below the leave-one-out RMSE
-(the fit's own residuals understate what it misses out of sample). Predictions are kept inside
+(the fit's own residuals understate what it misses out of sample), and for a job of a group
+the fit has not seen never below the leave-one-group-out RMSE. Predictions are kept inside
 the range of PFIs the fit was made on: a line is not evidence beyond its data.
 
 `dram_copy_product` is the feature model of simulated jobs (the workload generator's and the
@@ -71,22 +72,27 @@ class PfiPredictor:
     pfi_max: float = RECORD_PFI_RANGE[1]
     groups: int = 0
     source: str = "fit"  #: `study` or `site`: what it was fitted on
+    group_names: tuple[str, ...] = ()  #: the groups it was fitted on
 
     def predict(self, feature: Array | float) -> Array:
         """The predicted PFI at each feature, within the fitted PFIs' range."""
         raw = self.intercept + self.slope * np.asarray(feature, dtype=float)
         return np.asarray(np.clip(raw, self.pfi_min, self.pfi_max), dtype=float)
 
-    def prediction_stderr(self, feature: Array | float) -> Array:
+    def prediction_stderr(self, feature: Array | float, *, new_group: bool = False) -> Array:
         """Standard error of a new job's PFI at each feature: the OLS prediction error (the
         scatter of jobs about the line plus the line's own uncertainty there), at least the
-        leave-one-out RMSE."""
+        leave-one-out RMSE; for a job of a group the fit has not seen (`new_group`), at least
+        the leave-one-group-out RMSE."""
         x = np.asarray(feature, dtype=float)
         leverage = 1.0 / self.samples + (
             (x - self.feature_mean) ** 2 / self.feature_ss if self.feature_ss > 0 else 0.0
         )
         ols = self.residual_se * np.sqrt(1.0 + leverage)
-        return np.asarray(np.maximum(ols, self.loo_rmse), dtype=float)
+        floor = self.loo_rmse
+        if new_group:
+            floor = max(floor, self.logo_rmse if self.logo_rmse is not None else self.loo_rmse)
+        return np.asarray(np.maximum(ols, floor), dtype=float)
 
     def as_dict(self) -> dict[str, float | int | str | None]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -156,6 +162,7 @@ def fit_pfi_predictor(
         pfi_max=float(y.max()),
         groups=len(distinct),
         source=source,
+        group_names=tuple(distinct),
     )
 
 

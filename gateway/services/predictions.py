@@ -3,7 +3,10 @@
 A job with neither `pfi` nor `sweep` in the job mix has the fleet default (1.35 +- 0.30)
 until its agents have read its features over its uncapped run (`agents.features`); then it
 gets a `predicted` PFI with its standard error, from its DRAM copy product through the
-predictor (`flexmodel.predictor`). The job book takes them into the mix it gives plans and
+predictor (`flexmodel.predictor`). The error is the within-family one where the job's
+`model_family` is one the predictor was fitted on, else at least the group-out error: a job
+of a family the fit has not seen is predicted as badly as the study's fit predicts a family
+it left out. The job book takes them into the mix it gives plans and
 quotes (`JobBook.predict_with`), so the error is carried into firm kW as the default's is.
 A declared PFI or a sweep always stays above a prediction.
 
@@ -145,11 +148,11 @@ class Predictions:
 
     async def _forever(self) -> None:
         while True:
+            await self.clock.sleep(self.settings.predictor_period_s)
             try:
                 self.update(await self.fleet.telemetry())
             except Exception:  # the next period tries again; the default stands meanwhile
                 log.exception("PFI prediction failed")
-            await self.clock.sleep(self.settings.predictor_period_s)
 
     def update(self, telemetry: Telemetry) -> None:
         """The jobs' features from this telemetry: the sweep jobs' records, then every
@@ -164,11 +167,18 @@ class Predictions:
                 found = self.features.get(doc["id"])
                 if found is None or "pfi" in doc or "sweep" in doc:
                     continue
-                value = float(self.predictor.predict(found.dram_copy_product))
-                error = float(self.predictor.prediction_stderr(found.dram_copy_product))
+                x = found.dram_copy_product
+                value = float(self.predictor.predict(x))
+                new = self._new_group(doc)
+                error = float(self.predictor.prediction_stderr(x, new_group=new))
                 predicted[doc["id"]] = (_step(value), _step(error, up=True))
         self.predicted = predicted
         self.book.predict_with(predicted)
+
+    def _new_group(self, doc: dict[str, Any]) -> bool:
+        """Whether the job's model family is one the predictor was not fitted on (a job
+        without one counts as new: its error is the group-out one)."""
+        return doc.get("model_family") not in self.predictor.group_names
 
     def _record_sweeps(self, jobs: tuple[Job, ...]) -> None:
         known = {r.job_id: r for r in self.records()}
@@ -214,14 +224,24 @@ class Predictions:
             }
         if "sweep" in doc:
             job = next((j for j in self.book.mix().jobs if j.id == doc["id"]), None)
+            try:
+                value = None if job is None else job.pfi_value
+            except FlexModelError:  # no cap slowed it beyond the noise: no PFI to show
+                value = None
             return out | {
                 "source": "sweep",
-                "pfi": job.pfi_value if job else None,
-                "pfi_stderr": job.pfi_error if job else None,
+                "pfi": value,
+                "pfi_stderr": None if value is None or job is None else job.pfi_error,
             }
         if doc["id"] in self.predicted:
             value, error = self.predicted[doc["id"]]
-            return out | {"source": "predicted", "pfi": value, "pfi_stderr": error}
+            basis = "leave-one-group-out" if self._new_group(doc) else "leave-one-out"
+            return out | {
+                "source": "predicted",
+                "pfi": value,
+                "pfi_stderr": error,
+                "error_basis": basis,
+            }
         return out | {"source": "default", "pfi": DEFAULT_PFI, "pfi_stderr": DEFAULT_PFI_STDERR}
 
     def doc(self) -> dict[str, Any]:

@@ -20,7 +20,7 @@ log = logging.getLogger("flexgate.gateway")
 #: statement: `create_all` makes every missing table. A database older than the first version
 #: listed here less one is refused.
 UPGRADES: dict[int, tuple[str, ...]] = {
-    4: (),  # the tables deliveries and job_curves
+    4: (),  # the tables deliveries, job_curves and pfi_records
 }
 
 

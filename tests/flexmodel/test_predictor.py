@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexmodel.errors import FlexModelError
+from flexmodel.jobmix import parse_job_mix
 from flexmodel.predictor import (
     PfiRecord,
     choose_predictor,
@@ -53,6 +54,11 @@ def test_a_known_linear_relation_is_recovered_within_the_stated_error(
     assert abs(float(fit.predict(inside)) - truth) <= 3.0 * float(fit.prediction_stderr(inside))
     # The stated error is about the scatter of jobs about the line.
     assert float(fit.prediction_stderr(inside)) >= 0.5 * sigma
+    # Predictions stay within the fitted PFIs; no error is below the leave-one-out RMSE.
+    anywhere = np.linspace(-1.0, 2.0, 31)
+    assert np.all(fit.predict(anywhere) >= y.min())
+    assert np.all(fit.predict(anywhere) <= y.max())
+    assert np.all(fit.prediction_stderr(anywhere) >= fit.loo_rmse)
 
 
 def test_the_stated_error_covers_new_jobs_as_often_as_it_says():
@@ -75,6 +81,10 @@ def test_leaving_groups_out_reveals_a_family_the_line_does_not_describe():
     fit = fit_pfi_predictor(x, y, ["a"] * 4 + ["b"] * 4)
     assert fit.logo_rmse == pytest.approx(1.0, abs=0.05)
     assert fit.logo_rmse > fit.loo_rmse
+    assert fit.group_names == ("a", "b")
+    # a job of a family the fit has not seen is as uncertain as a family left out
+    assert float(fit.prediction_stderr(0.25, new_group=True)) >= fit.logo_rmse
+    assert float(fit.prediction_stderr(0.25)) < fit.logo_rmse
     one_group = fit_pfi_predictor(x, y, ["a"] * 8)
     assert one_group.logo_r2 is None
     assert one_group.logo_rmse is None
@@ -132,3 +142,13 @@ def test_the_feature_model_rises_with_pfi_and_stays_a_fraction():
     feature = dram_copy_product(pfi, rng)
     assert np.all((feature > 0) & (feature <= 1))
     assert np.corrcoef(pfi, feature)[0, 1] > 0.8
+
+
+@pytest.mark.parametrize("family", ["", "  ", 7, "x" * 65])
+def test_a_jobs_model_family_must_be_a_short_name(family):
+    doc = {"jobs": [{"id": "j", "gpus": 8, "power_w": 600, "throughput": 1e4}]}
+    doc["jobs"][0]["model_family"] = family
+    with pytest.raises(FlexModelError, match="job 'j': 'model_family' must be a name"):
+        parse_job_mix(doc)
+    doc["jobs"][0]["model_family"] = " moe-finetune "
+    assert parse_job_mix(doc).jobs[0].model_family == "moe-finetune"

@@ -109,6 +109,7 @@ def test_a_job_without_a_declared_pfi_gets_a_predicted_one_with_its_error(tmp_pa
     # PFI's error
     floor = {"min_throughput_fraction": 0.85}
     declared = [job(i, n, g, **floor) for i, _, _, n, g in TRUTH[1:]]
+    declared[1]["model_family"] = "moe-finetune"  # oss-ft: a family the study's fit has seen
     declared.insert(0, job("llama-pt", "node-01", [0, 1, 2, 3], pfi=1.2, pfi_stderr=0.05, **floor))
     study = study_predictor()
     with predicting_site(tmp_path, database_url, truth_jobs(), declared) as (api, _):
@@ -134,8 +135,13 @@ def test_a_job_without_a_declared_pfi_gets_a_predicted_one_with_its_error(tmp_pa
         feature = got["dram_copy_product"]
         assert feature == pytest.approx(DRAM_BASE + DRAM_SLOPE * (true_pfi - 1.0), rel=1e-6)
         assert got["pfi"] == pytest.approx(float(study.predict(feature)), abs=0.006)
-        assert got["pfi_stderr"] >= float(study.prediction_stderr(feature))
-        assert got["pfi_stderr"] == pytest.approx(float(study.prediction_stderr(feature)), abs=0.01)
+        # a family the fit has seen: the within-family error; none given: the group-out one
+        new = ident != "oss-ft"
+        stated = float(study.prediction_stderr(feature, new_group=new))
+        assert got["pfi_stderr"] >= stated
+        assert got["pfi_stderr"] == pytest.approx(stated, abs=0.01)
+        assert got["error_basis"] == ("leave-one-group-out" if new else "leave-one-out")
+    assert pfis["oss-ft"]["pfi_stderr"] < 0.25 < study.logo_rmse <= pfis["qwen-ft"]["pfi_stderr"]
     assert one["pfi"] == pfis["oss-ft"]
     assert one["job"] == next(d for d in stored if d["id"] == "oss-ft")
     assert "pfi" not in one["job"]  # what was given is what is stored
@@ -185,6 +191,7 @@ def test_the_predictor_refits_on_the_sites_measured_jobs_and_keeps_them(tmp_path
             )
         after = api.get("/v1/predictor").json()
     fit = doc["fit"]
+    assert {pfis[f"swept-{i}"]["source"] for i in range(8)} == {"sweep"}
     assert doc["site_records"] == 8
     assert {r["source"] for r in doc["records"]} == {"sweep"}
     assert fit["groups"] == 2
