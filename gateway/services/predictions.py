@@ -11,7 +11,7 @@ quotes (`JobBook.predict_with`), so the error is carried into firm kW as the def
 A declared PFI or a sweep always stays above a prediction.
 
 The predictor is the study's fit until the site has `predictor_min_jobs` measured jobs of its
-own (`gateway.store.pfirecords`), then the refit on those: the job mix's sweeps, each with the
+own (the store's `pfi_records`), then the refit on those: the job mix's sweeps, each with the
 job's features, and whatever `record` is given (a measuring service). A predictor that does
 no better out of sample than the default's error (leave-one-out RMSE at or above 0.30)
 predicts nothing: the default is then the better guess.
@@ -37,8 +37,9 @@ from gateway.errors import InvalidRequestError
 from gateway.services.fleet import Fleet, Telemetry
 from gateway.services.jobbook import JobBook
 from gateway.settings import GatewaySettings
-from gateway.store import pfirecords
+from gateway.store import repo
 from gateway.store.db import Store
+from gateway.store.models import PfiRecordRow, iso
 
 log = logging.getLogger("flexgate.gateway")
 #: A job's features count once its agents have this many readings behind them.
@@ -90,12 +91,12 @@ class Predictions:
 
     # --- the predictor ----------------------------------------------------------------------
 
-    def records(self) -> list[pfirecords.PfiRecordRow]:
+    def records(self) -> list[PfiRecordRow]:
         with self.store.session() as s:
-            return pfirecords.load_records(s)
+            return repo.load_pfi_records(s)
 
     def _refit(self) -> None:
-        records = [pfirecords.as_record(r) for r in self.records()]
+        records = [_as_record(r) for r in self.records()]
         self.predictor = choose_predictor(
             records, self.study, min_samples=self.settings.predictor_min_jobs
         )
@@ -119,10 +120,10 @@ class Predictions:
                 raise InvalidRequestError("a PFI record needs the id of the job it measured")
         now = self.clock.now()
         with self.store.session() as s:
-            pfirecords.put_records(
+            repo.put_pfi_records(
                 s,
                 rows=[
-                    pfirecords.PfiRecordRow(
+                    PfiRecordRow(
                         job_id=r.job_id,
                         feature=r.feature,
                         pfi=r.pfi,
@@ -260,7 +261,7 @@ class Predictions:
             "study": _fit_doc(self.study),
             "site_records": len(rows),
             "site_records_needed": self.settings.predictor_min_jobs,
-            "records": [pfirecords.row_doc(r) for r in rows],
+            "records": [_record_doc(r) for r in rows],
             "predicted_jobs": sorted(self.predicted),
         }
 
@@ -276,3 +277,19 @@ def _step(value: float, up: bool = False) -> float:
     steps = value / PFI_STEP
     whole = math.ceil(steps - 1e-9) if up else round(steps)
     return round(whole * PFI_STEP, 6)
+
+
+def _as_record(row: PfiRecordRow) -> PfiRecord:
+    return PfiRecord(feature=row.feature, pfi=row.pfi, group=row.model_family, job_id=row.job_id)
+
+
+def _record_doc(row: PfiRecordRow) -> dict[str, Any]:
+    return {
+        "job_id": row.job_id,
+        "feature": row.feature,
+        "pfi": row.pfi,
+        "model_family": row.model_family,
+        "source": row.source,
+        "grid_w": row.grid_w,
+        "at": iso(row.at),
+    }

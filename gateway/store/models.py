@@ -160,3 +160,20 @@ class JobCurveRow(SQLModel, table=True):
     source: str  #: measured (the agents' points); the job's doc holds declared ones
     points: list[dict[str, Any]] = Field(sa_column=Column(JSON, nullable=False))
     fit: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+
+
+class PfiRecordRow(SQLModel, table=True):
+    """The site's measured PFI records, the predictor's own data (gateway.services.predictions):
+    one row per job, its DRAM copy product over the uncapped run, its measured PFI (Eq. 1 on a
+    sweep, on the grid `grid_w`), its model family (the predictor's group), where the PFI came
+    from (`source`: `sweep` for a job-mix sweep, or the measuring service's name), when. A job
+    measured again replaces its row."""
+
+    __tablename__ = "pfi_records"
+    job_id: str = Field(primary_key=True)
+    feature: float  #: DRAM copy product, uncapped [0-1]
+    pfi: float  #: measured
+    model_family: str  #: the predictor's group
+    source: str  #: `sweep`, or the measuring service's name
+    grid_w: list[float] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    at: datetime = _when(nullable=False)

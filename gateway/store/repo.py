@@ -19,6 +19,7 @@ from gateway.store.models import (
     JobCurveRow,
     JobRow,
     NodeRow,
+    PfiRecordRow,
     PlanRow,
 )
 
@@ -216,3 +217,17 @@ def latest_job_curves(session: Session) -> dict[str, JobCurveRow]:
     )
     rows = session.exec(select(JobCurveRow).join(latest, col(JobCurveRow.id) == latest.c.id))
     return {row.job_id: row for row in rows}
+
+
+def put_pfi_records(session: Session, *, rows: list[PfiRecordRow]) -> None:
+    """Each row replaces the job's record, if it has one."""
+    for row in rows:
+        old = session.get(PfiRecordRow, row.job_id)
+        if old is not None:
+            session.delete(old)
+            session.flush()
+        session.add(row)
+
+
+def load_pfi_records(session: Session) -> list[PfiRecordRow]:
+    return list(session.exec(select(PfiRecordRow).order_by(col(PfiRecordRow.job_id))))
