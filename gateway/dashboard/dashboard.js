@@ -15,6 +15,7 @@ const state = {
   site: null,
   events: [],
   jobs: [],
+  pfi: new Map(), // job id -> its PFI in force, its error and source (GET /v1/jobs `pfi`)
   plan: null,
   nodes: [],
   sync: null,
@@ -351,13 +352,15 @@ function jobRows() {
   const caps = new Map(((state.plan && state.plan.jobs) || []).map((j) => [j.id, j]));
   return state.jobs.map((job) => {
     const cap = caps.get(job.id);
+    const inForce = state.pfi.get(job.id)
+      || { pfi: job.pfi, source: job.pfi === undefined ? "default" : "declared", pfi_stderr: job.pfi_stderr };
     return {
       id: job.id,
       cap_w: cap ? cap.cap_w : null,
       kept: cap ? cap.throughput_fraction : 1,
-      pfi: job.pfi,
-      pfi_source: job.pfi_source || "declared",
-      pfi_stderr: job.pfi_stderr,
+      pfi: inForce.pfi,
+      pfi_source: inForce.source,
+      pfi_stderr: inForce.pfi_stderr,
       tier: job.tier || "",
       gpus: job.gpus,
       nodes: (job.placement || []).map((p) => p.node).join(", "),
@@ -385,7 +388,7 @@ function drawJobs() {
     cell(row, job.cap_w === null ? "uncapped" : num(job.cap_w), "cap");
     cell(row, `${num(job.kept * 100)} %`, "kept");
     cell(row, num(job.pfi, 2), "pfi");
-    cell(row, job.pfi_source);
+    cell(row, job.pfi_source, "pfi-source");
     cell(row, job.pfi_stderr === null || job.pfi_stderr === undefined ? "–" : `± ${num(job.pfi_stderr, 2)}`);
     cell(row, job.tier);
     cell(row, String(job.gpus));
@@ -515,6 +518,7 @@ async function slow() {
     planId ? api(`/v1/plans/${encodeURIComponent(planId)}`) : Promise.resolve(null),
   ]);
   state.jobs = jobs.jobs;
+  state.pfi = new Map((jobs.pfi || []).map((p) => [p.id, p]));
   state.nodes = nodes.nodes;
   state.sync = sync;
   state.plan = plan;

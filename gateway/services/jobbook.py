@@ -78,6 +78,7 @@ class JobBook:
         self.version = 0  #: rises with every change of the mix in force
         self._listeners: list[Callable[[], Awaitable[None]]] = []
         self._curves: dict[str, dict[str, Any]] = {}  #: job id -> measured fields in force
+        self.measured_in_force: set[str] = set()  #: the jobs the mix holds measured curves for
         self._predicted: dict[str, tuple[float, float]] = {}  #: job id -> (PFI, stderr)
 
     def subscribe(self, listener: Callable[[], Awaitable[None]]) -> None:
@@ -103,13 +104,16 @@ class JobBook:
         """The mix with the measured curves laid over the declared jobs; as declared when the
         overlay does not validate (a job's bounds changed since), with a warning."""
         laid = [d | self._curves[d["id"]] if d.get("id") in self._curves else d for d in docs]
+        self.measured_in_force = set()
         if laid == docs:
             return self.validate(docs)
         try:
-            return self.validate(laid)
+            mix = self.validate(laid)
         except InvalidRequestError as exc:
             log.warning("measured curves not used: %s", exc)
             return self.validate(docs)
+        self.measured_in_force = {d["id"] for d in docs if d.get("id") in self._curves}
+        return mix
 
     def validate(self, docs: list[dict[str, Any]]) -> JobMix:
         """These jobs as the site's mix, with the predicted PFIs of those that declare none;

@@ -209,14 +209,19 @@ class Predictions:
     # --- what the API shows -----------------------------------------------------------------
 
     def job_pfi(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """A job's PFI in force, its standard error and where it comes from: `declared`,
-        `sweep`, `predicted` (with the feature it rests on) or `default`."""
+        """A job's PFI in force, its standard error and where it comes from: `measured` (a
+        fitted curve in force, `gateway.services.curves`), `declared`, `sweep`, `predicted`
+        (with the feature it rests on) or `default`."""
         found = self.features.get(doc["id"])
         out: dict[str, Any] = {
             "id": doc["id"],
             "dram_copy_product": None if found is None else found.dram_copy_product,
             "feature_samples": 0 if found is None else found.samples,
         }
+        self.book.mix()  # built, so `measured_in_force` is current
+        if doc["id"] in self.book.measured_in_force:
+            job = next(j for j in self.book.mix().jobs if j.id == doc["id"])
+            return out | {"source": "measured", "pfi": job.pfi_value, "pfi_stderr": job.pfi_error}
         if "pfi" in doc:
             return out | {
                 "source": "declared",

@@ -160,6 +160,11 @@ def test_a_probe_measures_the_job_and_restores_every_gpu(tmp_path):
         # Good enough (FLEXGATE_CURVE_MAX_PFI_STDERR=1): quotes cut the job no lower than the
         # lowest level measured, and carry the fitted error into firm kW.
         assert shown["curve"]["source"] == "measured"
+        # ... and it is the PFI in force, as the job list (and the dashboard) show it.
+        assert shown["pfi"]["source"] == "measured"
+        listed = {p["id"]: p for p in site.api.get("/v1/jobs").json()["pfi"]}
+        assert listed["flex"]["source"] == "measured"
+        assert listed["flex"]["pfi"] == pytest.approx(curve["fit"]["pfi"], rel=1e-2)
         quote = site.api.post("/v1/quotes", json={"window_s": 60}).json()
         flex = next(j for j in quote["jobs"] if j["id"] == "flex")
         lowest_w = curve["fit"]["sweep"][0]["power_w"]

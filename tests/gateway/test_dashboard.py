@@ -195,6 +195,7 @@ def test_the_page_shows_what_the_api_says_without_console_errors(tmp_path, brows
         plan = site.api.get(f"/v1/plans/{plan_id}").json()
         caps = {j["id"]: j["cap_w"] for j in plan["jobs"]}
 
+        in_force = {p["id"]: p for p in site.api.get("/v1/jobs").json()["pfi"]}
         for job in jobs:
             row = f'#jobs-rows tr[data-job-id="{job["id"]}"]'
             wait_for(
@@ -205,6 +206,7 @@ def test_the_page_shows_what_the_api_says_without_console_errors(tmp_path, brows
                 ONE_UPDATE_S * 3,
             )
             assert css_text(browser, f"{row} td.pfi") == f"{job['pfi']:.2f}"
+            assert css_text(browser, f"{row} td.pfi-source") == in_force[job["id"]]["source"]
 
         # Sortable: a heading sorts by its column, a second click reverses.
         def job_order() -> list[str]:
