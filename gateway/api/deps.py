@@ -15,6 +15,7 @@ from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.jobfeed import JobFeed
 from gateway.services.quotes import Quotes
+from gateway.services.scattering import Scatterer
 from gateway.services.site import SitePower
 from gateway.services.status import Status
 from gateway.services.targets import Targets
@@ -34,6 +35,7 @@ class Services:
     quotes: Quotes
     events: Events
     status: Status
+    scatterer: Scatterer
     feed: JobFeed | None = None  #: the scheduler the jobs follow; None: the static mix
 
 

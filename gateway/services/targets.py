@@ -11,6 +11,9 @@
   unreachable store does not drop caps mid-event.
 - **Release**: caps step back over `recovery_ramp_s` in `recovery_steps` plans of decreasing
   reduction, then every GPU gets its original limit.
+- **Scatter** (`spread_rates`): every plan from then on spreads the jobs' rates by the given
+  half-width; the target in force is re-planned at once. Outside events that is a plan of its
+  own (no reduction, only the offsets), released when the spread goes back to 0.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class Targets:
         self.fan_outs = 0  #: desired states sent to every node, since start
         self.last_plan: dict[str, Any] | None = None  #: the plan last sent
         self.recovering_from: str | None = None  #: the event whose caps are stepping back
+        self.rate_spread = 0.0  #: half-width of the rate offsets every plan applies
         #: (facility kW, event id, the site loop's state) last planned
         self._target: tuple[float, str | None, dict[str, Any] | None] | None = None
         self._lock = asyncio.Lock()
@@ -80,6 +84,22 @@ class Targets:
             self._ramp = None
         async with self._lock:
             await self._plan_and_send(facility_kw, event_id, tracking)
+
+    async def spread_rates(self, half_width: float) -> None:
+        """Spread the jobs' rates by `half_width` from now on (0: no more), re-planning the
+        target in force; outside events, one with no reduction (released at 0)."""
+        self.rate_spread = half_width
+        if self._ramp is not None and not self._ramp.done():
+            return  # the recovery's next step plans with it
+        async with self._lock:
+            if self._target is not None and self._target[1] is not None:
+                await self._plan_and_send(*self._target)
+                return
+        if half_width > 0.0:
+            async with self._lock:
+                await self._plan_and_send(0.0, None)
+        elif self.holding:
+            self.release()
 
     def release(self) -> None:
         """No target any more: step the caps back (once; a release under way goes on)."""
@@ -126,6 +146,7 @@ class Targets:
                 self.settings,
                 frozenset(self.fleet.unreachable),
                 self.fleet.loop_measurements(),
+                self.rate_spread,
             )
             if tracking is not None:
                 doc["tracking"] = tracking
