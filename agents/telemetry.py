@@ -100,8 +100,7 @@ class Sampler:
         times, power = self.window()
         out = []
         for job_id, gpus in self.jobs.items():
-            trace = np.nanmean(power[gpus], axis=0) if times.size else np.array([])
-            out.append(self._estimate(job_id, times, trace))
+            out.append(self._estimate(job_id, times, _mean_over_gpus(power[gpus])))
         return out
 
     def _estimate(self, job_id: str, times: np.ndarray, trace: np.ndarray) -> JobTelemetry:
@@ -129,3 +128,11 @@ class Sampler:
             phase_at=None if phase is None else float(times[-1]),
             power_w=mean,
         )
+
+
+def _mean_over_gpus(power: np.ndarray) -> np.ndarray:
+    """The mean over a job's GPUs at each sample, NaN where none has a reading (np.nanmean's
+    answer, without its warning on a one-GPU job's missing sample)."""
+    count = np.isfinite(power).sum(axis=0)
+    total = np.nansum(power, axis=0)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)

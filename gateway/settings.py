@@ -99,6 +99,8 @@ class GatewaySettings(BaseSettings):
     loop_window_s: float | None = Field(default=None, gt=0.0)  #: None: from the jobs' periods
     loop_gain: float = Field(default=0.5, gt=0.0, le=1.5)  #: share of the error taken per sample
     loop_max_correction: float = Field(default=1.0, gt=0.0, le=2.0)
+    #: lab only: the site loop keeps a configuration the sync analysis rejects (the lock lab)
+    loop_unsafe: bool = False
     scatter: Literal["auto", "off"] = "auto"  #: spread the jobs' rates when they lock
     scatter_spread: float = Field(default=0.02, gt=0.0, le=0.5)  #: first half-width of rates
     scatter_max_spread: float = Field(default=0.08, gt=0.0, le=0.5)  #: widened up to this
@@ -169,6 +171,11 @@ class GatewaySettings(BaseSettings):
                 f"{self.tier_table.count - 1})"
             )
         self._check_nats()
+        if self.loop_unsafe and not self.lab:
+            raise ValueError(
+                "FLEXGATE_LOOP_UNSAFE keeps a site loop the sync analysis rejects, which makes "
+                "jobs phase-lock: it is for the lab's lock scenario only (FLEXGATE_LAB=true)"
+            )
         if self.scatter_max_spread < self.scatter_spread:
             raise ValueError(
                 f"FLEXGATE_SCATTER_MAX_SPREAD ({self.scatter_max_spread:g}) must be at least "

@@ -69,6 +69,7 @@ class Scatterer:
     ) -> None:
         self.settings, self.clock = settings, clock
         self.fleet, self.targets, self.tracker = fleet, targets, tracker
+        self.mode = settings.scatter  #: `auto` or `off` (the lab switches it on a running site)
         self.episode: Episode | None = None  #: the one under way
         self.ended: deque[Episode] = deque(maxlen=EPISODES_KEPT)
         self._clear = 0  #: watches in a row with every r_m below the threshold
@@ -86,7 +87,7 @@ class Scatterer:
     async def step(self) -> None:
         """After a watch of the phases: start, widen or end scattering."""
         phases = list(self.fleet.phases.values())
-        if self.settings.scatter == "off" or len(phases) < MIN_JOBS_FOR_RAYLEIGH:
+        if self.mode == "off" or len(phases) < MIN_JOBS_FOR_RAYLEIGH:
             return
         alarm = self.fleet.alarm
         r1, r2, r3 = (float(r) for r in order_parameters(phases))
@@ -167,7 +168,7 @@ class Scatterer:
 
     def doc(self) -> dict[str, Any]:
         return {
-            "mode": self.settings.scatter,
+            "mode": self.mode,
             "active": self.episode is not None,
             "episode": asdict(self.episode) if self.episode else None,
             "ended": [asdict(e) for e in self.ended],
