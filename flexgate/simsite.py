@@ -13,6 +13,8 @@ For phase-locking (`flexgate.locklab`) the meter can read the GPUs' instantaneou
 jobs' swings, not their means: `waveform`) a dead time late (`delay_s`), and the agents sample
 their GPUs (`sample_hz`), so the gateway measures the jobs' phases; every reconciliation period
 the site then watches them, lets the scatterer act and renews the leases, as the reconciler.
+`in_step_ids` names jobs that the simulated backend starts in step (a fleet locked from the
+start, for scattering's tests and benchmark).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import asyncio
 import copy
 import math
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,19 @@ PFI_RMSE = 0.27  #: the study's PFI predictor error, 0.24-0.30
 POWER_SPREAD = 0.15  #: uncapped power per GPU, up to +-15% of the declared
 DUTY_SPREAD = 0.1  #: duty, up to +-0.1
 OVERHEAD_SPREAD = 0.15  #: the overhead factor, up to +-0.15
+
+
+def in_step_ids(count: int, within: float = 0.02) -> list[str]:
+    """`count` job ids whose simulated starting phases (`agents.simulated.job_phase`, drawn
+    from the id) lie within `within` of a cycle of each other."""
+    found: list[str] = []
+    k = 0
+    while len(found) < count:
+        name = f"job-{k}"
+        if zlib.crc32(name.encode()) / 2**32 < within:
+            found.append(name)
+        k += 1
+    return found
 
 
 @dataclass(frozen=True)

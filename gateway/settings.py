@@ -102,7 +102,7 @@ class GatewaySettings(BaseSettings):
     #: lab only: the site loop keeps a configuration the sync analysis rejects (the lock lab)
     loop_unsafe: bool = False
     scatter: Literal["auto", "off"] = "auto"  #: spread the jobs' rates when they lock
-    scatter_spread: float = Field(default=0.02, gt=0.0, le=0.5)  #: first half-width of rates
+    scatter_spread: float = Field(default=0.01, gt=0.0, le=0.5)  #: first half-width of rates
     scatter_max_spread: float = Field(default=0.08, gt=0.0, le=0.5)  #: widened up to this
     job_source: Literal["static", "slurm", "kubernetes"] = "static"  #: where the jobs come from
     job_source_poll_s: float = Field(default=15.0, gt=0.0)
