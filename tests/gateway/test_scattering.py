@@ -69,7 +69,13 @@ class Site(SimulatedSite):
         for _ in range(round(seconds / RECONCILE_S)):
             await self.run_for(RECONCILE_S)
             order = (await self.fleet.phase_doc())["order_parameters"]
-            seen.append({"order": order, "scattering": self.scatterer.doc()})
+            seen.append(
+                {
+                    "order": order,
+                    "scattering": self.scatterer.doc(),
+                    "streak": list(self.fleet.alarm.streak),
+                }
+            )
         return seen
 
     def caps(self) -> set[float]:
@@ -144,3 +150,31 @@ def test_a_spread_that_could_only_narrow_is_refused():
         GatewaySettings(lab=True, scatter_spread=0.1, scatter_max_spread=0.05)
     with pytest.raises(ValueError, match="scatter"):
         GatewaySettings(lab=True, scatter="sometimes")
+
+
+def test_a_fleet_at_risk_under_an_attracting_loop_is_scattered_before_the_alarm(tmp_path):
+    """During an event under a site loop the analysis finds attractive (kept only by the
+    lab's FLEXGATE_LOOP_UNSAFE), phases above the threshold start scattering at once, and the
+    spread keeps the event's total."""
+    site = Site(tmp_path, meter_delay_s=0.6, loop_window_s=0.5, loop_gain=1.0, loop_unsafe=True)
+
+    async def run():
+        await site.start()
+        await site.tracker.pursue("ev-1", 2.5, None)
+        seen = await site.watch(12.0)
+        return seen, site.targets.last_plan
+
+    try:
+        seen, plan = asyncio.run(run())
+    finally:
+        site.close()
+    assert site.tracker.verdict == "unsafe"
+    first = next(s for s in seen if s["scattering"]["active"])
+    assert first["streak"][0] < site.fleet.alarm.hold  # before the alarm could be held
+    reason = first["scattering"]["episode"]["reason"]
+    assert reason.startswith("at risk")
+    assert "finds unsafe" in reason
+    # the event's plans carry the spread, at the same total
+    assert plan["tracking"]["event_id"] == "ev-1"
+    assert plan["scattering"]["rate_spread"] == site.settings.scatter_spread
+    assert abs(plan["scattering"]["power_change_facility_kw"]) < 0.01
