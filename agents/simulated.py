@@ -7,6 +7,14 @@ phase exactly as flexmodel's curve says: the iteration period becomes
 so the compute share grows. Both levels are clipped at the cap and scaled so that the mean
 power is the curve's mean at that cap: the simulated site does what the model predicts.
 
+A cap slows a job only while it computes. The phase [cycles] is the job's progress through
+its iteration, compute in `[0, duty)` and communication in `[duty, 1)` of each cycle; it
+advances at the capped pace (`duty / compute time`) in the compute part and at the uncapped
+pace (`1 / period_s`) in the communication part (`advance`). Over whole iterations that is the
+curve's period, so the throughput a cap leaves is the model's; within one, a cap that moves
+at the iteration's rhythm slows jobs by where they are in their cycle. That is how a loop over
+shared power couples jobs here: from the physics, not from a flag.
+
 A job on several GPUs of the node runs at the pace of its most constrained GPU (synchronous
 training). The firmware holds a new cap within tens of milliseconds: the clip level moves to
 it with a first-order lag (`firmware_s`, 30 ms). Power readings are instantaneous, with
@@ -74,6 +82,27 @@ def _true_pfi(job: Job) -> float:
         return 10.0
 
 
+def advance(phase: float, elapsed_s: float, duty: float, compute_s: float, comm_s: float) -> float:
+    """The phase [cycles] `elapsed_s` later, at `duty / compute_s` cycles per second in the
+    compute part of each cycle (`[0, duty)`) and `(1 - duty) / comm_s` in the rest."""
+    if compute_s <= 0.0 or comm_s <= 0.0 or not 0.0 < duty < 1.0:
+        return phase + elapsed_s / (compute_s + comm_s)
+    whole = math.floor(elapsed_s / (compute_s + comm_s))
+    start, left_s = math.floor(phase) + whole, elapsed_s - whole * (compute_s + comm_s)
+    into = phase - math.floor(phase)  #: where in its cycle [0, 1)
+    computing = into < duty
+    for _ in range(3):  # less than a cycle is left: at most three parts of one
+        rate = duty / compute_s if computing else (1.0 - duty) / comm_s
+        part_s = ((duty if computing else 1.0) - into) / rate
+        if left_s < part_s:
+            break
+        left_s -= part_s
+        start, into = (start, duty) if computing else (start + 1, 0.0)
+        computing = not computing
+    rate = duty / compute_s if computing else (1.0 - duty) / comm_s
+    return start + into + left_s * rate
+
+
 def job_phase(job_id: str, period_s: float, now: float) -> float:
     """A job's phase [cycles] at `now`, the same on every node it spans (its GPUs iterate
     together): as if it had run uncapped since the clock's zero from an offset its id draws."""
@@ -91,8 +120,8 @@ class _Job:
     comm_w: float
     phase0: float = 0.0  #: cycles at t0
     t0: float = 0.0
-    rate_hz: float = 0.0  #: cycles per second at the present caps
-    compute_share: float = 0.0
+    compute_s: float = 0.0  #: the compute part of an iteration at the present caps [s]
+    compute_share: float = 0.0  #: of the iteration's time
     scale: float = 1.0
     throughput: float = 0.0
     mem_copy_util: float = 0.0  #: telemetry features (`job_features`)
@@ -193,7 +222,7 @@ class SimulatedBackend:
 
         (A command sets every GPU of a job within microseconds: one recomputation serves them.)
         """
-        job.phase0 = job.phase0 + job.rate_hz * (now - job.t0)
+        job.phase0 = self._phase(job, now)  # at the pace of the caps in force since t0
         job.t0 = now
         job.stale = True
 
@@ -204,15 +233,19 @@ class SimulatedBackend:
         cap = min(self._gpus[g].limit_w for g in job.gpus)
         mean, thr, period = (float(v[0]) for v in operating_point(job.curve, cap))
         job.mean_w = mean
-        job.rate_hz = 1.0 / period
+        job.compute_s = period - (1.0 - job.duty) * job.period_s
         job.throughput = thr
-        job.compute_share = 1.0 - (1.0 - job.duty) * job.period_s / period
+        job.compute_share = job.compute_s / period
         levels = job.compute_share * min(cap, job.compute_w) + (1 - job.compute_share) * min(
             cap, job.comm_w
         )
         job.scale = mean / levels if levels > 0 else 1.0
         job.stale = False
         return job
+
+    def _phase(self, job: _Job, now: float) -> float:
+        comm_s = (1.0 - job.duty) * job.period_s
+        return advance(job.phase0, now - job.t0, job.duty, self._pace(job).compute_s, comm_s)
 
     def _power(self, index: int, now: float) -> float:
         gpu = self._gpus[index]
@@ -222,7 +255,7 @@ class SimulatedBackend:
         self._pace(job)
         lag = math.exp(-(now - gpu.changed_at) / self._firmware_s) if self._firmware_s else 0.0
         clip = gpu.limit_w + (gpu.previous_w - gpu.limit_w) * lag
-        phase = job.phase0 + job.rate_hz * (now - job.t0)
+        phase = self._phase(job, now)
         if self._irregular is None:
             cycle: float | None = phase % 1.0
             drift = 0.0
@@ -233,7 +266,7 @@ class SimulatedBackend:
             pause_w = self._irregular.pause_w if self._irregular else None
             level = job.comm_w if pause_w is None else pause_w
         else:
-            level = job.compute_w if cycle < job.compute_share else job.comm_w
+            level = job.compute_w if cycle < job.duty else job.comm_w
         # the firmware never lets it past the cap
         return min(min(clip, level) * job.scale + drift, clip)
 
@@ -309,6 +342,12 @@ class SimulatedBackend:
         with self._lock:
             job = self._gpu(index).job
             return IDLE_W if job is None else self._pace(job).mean_w
+
+    def job_phases(self) -> dict[str, float]:
+        """Each job's phase now [cycles, unwrapped]: the truth the telemetry estimates."""
+        with self._lock:
+            now = self._clock()
+            return {job.id: self._phase(job, now) for job in self.jobs}
 
     def job_throughput(self) -> dict[str, float]:
         """Each job's throughput at the present caps [tokens/s]."""

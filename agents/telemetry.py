@@ -117,7 +117,7 @@ class Sampler:
         times, power, limits = self.window_with_limits()
         out = []
         for job_id, gpus in self.jobs.items():
-            trace = np.nanmean(power[gpus], axis=0) if times.size else np.array([])
+            trace = _mean_over_gpus(power[gpus])
             found = self._estimate(job_id, times, trace)
             if times.size:
                 caps = _lowest(limits[gpus])
@@ -163,3 +163,11 @@ def _lowest(limits: np.ndarray) -> np.ndarray:
     known = np.isfinite(limits)
     lowest = np.min(np.where(known, limits, np.inf), axis=0)
     return np.where(known.any(axis=0), lowest, np.nan)
+
+
+def _mean_over_gpus(power: np.ndarray) -> np.ndarray:
+    """The mean over a job's GPUs at each sample, NaN where none has a reading (np.nanmean's
+    answer, without its warning on a one-GPU job's missing sample)."""
+    count = np.isfinite(power).sum(axis=0)
+    total = np.nansum(power, axis=0)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)

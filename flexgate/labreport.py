@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from flexgate.plots import plot_lab
+from flexgate.plots import plot_lab, plot_lock
 
 TOLERANCE = 0.05
 #: The event starts this long after the lab: the meter's window fills first [s]
@@ -157,7 +157,10 @@ def report(
             f"agent {node['node']}",
             "-" if delay is None else f"{delay * 1000:.2f} ms",
             f"{half:.2f} s",
-            "-" if delay is None else ("below T/2" if delay < half else "[red]above T/2[/]"),
+            # per-GPU caps held by the firmware: whatever the delay, no job is coupled
+            "-"
+            if delay is None
+            else f"safe: couples no jobs ({'below' if delay < half else 'above'} T/2)",
         )
     sync = final["sync"]
     for loop in sync["loops"]:
@@ -170,6 +173,10 @@ def report(
             loop["verdict"],
         )
     console.print(loops)
+    console.print(
+        "T/2 is for reading; the verdict is the sync analysis': the attractive windows repeat "
+        "every period, an integrating loop's begin at T/4, harmonic 3's at T/6 (docs/sync.md)"
+    )
     console.print(f"sync verdict: {sync['verdict']}")
     out.mkdir(parents=True, exist_ok=True)
     path = out / "lab-site-power.png"
@@ -198,3 +205,46 @@ def report(
     )
     console.print(f"plot: {path}")
     return 0 if ok else 1
+
+
+def lock_report(result: dict[str, Any], out: Path, console: Console) -> int:
+    """The lock lab's table (r1..r3 and the swing ratio of each run, its loop, scattering's
+    unlock time and cost), `lab-lock-report.json` and the PNG (`plot_lock`). 0 when the
+    unsafe loop locked the jobs (r1 above 0.8), the default loop kept them apart and
+    scattering unlocked them (r1 below the Rayleigh threshold)."""
+    threshold = result["threshold"]
+    runs = result["runs"]
+    table = Table(
+        title=f"flexgate lock lab: {result['jobs']} jobs, Rayleigh threshold {threshold:.3f}"
+    )
+    for name in ("run", "r1", "r2", "r3", "swing ratio", "site loop", "verdict"):
+        table.add_column(name, justify="right")
+    for run in runs:
+        order, loop = run["order_parameters"], run["loop"]
+        table.add_row(
+            run["name"],
+            *(f"{order[k]:.2f}" for k in ("r1", "r2", "r3")),
+            f"{run['swing_ratio']:.2f} (sqrt N {result['sqrt_n']:.1f})",
+            f"window {loop['window_s']:.2g} s, gain {loop['gain']:g}, "
+            f"delay {loop['delay_s']:.2f} s",
+            str(loop["verdict"]),
+        )
+    console.print(table)
+    locked, safe, scattered = (run["order_parameters"]["r1"] for run in runs)
+    episode = runs[2]["scattering"]["episode"] or {}
+    unlock = result["unlock_s"]
+    console.print(
+        f"scattering: {episode.get('reason', 'did not start')}; rate spread "
+        f"{episode.get('rate_spread', 0):g}; r1 below the threshold "
+        + (f"{unlock:.0f} s after it was switched on" if unlock is not None else "[red]never[/]")
+        + f"; throughput {-result['scattering_throughput_cost']:+.2%} against the locked run "
+        f"(the jobs' true throughput, during the event, loop gain {result['loop_gain']:g}: "
+        f"k_i = {result['integral_gain_per_s']:g}/s)"
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "lab-lock.png"
+    plot_lock(result["records"], threshold, path)
+    doc = {k: v for k, v in result.items() if k != "records"}
+    (out / "lab-lock-report.json").write_text(json.dumps(doc, indent=2, default=str))
+    console.print(f"plot: {path}")
+    return 0 if locked > 0.8 and safe < threshold and scattered < threshold else 1

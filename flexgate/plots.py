@@ -170,6 +170,53 @@ def lab_figure(trace: list[tuple[float, float, float, str]], requested_kw: float
     return fig
 
 
+def plot_lock(runs: list[Any], threshold: float, path: Path) -> None:
+    """The lock lab's three runs: r1..r3 over time, site power, and its spectrum."""
+    _save(lock_figure(runs, threshold), path)
+
+
+def lock_figure(runs: list[Any], threshold: float) -> Figure:
+    """`plot_lock`'s figure: per run (`flexgate.locklab.LockRun`) the order parameters over
+    time against the Rayleigh threshold and the facility power; below, the three spectra."""
+    from flexgate.locklab import spectrum  # the lab's own computation, not repeated here
+
+    fig = plt.figure(figsize=(14, 10), constrained_layout=True)
+    grid = fig.add_gridspec(3, len(runs))
+    colours = ("black", "tab:orange", "tab:purple")
+    spectra = fig.add_subplot(grid[2, :])
+    for col, (run, colour) in enumerate(
+        zip(runs, ("tab:red", "tab:green", "tab:blue"), strict=False)
+    ):
+        t = np.asarray(run.time_s) - run.time_s[0]
+        order = np.asarray(run.order)
+        top = fig.add_subplot(grid[0, col])
+        for m in range(3):
+            top.plot(t, order[:, m], color=colours[m], lw=1.0, label=f"r{m + 1}")
+        top.axhline(
+            threshold, color="grey", ls="--", lw=1.0, label=f"Rayleigh threshold {threshold:.2f}"
+        )
+        top.set(
+            title=run.name, xlabel="time in the run [s]", ylabel="order parameter", ylim=(0, 1.05)
+        )
+        top.legend(fontsize="small", loc="upper left")
+        top.grid(alpha=0.3)
+        middle = fig.add_subplot(grid[1, col])
+        middle.plot(t, run.facility_kw, color=colour, lw=0.6)
+        middle.set(xlabel="time in the run [s]", ylabel="facility power, true [kW]")
+        middle.grid(alpha=0.3)
+        start = int(len(run.facility_kw) * 0.5)
+        freq, density = spectrum(run.facility_kw[start:])
+        spectra.semilogy(freq[1:], density[1:], color=colour, lw=1.0, label=run.name)
+    spectra.set(
+        xlabel="frequency [Hz] (the jobs iterate at 0.5 Hz)",
+        ylabel="site power spectral density [kW^2/Hz]",
+        title="site power spectrum over each run's second half",
+    )
+    spectra.legend(fontsize="small")
+    spectra.grid(alpha=0.3)
+    return fig
+
+
 def _save(fig: Figure, path: Path) -> None:
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -8,6 +8,13 @@ the clock by one meter period, so an hour of an event takes a second or two.
 
 `draw_truth` makes a mismatched truth from a declared mix, by the study's predictor error and
 the spreads a site sees (docs/gateway.md, "The closed site loop").
+
+For phase-locking (`flexgate.locklab`) the meter can read the GPUs' instantaneous power (the
+jobs' swings, not their means: `waveform`) a dead time late (`delay_s`), and the agents sample
+their GPUs (`sample_hz`), so the gateway measures the jobs' phases; every reconciliation period
+the site then watches them, lets the scatterer act and renews the leases, as the reconciler.
+`in_step_ids` names jobs that the simulated backend starts in step (a fleet locked from the
+start, for scattering's tests and benchmark).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import asyncio
 import copy
 import math
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +42,7 @@ from gateway.services.delivery import Deliveries
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.overhead import Overhead
+from gateway.services.scattering import Scatterer
 from gateway.services.site import SitePower
 from gateway.services.targets import Targets
 from gateway.services.tracking import Tracker
@@ -45,6 +54,19 @@ PFI_RMSE = 0.27  #: the study's PFI predictor error, 0.24-0.30
 POWER_SPREAD = 0.15  #: uncapped power per GPU, up to +-15% of the declared
 DUTY_SPREAD = 0.1  #: duty, up to +-0.1
 OVERHEAD_SPREAD = 0.15  #: the overhead factor, up to +-0.15
+
+
+def in_step_ids(count: int, within: float = 0.02) -> list[str]:
+    """`count` job ids whose simulated starting phases (`agents.simulated.job_phase`, drawn
+    from the id) lie within `within` of a cycle of each other."""
+    found: list[str] = []
+    k = 0
+    while len(found) < count:
+        name = f"job-{k}"
+        if zlib.crc32(name.encode()) / 2**32 < within:
+            found.append(name)
+        k += 1
+    return found
 
 
 @dataclass(frozen=True)
@@ -90,17 +112,23 @@ class SimulatedMeter:
         time_constant_s: float,
         noise_kw: float,
         seed: int,
+        waveform: bool = False,
+        delay_s: float = 0.0,
     ) -> None:
         self.backends, self.clock, self.truth = backends, clock, truth
         self.time_constant_s, self.noise_kw = time_constant_s, noise_kw
+        self.waveform, self.delay_s = waveform, delay_s
         self.rng = np.random.default_rng(seed)
         self.fault: str | None = None  #: None, "stop", "nan" or "jump"
         self._lagged_kw = self.gpu_kw()
         self._at_s = clock.monotonic()
+        self._history: list[tuple[float, float]] = []  #: (time, lagged kW) for the delay
 
     def gpu_kw(self) -> float:
-        watts = (b.mean_power_w(i) for b in self.backends for i in range(b.count()))
-        return sum(watts) / 1000.0
+        """The GPUs' power now: their means over an iteration, or with `waveform` what they
+        draw this instant [kW]."""
+        read = (lambda b, i: b.power_w(i)) if self.waveform else (lambda b, i: b.mean_power_w(i))
+        return sum(read(b, i) for b in self.backends for i in range(b.count())) / 1000.0
 
     def true_facility_kw(self) -> float:
         """The facility power now, without the lag or the noise."""
@@ -115,7 +143,10 @@ class SimulatedMeter:
             raise MeterError("the simulated meter does not answer")
         if self.fault == "nan":
             return math.nan
-        reading = self.truth.static_kw + self.truth.overhead_factor * self._lagged_kw
+        self._history.append((now_s, self._lagged_kw))
+        while len(self._history) > 1 and self._history[1][0] <= now_s - self.delay_s:
+            self._history.pop(0)  # the first one left is the reading `delay_s` ago
+        reading = self.truth.static_kw + self.truth.overhead_factor * self._history[0][1]
         reading += float(self.rng.normal(0.0, self.noise_kw)) if self.noise_kw else 0.0
         return reading * (3.0 if self.fault == "jump" else 1.0)
 
@@ -139,9 +170,14 @@ class SimulatedSite:
         gpus_per_node: int = 8,
         seed: int = 0,
         folder: Path | None = None,
+        waveform_meter: bool = False,
+        meter_delay_s: float = 0.0,
+        sample_hz: float = 0.0,
         **settings: Any,
     ) -> None:
-        """`settings` override the gateway's (FLEXGATE_ names without the prefix)."""
+        """`settings` override the gateway's (FLEXGATE_ names without the prefix). With
+        `sample_hz` the agents sample their GPUs (phases; the meter period must be a whole
+        number of samples), and reconciliation rounds run."""
         self.clock = SteppedClock()
         self.folder = folder or Path(tempfile.mkdtemp(prefix="flexgate-simsite-"))
         mix = parse_job_mix({"jobs": truth.jobs})
@@ -158,9 +194,10 @@ class SimulatedSite:
                 b.node_id,
                 b,
                 self.folder / b.node_id,
+                jobs={j.id: j.gpus for j in b.jobs} if sample_hz else None,
                 clock=self.clock.monotonic,
-                sample_hz=0,
-                window_s=1.0,
+                sample_hz=sample_hz,  # sampled by `tick`: no thread
+                window_s=12.0 if sample_hz else 1.0,
             )
             for b in self.backends
         }
@@ -171,7 +208,7 @@ class SimulatedSite:
             agents=",".join(self.nodes),
             overhead_factor=declared_overhead_factor,
             meter_period_s=meter_period_s,
-            meter_lag_s=time_constant_s,
+            meter_lag_s=time_constant_s + meter_delay_s,  # its whole lag, as calibrated
             calibrate=False,
             tracking=tracking,
             **settings,
@@ -183,7 +220,11 @@ class SimulatedSite:
             time_constant_s=time_constant_s,
             noise_kw=noise_kw,
             seed=seed,
+            waveform=waveform_meter,
+            delay_s=meter_delay_s,
         )
+        self.sample_hz = sample_hz
+        self._next_round_s = self.clock.monotonic() + self.settings.reconcile_period_s
         settings, clock = self.settings, self.clock
         self.client = InMemoryAgentClient(self.nodes, clock)
         self.store = Store(settings.database_url)
@@ -204,6 +245,7 @@ class SimulatedSite:
         self.tracker = Tracker(settings, clock, self.power, self.targets, self.book, self.fleet)
         self.power.subscribe(self.tracker.step)
         self.power.subscribe(Deliveries(self.store, clock, self.power, self.tracker).sample)
+        self.scatterer = Scatterer(settings, clock, self.fleet, self.targets, self.tracker)
 
     async def start(self) -> None:
         await self.book.replace(self.declared, "simulation")
@@ -218,9 +260,28 @@ class SimulatedSite:
         await self.feed.sample()
         await self.power.sample()
         reading = self.feed.believed_kw()
-        self.clock.step(self.settings.meter_period_s)
+        if self.sample_hz:
+            await self._sample_agents()
+        else:
+            self.clock.step(self.settings.meter_period_s)
         await asyncio.sleep(0)
         return reading
+
+    async def _sample_agents(self) -> None:
+        """The agents' samples over one meter period; a reconciliation round when one is due
+        (the phases watched, the scatterer, the leases renewed)."""
+        step_s = 1.0 / self.sample_hz
+        for _ in range(max(round(self.settings.meter_period_s / step_s), 1)):
+            for node in self.nodes.values():
+                node.sampler.sample_once()
+            self.clock.step(step_s)
+        if self.clock.monotonic() >= self._next_round_s:
+            self._next_round_s += self.settings.reconcile_period_s
+            await self.fleet.telemetry()
+            await asyncio.sleep(0)
+            await self.fleet.watch_phases()
+            await self.scatterer.step()
+            await self.targets.reconcile()
 
     async def run_for(self, seconds: float) -> list[tuple[float, float | None]]:
         """Ticks for `seconds`: (time [s], metered kW) at each."""

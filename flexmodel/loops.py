@@ -15,6 +15,8 @@ gains), so an integrating site loop is checked with its own frequency response.
 
 `scatter` plans the mitigation: small per-job cap offsets that spread iteration rates beyond
 the locking range of every attractive harmonic, and splay phase offsets, with their cost.
+`detune` applies a spread to an allocation the gateway is about to send: per-job rate offsets
+within each job's power bounds (QoS floor, protection), at the same total power when asked.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from flexmodel.curves import cap_for_power, power_for_throughput
+from flexmodel.curves import cap_for_power, power_for_throughput, throughput_at_power
 from flexmodel.errors import FlexModelError
 from flexmodel.jobs import JobMix
+from flexmodel.problem import AllocationProblem
 from flexmodel.sync import (
     DEFAULT_GAIN_PER_S,
     HARMONICS,
@@ -216,3 +219,77 @@ def scatter(
         "throughput_cost_fraction": cost / float(before.sum()) if before.sum() else 0.0,
         "feasible": cost <= budget_fraction * float(before.sum()),
     }
+
+
+@dataclass(frozen=True)
+class Detuning:
+    """An allocation with its jobs' rates spread (`detune`); per job, whole-job figures."""
+
+    power_w: np.ndarray  #: (J,) mean power per GPU [W]
+    cap_w: np.ndarray  #: (J,) the caps that give it [W]
+    throughput: np.ndarray  #: (J,) [tokens/s]
+    rate_offset: np.ndarray  #: (J,) relative change of each job's rate (< 0: slower)
+    throughput_cost: float  #: throughput lost against the allocation [tokens/s]
+    power_change_w: float  #: total power against the allocation [W] (< 0: less)
+
+
+def detune(
+    problem: AllocationProblem, power_w: ArrayLike, half_width: float, *, hold_power: bool
+) -> Detuning:
+    """Spread the iteration rates of an allocation (`power_w` per GPU) by `half_width`.
+
+    A job's rate is its throughput over its tokens per iteration, so a rate offset `o` moves
+    its throughput to `(1 + o)` times the allocation's, within its power bounds
+    (`problem.lo_w` to uncapped: QoS floors and protected jobs hold). The offsets are evenly
+    spaced over `2 * half_width`, the slowest to the jobs with the least throughput, as in
+    `scatter`: they lie in `[-2 half_width, 0]`, as caps can only slow. With `hold_power` the
+    jobs already capped below their uncapped power are all sped up by one more offset, found by
+    bisection, so that the total power stays the allocation's as far as the bounds let: they
+    pay for the slowed ones, and the spread between the jobs is kept.
+    """
+    if not 0.0 <= half_width <= 0.5:
+        raise FlexModelError(f"half_width must lie in [0, 0.5], got {half_width!r}")
+    curves, gpus = problem.curves, problem.gpus
+    power = np.asarray(power_w, dtype=float)
+    before = throughput_at_power(curves, power)
+    lowest = throughput_at_power(curves, problem.lo_w)
+    highest = curves.uncapped_throughput
+    movable = np.flatnonzero(highest - lowest > 1e-9 * np.maximum(highest, 1.0))
+    base = np.zeros(len(power))
+    if movable.size > 1 and half_width > 0:
+        order = movable[np.argsort(highest[movable])]  # least throughput first: slowed most
+        base[order] = np.linspace(-2.0 * half_width, 0.0, order.size)
+
+    still = np.ones(len(power), dtype=bool)
+    still[movable] = False
+    below_uncapped = before < highest * (1.0 - 1e-9)
+
+    def place(shift: float) -> tuple[np.ndarray, np.ndarray]:
+        offset = np.where(still, 0.0, base + np.where(below_uncapped, shift, 0.0))
+        x = np.clip(before * (1.0 + offset), np.minimum(lowest, before), highest)
+        return x, np.where(still, power, power_for_throughput(curves, x))
+
+    def power_change_w(shift: float) -> float:
+        return float((gpus * (place(shift)[1] - power)).sum())
+
+    shift = 0.0
+    if hold_power and movable.size > 1 and half_width > 0:
+        lo, hi = 0.0, 1.0
+        if power_change_w(hi) < 0.0:
+            shift = hi  # the bounds let no more: the rest is the power change reported
+        else:
+            for _ in range(50):
+                mid = 0.5 * (lo + hi)
+                lo, hi = (mid, hi) if power_change_w(mid) < 0.0 else (lo, mid)
+            shift = hi
+    throughput, placed = place(shift)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        offset = np.where(before > 0, throughput / before - 1.0, 0.0)
+    return Detuning(
+        power_w=placed,
+        cap_w=cap_for_power(curves, placed),
+        throughput=throughput,
+        rate_offset=offset,
+        throughput_cost=float((before - throughput).sum()),
+        power_change_w=float((gpus * (placed - power)).sum()),
+    )

@@ -39,6 +39,7 @@ from gateway.services.overhead import Overhead
 from gateway.services.predictions import Predictions
 from gateway.services.quotes import Quotes
 from gateway.services.reconciler import Reconciler
+from gateway.services.scattering import Scatterer
 from gateway.services.site import SitePower, open_feed
 from gateway.services.status import Status
 from gateway.services.targets import Targets
@@ -91,7 +92,10 @@ def create_app(
         quotes = Quotes(book, fleet)
         events = Events(settings, store, clock, book, power, quotes, targets, tracker, ven)
         book.subscribe(events.apply_targets)
-        reconciler = Reconciler(settings.reconcile_period_s, clock, fleet, targets, events)
+        scatterer = Scatterer(settings, clock, fleet, targets, tracker)
+        reconciler = Reconciler(
+            settings.reconcile_period_s, clock, fleet, targets, events, scatterer
+        )
         feed = JobFeed(settings, clock, book, fleet, source) if source else None
         status = Status(settings, fleet, book, power, targets, events, feed)
         curves = JobCurves(settings, store, clock, book, fleet)
@@ -106,6 +110,7 @@ def create_app(
             quotes,
             events,
             status,
+            scatterer,
             feed,
             curves,
             characteriser,

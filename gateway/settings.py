@@ -103,6 +103,11 @@ class GatewaySettings(BaseSettings):
     loop_window_s: float | None = Field(default=None, gt=0.0)  #: None: from the jobs' periods
     loop_gain: float = Field(default=0.5, gt=0.0, le=1.5)  #: share of the error taken per sample
     loop_max_correction: float = Field(default=1.0, gt=0.0, le=2.0)
+    #: lab only: the site loop keeps a configuration the sync analysis rejects (the lock lab)
+    loop_unsafe: bool = False
+    scatter: Literal["auto", "off"] = "auto"  #: spread the jobs' rates when they lock
+    scatter_spread: float = Field(default=0.01, gt=0.0, le=0.5)  #: first half-width of rates
+    scatter_max_spread: float = Field(default=0.08, gt=0.0, le=0.5)  #: widened up to this
     job_source: Literal["static", "slurm", "kubernetes"] = "static"  #: where the jobs come from
     job_source_poll_s: float = Field(default=15.0, gt=0.0)
     job_source_timeout_s: float = Field(default=10.0, gt=0.0)
@@ -182,6 +187,16 @@ class GatewaySettings(BaseSettings):
                 f"{self.tier_table.count - 1})"
             )
         self._check_nats()
+        if self.loop_unsafe and not self.lab:
+            raise ValueError(
+                "FLEXGATE_LOOP_UNSAFE keeps a site loop the sync analysis rejects, which makes "
+                "jobs phase-lock: it is for the lab's lock scenario only (FLEXGATE_LAB=true)"
+            )
+        if self.scatter_max_spread < self.scatter_spread:
+            raise ValueError(
+                f"FLEXGATE_SCATTER_MAX_SPREAD ({self.scatter_max_spread:g}) must be at least "
+                f"FLEXGATE_SCATTER_SPREAD ({self.scatter_spread:g}): the spread only widens"
+            )
         return self
 
     def _check_openadr31(self) -> None:

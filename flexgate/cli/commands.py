@@ -345,17 +345,47 @@ def run_gateway(args: argparse.Namespace) -> int:
 
 
 def run_lab(args: argparse.Namespace) -> int:
+    if args.scenario == "lock":
+        return _run_lock_lab(args)
     from flexgate.lab import run_lab
 
     return run_lab(
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
         reduction=args.reduction,
-        duration_s=args.duration,
+        duration_s=args.duration or 40.0,
         out=args.out,
         mismatch=args.mismatch,
         openadr=args.openadr,
     )
+
+
+def _run_lock_lab(args: argparse.Namespace) -> int:
+    import shutil
+    import tempfile
+
+    from flexgate.labreport import lock_report
+    from flexgate.locklab import run_lock
+
+    if args.mismatch or args.openadr != "2.0b":
+        raise BadInputError(
+            "--scenario lock runs its own 64 jobs under the gateway's loop on a simulated "
+            "clock: --mismatch and --openadr do not apply to it"
+        )
+    console = Console()
+    lock_s = args.duration or 120.0
+    folder = Path(tempfile.mkdtemp(prefix="flexgate-lock-"))
+    try:
+        result = run_lock(
+            lock_s=lock_s,
+            default_s=lock_s / 2,
+            scatter_s=1.5 * lock_s,
+            folder=folder,
+            say=lambda line: console.print(f"[dim]{line}[/]"),
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return lock_report(result, args.out, console)
 
 
 def run_mock_vtn(args: argparse.Namespace) -> int:

@@ -261,9 +261,19 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument(
         "--duration",
         type=_positive,
-        default=40.0,
+        default=None,
         metavar="S",
-        help="how long the event holds the reduction [s] (default 40)",
+        help="how long the event holds the reduction [s] (default 40); with --scenario lock, "
+        "how long the unsafe loop runs (default 120; the default loop runs half of it, "
+        "scattering one and a half times it)",
+    )
+    lab.add_argument(
+        "--scenario",
+        choices=("event", "lock"),
+        default="event",
+        help="event: the VTN's curtailment through the whole chain (default); lock: 64 jobs "
+        "phase-locked by an unsafe site loop, kept apart by the default loop, unlocked by "
+        "phase scattering (docs/sync.md, 'The lock lab')",
     )
     lab.add_argument(
         "--out",

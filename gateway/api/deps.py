@@ -18,6 +18,7 @@ from gateway.services.jobbook import JobBook
 from gateway.services.jobfeed import JobFeed
 from gateway.services.predictions import Predictions
 from gateway.services.quotes import Quotes
+from gateway.services.scattering import Scatterer
 from gateway.services.site import SitePower
 from gateway.services.status import Status
 from gateway.services.targets import Targets
@@ -37,6 +38,7 @@ class Services:
     quotes: Quotes
     events: Events
     status: Status
+    scatterer: Scatterer
     feed: JobFeed | None = None  #: the scheduler the jobs follow; None: the static mix
     curves: JobCurves | None = None
     characteriser: Characteriser | None = None

@@ -237,6 +237,10 @@ class SyncState(BaseModel):
     )
     loops: list[dict[str, Any]]
     verdict: str
+    scattering: dict[str, Any] = Field(
+        description="phase scattering: `mode` (auto or off), `active`, the `episode` under way "
+        "(reason, start, rate spread, throughput cost) and the last `ended` ones"
+    )
 
 
 class Health(_Open):

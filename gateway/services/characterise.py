@@ -236,7 +236,8 @@ class Characteriser:
 
     def _interrupted(self, probe: Probe) -> None:
         probe.status = "interrupted"
-        probe.reason = "a target took over (an event): its plan replaced the probe's caps"
+        took_over = self.targets.busy or "a target took over"
+        probe.reason = f"{took_over}: its plan replaced the probe's caps"
         log.info("probe %s: %s", probe.id, probe.reason)
 
     async def _hold(self, probe: Probe, hold_s: float) -> bool:

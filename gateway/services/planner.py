@@ -1,9 +1,11 @@
 """From a facility target to per-node cap commands (ARCHITECTURE.md, step 3).
 
 The site's job mix goes to flexmodel's `optimal` allocation. Jobs without a placement on a
-known agent cannot be capped, so they give nothing. Each node gets its whole desired state: a
-cap for every GPU of every capped job placed on it; GPUs not listed return to their original
-limit. The sync verdict of the site's control loops is attached.
+known agent cannot be capped, so they give nothing. While the jobs' phases are being scattered
+(`gateway.services.scattering`), the allocation's rates are spread by `flexmodel.loops.detune`
+(within the same bounds, at the same total power during an event). Each node gets its whole
+desired state: a cap for every GPU of every capped job placed on it; GPUs not listed return to
+their original limit. The sync verdict of the site's control loops is attached.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 
 from flexmodel.allocate import allocate_mix
 from flexmodel.jobs import JobMix
-from flexmodel.loops import combine_delays, site_loops
+from flexmodel.loops import combine_delays, detune, site_loops
 from flexmodel.sync import worst_verdict
 from gateway.services.fleet import LoopMeasurements
 from gateway.settings import GatewaySettings
@@ -31,16 +33,20 @@ def plan(
     settings: GatewaySettings,
     down: frozenset[str] = frozenset(),
     measured: LoopMeasurements | None = None,
+    rate_spread: float = 0.0,
 ) -> dict[str, Any]:
     """The allocation for `facility_kw` at the meter, as per-node commands. Jobs on a node
     that is `down` give nothing; that node is sent no caps. The loops' verdict is on what the
-    agents measure (`measured`), where they do."""
+    agents measure (`measured`), where they do. `rate_spread`: the half-width of the rate
+    offsets that scatter the jobs' phases (0: none)."""
     up = nodes - down
     reachable = np.array(
         [bool(job.placement) and all(p.node in up for p in job.placement) for job in mix.jobs],
         dtype=bool,
     )
     doc = allocate_mix(mix, max(facility_kw, 0.0), strategy="optimal", excluded=~reachable)
+    if rate_spread > 0.0:
+        _spread_rates(doc, mix, reachable, rate_spread, hold_power=facility_kw > 0.0)
     caps: dict[str, list[dict[str, float]]] = defaultdict(list)
     for job, answer, ok in zip(mix.jobs, doc["jobs"], reachable, strict=True):
         answer.update(
@@ -58,6 +64,33 @@ def plan(
     doc["shortfall_kw"] = max(facility_kw - doc["achieved_facility_kw"], 0.0)
     doc["sync"] = loops_report(mix, settings, measured)
     return doc
+
+
+def _spread_rates(
+    doc: dict[str, Any], mix: JobMix, reachable: np.ndarray, half_width: float, *, hold_power: bool
+) -> None:
+    """The allocation `doc` with its rates spread (`detune`), and what that costs."""
+    allocated = np.array([j["power_w"] for j in doc["jobs"]], dtype=float)
+    tuned = detune(mix.problem.excluding(~reachable), allocated, half_width, hold_power=hold_power)
+    before = mix.curves.uncapped_throughput
+    for j, answer in enumerate(doc["jobs"]):
+        answer.update(
+            cap_w=float(tuned.cap_w[j]),
+            power_w=float(tuned.power_w[j]),
+            throughput=float(tuned.throughput[j]),
+            throughput_fraction=float(tuned.throughput[j] / before[j]),
+            rate_offset=float(tuned.rate_offset[j]),
+        )
+    k = mix.overhead_factor
+    doc["achieved_gpu_kw"] -= tuned.power_change_w / 1000.0
+    doc["achieved_facility_kw"] = k * doc["achieved_gpu_kw"]
+    doc["throughput_after"] -= tuned.throughput_cost
+    doc["scattering"] = {
+        "rate_spread": half_width,
+        "throughput_cost": tuned.throughput_cost,
+        "throughput_cost_fraction": tuned.throughput_cost / float(before.sum()),
+        "power_change_facility_kw": k * tuned.power_change_w / 1000.0,
+    }
 
 
 def loops_report(

@@ -1,7 +1,8 @@
 """Reconciliation, like a Kubernetes controller: every `reconcile_period_s`, compare what
 should be with what is and act.
 
-Each round looks for agents that have not answered yet, reads the jobs' phases, sends every
+Each round looks for agents that have not answered yet, reads the jobs' phases (and lets the
+scatterer act on them: `gateway.services.scattering`), sends every
 node its desired state again (renewing the leases) and catches up event starts and ends
 missed while the store was down. The period counts on the clock's monotonic time, so a step
 of the wall clock neither stalls the lease renewals nor bunches them up.
@@ -15,6 +16,7 @@ import logging
 from gateway.clock import Clock
 from gateway.services.events import Events
 from gateway.services.fleet import Fleet
+from gateway.services.scattering import Scatterer
 from gateway.services.targets import Targets
 
 log = logging.getLogger("flexgate.gateway")
@@ -22,10 +24,17 @@ log = logging.getLogger("flexgate.gateway")
 
 class Reconciler:
     def __init__(
-        self, period_s: float, clock: Clock, fleet: Fleet, targets: Targets, events: Events
+        self,
+        period_s: float,
+        clock: Clock,
+        fleet: Fleet,
+        targets: Targets,
+        events: Events,
+        scatterer: Scatterer,
     ) -> None:
         self.period_s, self.clock = period_s, clock
         self.fleet, self.targets, self.events = fleet, targets, events
+        self.scatterer = scatterer
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -46,5 +55,6 @@ class Reconciler:
     async def reconcile(self) -> None:
         await self.fleet.discover()
         await self.fleet.watch_phases()
+        await self.scatterer.step()
         await self.targets.reconcile()
         await self.events.catch_up()

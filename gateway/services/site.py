@@ -127,7 +127,9 @@ class SitePower:
             return None
         since_s = self.clock.monotonic() - window_s
         window = [s for s in self.history if s.at_s > since_s]
-        if any(s.facility_kw is None for s in window) or self.history[0].at_s > since_s:
+        if not window or any(s.facility_kw is None for s in window):
+            return None  # a window shorter than a period holds no sample
+        if self.history[0].at_s > since_s:
             return None
         return sum(s.facility_kw for s in window if s.facility_kw is not None) / len(window)
 

@@ -14,7 +14,11 @@
 - **Probe** (`gateway.services.characterise`): outside targets, given caps for a few jobs,
   stored as a plan with no event, leased and renewed like any plan; `end_probe` restores every
   GPU. Holding a target ends the probe at once (the target's plan is the whole desired state),
-  and a probe is refused while a target is held or caps step back.
+  and a probe is refused while a target is held, caps step back or rates are spread.
+- **Scatter** (`spread_rates`): every plan from then on spreads the jobs' rates by the given
+  half-width; the target in force is re-planned at once. Outside events that is a plan of its
+  own (no reduction, only the offsets), which ends a probe (safety before measurement), and is
+  released when the spread goes back to 0.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class Targets:
         self.fan_outs = 0  #: desired states sent to every node, since start
         self.last_plan: dict[str, Any] | None = None  #: the plan last sent
         self.recovering_from: str | None = None  #: the event whose caps are stepping back
+        self.rate_spread = 0.0  #: half-width of the rate offsets every plan applies
         #: (facility kW, event id, the site loop's state) last planned
         self._target: tuple[float, str | None, dict[str, Any] | None] | None = None
         self._lock = asyncio.Lock()
@@ -93,6 +98,8 @@ class Targets:
         """Why no probe may start now (a target is held, caps step back), or None."""
         if self.recovering:
             return "caps are stepping back after an event"
+        if self._target is not None and self._target[1] is None and self.rate_spread > 0.0:
+            return "the jobs' rates are being spread (phase scattering)"
         if self._target is not None:
             return "a target is held (an event is under way)"
         return None
@@ -123,6 +130,23 @@ class Targets:
             await self._plan_and_send(0.0, None)
             self.desired, self.generation, self._target = {}, None, None
             return True
+
+    async def spread_rates(self, half_width: float) -> None:
+        """Spread the jobs' rates by `half_width` from now on (0: no more), re-planning the
+        target in force; outside events, one with no reduction (released at 0)."""
+        self.rate_spread = half_width
+        if self._ramp is not None and not self._ramp.done():
+            return  # the recovery's next step plans with it
+        async with self._lock:
+            if self._target is not None and self._target[1] is not None:
+                await self._plan_and_send(*self._target)
+                return
+        if half_width > 0.0:
+            async with self._lock:
+                self.probe_id = None  # the spread's plan replaces a probe's caps: safety first
+                await self._plan_and_send(0.0, None)
+        elif self.holding and self.probe_id is None:
+            self.release()
 
     def release(self) -> None:
         """No target any more: step the caps back (once; a release under way goes on)."""
@@ -169,6 +193,7 @@ class Targets:
                 self.settings,
                 frozenset(self.fleet.unreachable),
                 self.fleet.loop_measurements(),
+                self.rate_spread,
             )
             if tracking is not None:
                 doc["tracking"] = tracking

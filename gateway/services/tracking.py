@@ -29,7 +29,9 @@ a correction of the requested reduction, re-planned through the same allocator:
   capped periods or the measured delay move, its configuration (delay, window, sample-and-hold,
   integral gain, at the gain the jobs' rate per watt gives it) goes through the sync analysis
   (`flexmodel.sync`) for every significant harmonic. A configuration it rejects is refused
-  with the reason and the loop runs a safe one (a longer window, a lower gain), or holds.
+  with the reason and the loop runs a safe one (a longer window, a lower gain), or holds. Only
+  the lab's lock scenario keeps a rejected one (`FLEXGATE_LOOP_UNSAFE`, refused outside the
+  lab), with the verdict and the reason said.
 """
 
 from __future__ import annotations
@@ -236,6 +238,12 @@ class Tracker:
         verdict, why = self._verdict(mix, periods, duties)
         if verdict == "safe":
             self.verdict = verdict  # the reason of an earlier adjustment stays: it still holds
+            return
+        if self.settings.loop_unsafe:
+            kept = f"kept by FLEXGATE_LOOP_UNSAFE (lab): {why}"
+            if kept != self.reason:
+                log.warning("site loop: %s", kept)
+            self.verdict, self.reason = verdict, kept
             return
         refused = f"window {self.window_s:g} s, gain {self.gain:g}: {why}"
         for _ in range(ADJUSTMENTS):

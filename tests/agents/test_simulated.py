@@ -185,3 +185,55 @@ def test_an_irregular_job_iterates_alike_on_every_node_it_spans():
 def test_impossible_irregularity_is_refused(options, message):
     with pytest.raises(InvalidSetupError, match=message):
         Irregularity(**options)
+
+
+def cycle_position(sim: SimulatedBackend, job: str) -> float:
+    return sim.job_phases()[job] % 1.0
+
+
+def test_a_cap_slows_a_job_only_while_it_computes():
+    clock = Clock()
+    free = SimulatedBackend(8, mix=MIX, node_id="n1", clock=clock, noise_w=0.0)
+    in_comm = SimulatedBackend(8, mix=MIX, node_id="n1", clock=clock, noise_w=0.0)
+    in_compute = SimulatedBackend(8, mix=MIX, node_id="n1", clock=clock, noise_w=0.0)
+    duty = MIX.jobs[0].duty  # "big": compute in [0, 0.75) of each cycle
+    while not 0.76 < cycle_position(free, "big") < 0.78:  # just into communication
+        clock.now += 0.001
+    for g in range(6):
+        in_comm.set_limit_w(g, 400.0)
+    clock.now += 0.4  # communication lasts 0.25 * 2.4 s = 0.6 s
+    assert duty < cycle_position(free, "big") < 1.0
+    for g in range(6):
+        in_comm.set_limit_w(g, 700.0)
+    clock.now += 2.0
+    # capped only while communicating: not slowed at all
+    assert in_comm.job_phases()["big"] == pytest.approx(free.job_phases()["big"], abs=1e-9)
+    while not 0.05 < cycle_position(free, "big") < 0.06:  # early in a compute part
+        clock.now += 0.001
+    behind = free.job_phases()["big"] - in_compute.job_phases()["big"]
+    for g in range(6):
+        in_compute.set_limit_w(g, 400.0)
+    clock.now += 0.4
+    for g in range(6):
+        in_compute.set_limit_w(g, 700.0)
+    clock.now += 2.0
+    lost = free.job_phases()["big"] - in_compute.job_phases()["big"] - behind
+    _, _, capped = operating_point(MIX.curves, [400.0, 700.0])
+    compute_s = capped[0] - (1 - duty) * MIX.jobs[0].period_s
+    # 0.4 s of compute at the capped pace instead of the uncapped one
+    assert lost == pytest.approx(0.4 / MIX.jobs[0].period_s - 0.4 * duty / compute_s, rel=1e-6)
+    assert lost > 0.02
+
+
+@pytest.mark.parametrize("cap", [650.0, 450.0, 250.0])
+def test_over_whole_iterations_a_cap_gives_the_curves_period(cap):
+    clock = Clock()
+    sim = SimulatedBackend(8, mix=MIX, node_id="n1", clock=clock, noise_w=0.0)
+    for g in range(6):
+        sim.set_limit_w(g, cap)
+    start = sim.job_phases()["big"]
+    _, _, period = operating_point(MIX.curves, [cap, 700.0])
+    clock.now += 37.3 * period[0]
+    assert sim.job_phases()["big"] - start == pytest.approx(37.3, abs=0.75)
+    clock.now += 62.7 * period[0]
+    assert sim.job_phases()["big"] - start == pytest.approx(100.0, abs=1e-6)

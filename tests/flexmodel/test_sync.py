@@ -6,9 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flexmodel.allocate import allocate_mix
+from flexmodel.curves import throughput_at_power
 from flexmodel.errors import FlexModelError
 from flexmodel.jobmix import parse_job_mix
-from flexmodel.loops import ControlLoop, required_spread, scatter, site_loops
+from flexmodel.loops import ControlLoop, detune, required_spread, scatter, site_loops
 from flexmodel.sync import (
     LoopResponse,
     analyse,
@@ -216,6 +218,65 @@ def test_scattering_spreads_rates_enough_and_prices_it():
     assert all(j["cap_w"] <= 700.0 for j in plan["jobs"])
     safe = ControlLoop("gateway", LoopResponse(delay_s=5.0, window_s=6.0), couples_jobs=True)
     assert scatter(mix, safe)["throughput_cost"] == 0.0
+
+
+def detuning_mix():
+    return parse_job_mix(
+        {
+            "jobs": [
+                {
+                    "id": f"j{i}",
+                    "gpus": 8,
+                    "power_w": 600,
+                    "throughput": 1e4 * (1 + i % 5),
+                    "pfi": 1.2 + 0.1 * (i % 7),
+                    "period_s": 2.0,
+                    "duty": 0.5,
+                    "min_throughput_fraction": 0.9 if i == 3 else 0.0,
+                    "protected": i == 5,
+                }
+                for i in range(20)
+            ]
+        }
+    )
+
+
+def test_detuning_during_an_event_keeps_the_power_and_spreads_the_rates():
+    mix = detuning_mix()
+    allocation = allocate_mix(mix, 0.2 * mix.overhead_factor * 20 * 8 * 600 / 1000)
+    power = np.array([j["power_w"] for j in allocation["jobs"]])
+    tuned = detune(mix.problem, power, 0.02, hold_power=True)
+    assert tuned.power_change_w == pytest.approx(0.0, abs=1.0)  # of 77 kW
+    spread = tuned.rate_offset.max() - tuned.rate_offset.min()
+    # at least the spread asked for: the capped jobs are sped up on top of their offsets
+    assert spread >= 0.04 - 1e-9
+    assert tuned.rate_offset[5] == 0.0  # protected
+    assert tuned.power_w[5] == power[5]
+    # within every job's bounds: the QoS floor holds and nothing goes past uncapped
+    floor = mix.array("min_throughput_fraction") * mix.curves.uncapped_throughput
+    assert np.all(tuned.throughput >= np.minimum(floor, throughput_at_power(mix.curves, power)))
+    assert np.all(tuned.power_w <= mix.curves.uncapped_power_w + 1e-9)
+    # speeding some jobs pays for slowing others: the allocation's optimum moved a little,
+    # at a fraction of the 2% that slowing alone costs (0.3% here)
+    assert 0.0 <= tuned.throughput_cost < 0.005 * allocation["throughput_after"]
+
+
+def test_detuning_outside_events_only_slows_and_costs_about_the_spread():
+    mix = detuning_mix()
+    tuned = detune(mix.problem, mix.curves.uncapped_power_w, 0.01, hold_power=False)
+    assert tuned.rate_offset.max() == 0.0
+    assert tuned.rate_offset.min() == pytest.approx(-0.02)
+    assert tuned.power_change_w < 0
+    fraction = tuned.throughput_cost / mix.curves.uncapped_throughput.sum()
+    # evenly spaced in [-2%, 0], the slowest on the smallest jobs: under the mean 1%
+    assert 0.005 < fraction < 0.01
+
+
+@pytest.mark.parametrize("half_width", [-0.01, 0.6, math.nan])
+def test_an_impossible_detuning_is_refused(half_width):
+    mix = detuning_mix()
+    with pytest.raises(FlexModelError, match="half_width"):
+        detune(mix.problem, mix.curves.uncapped_power_w, half_width, hold_power=False)
 
 
 @settings(max_examples=60, deadline=None)

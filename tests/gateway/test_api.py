@@ -144,6 +144,8 @@ def test_health_metrics_and_sync(site):
     assert sync["alarms"]["test"] == "phase-locking-value"
     assert all(0.0 <= p["plv"] <= 1.0 for p in sync["alarms"]["pairs"])
     assert set(sync["clocks"]) == set(site.nodes)
+    # Two jobs: no Rayleigh alarm, so scattering is on guard but idle.
+    assert sync["scattering"] == {"mode": "auto", "active": False, "episode": None, "ended": []}
     nodes = site.api.get("/v1/nodes").json()["nodes"]
     assert all(len(n["gpus"]) == 8 for n in nodes)
 

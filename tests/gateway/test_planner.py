@@ -61,3 +61,35 @@ def test_the_loops_are_judged_on_measured_periods_and_the_delays_distribution():
     assert gateway["delays_measured"] == 6  # every dispatch with every actuation
     assert gateway["delay_s"] == pytest.approx(SETTINGS.reconcile_period_s + 0.03 + 0.2)
     assert gateway["delay_p99_s"] > gateway["delay_s"]
+
+
+def test_scattering_during_an_event_spreads_rates_at_the_same_total():
+    mix = site_mix(JOBS, OVERHEAD)
+    plain = plan(mix, 30.0, NODES, SETTINGS)
+    scattered = plan(mix, 30.0, NODES, SETTINGS, rate_spread=0.02)
+    assert scattered["achieved_facility_kw"] == pytest.approx(
+        plain["achieved_facility_kw"], abs=0.01
+    )
+    assert abs(scattered["scattering"]["power_change_facility_kw"]) < 0.01
+    offsets = [j["rate_offset"] for j in scattered["jobs"]]
+    assert max(offsets) - min(offsets) > 0.03  # of 0.04: some jobs sit at their bounds
+    cost = scattered["scattering"]["throughput_cost_fraction"]
+    lost = plain["throughput_after"] - scattered["throughput_after"]
+    assert cost == pytest.approx(lost / plain["throughput_before"], rel=1e-9)
+    assert 0.0 <= cost < 0.01
+    for job, answer in zip(mix.jobs, scattered["jobs"], strict=True):
+        floor = job.min_throughput_fraction
+        assert answer["throughput_fraction"] >= floor - 1e-9
+        if job.protected:
+            assert answer["rate_offset"] == 0.0
+
+
+def test_scattering_outside_events_only_slows_and_sheds_a_little():
+    mix = site_mix(JOBS, OVERHEAD)
+    doc = plan(mix, 0.0, NODES, SETTINGS, rate_spread=0.01)
+    offsets = [j["rate_offset"] for j in doc["jobs"]]
+    assert max(offsets) == 0.0
+    assert min(offsets) == pytest.approx(-0.02)
+    assert doc["achieved_facility_kw"] > 0.0  # caps can only slow: power falls too
+    assert 0.0 < doc["scattering"]["throughput_cost_fraction"] < 0.02
+    assert any(c["caps"] for c in doc["commands"])

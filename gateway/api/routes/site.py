@@ -38,4 +38,5 @@ async def sync(services: ServicesDep, settings: SettingsDep) -> dict[str, Any]:
     return {
         **await services.fleet.phase_doc(),
         **loops_report(services.book.mix(), settings, services.fleet.loop_measurements()),
+        "scattering": services.scatterer.doc(),
     }

@@ -1,0 +1,81 @@
+"""`flexgate lab --scenario lock`: an unsafe site loop locks 64 jobs, the default loop keeps
+them apart, scattering unlocks them. The three regimes run with the lab's own code at shorter
+durations (simulated time on a stepped clock; the lab's figures in docs/sync.md are at its
+default durations)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from flexgate.labreport import lock_report
+from flexgate.locklab import (
+    JOBS,
+    METER_PERIOD_S,
+    PERIOD_S,
+    UNSAFE_GAIN,
+    UNSAFE_WINDOW_S,
+    attractive_delay_s,
+    run_lock,
+)
+from gateway.settings import GatewaySettings
+from tests.test_cli import assert_bad_input, flexgate
+
+
+@pytest.mark.timeout(400)
+def test_an_unsafe_loop_locks_the_default_keeps_apart_scattering_unlocks(tmp_path: Path) -> None:
+    result = run_lock(lock_s=90, default_s=20, scatter_s=80, folder=tmp_path, say=lambda _: None)
+    threshold = result["threshold"]
+    assert JOBS >= 64
+    assert threshold == pytest.approx(0.2985, abs=1e-3)
+    locked, safe, scattered = result["runs"]
+    # The unsafe loop: r1 towards 1, the site's swing towards sqrt(N) times the incoherent one.
+    assert locked["order_parameters"]["r1"] > 0.8
+    assert locked["swing_ratio"] > 0.5 * np.sqrt(JOBS)
+    assert locked["loop"]["verdict"] == "unsafe"
+    assert "FLEXGATE_LOOP_UNSAFE" in locked["loop"]["reason"]
+    # The default loop on the same jobs: checked safe, the jobs stay apart.
+    assert safe["loop"]["verdict"] == "safe"
+    assert safe["order_parameters"]["r1"] < threshold
+    assert safe["swing_ratio"] < 2.0
+    # Scattering switched on the locked site: started by the held alarm, r1 below it.
+    episode = scattered["scattering"]["episode"]
+    assert "Rayleigh alarm on harmonic 1" in episode["reason"]
+    assert scattered["order_parameters"]["r1"] < threshold
+    assert result["unlock_s"] is not None
+    assert scattered["swing_ratio"] < locked["swing_ratio"] / 2
+    # During the event the spread keeps the site's total: the jobs' throughput hardly moves.
+    assert abs(result["scattering_throughput_cost"]) < 0.01
+    # The report, its JSON and the PNG.
+    assert lock_report(result, tmp_path / "out", Console(width=200)) == 0
+    doc = json.loads((tmp_path / "out" / "lab-lock-report.json").read_text())
+    assert [r["name"] for r in doc["runs"]] == ["unsafe loop", "default loop", "scattering"]
+    assert (tmp_path / "out" / "lab-lock.png").stat().st_size > 10_000
+
+
+def test_the_unsafe_delay_is_where_the_integral_loop_attracts_most() -> None:
+    delay = attractive_delay_s(
+        PERIOD_S,
+        0.5,
+        window_s=UNSAFE_WINDOW_S,
+        hold_s=METER_PERIOD_S,
+        integral_gain_per_s=UNSAFE_GAIN / METER_PERIOD_S,
+    )
+    # -cos(w tau_eff) is largest at tau_eff = T/2, tau_eff = delay + W/2 + T_s/2
+    assert delay + UNSAFE_WINDOW_S / 2 + METER_PERIOD_S / 2 == pytest.approx(PERIOD_S / 2, abs=0.01)
+
+
+def test_an_unsafe_loop_is_refused_outside_the_lab() -> None:
+    with pytest.raises(ValueError, match=r"FLEXGATE_LOOP_UNSAFE .* lock scenario only"):
+        GatewaySettings(
+            loop_unsafe=True, api_token="a-real-api-token-0123", agent_token="a-real-agent-0123"
+        )
+    assert GatewaySettings(lab=True, loop_unsafe=True).loop_unsafe is True
+
+
+def test_the_lock_scenario_refuses_options_that_do_not_apply() -> None:
+    assert_bad_input(flexgate("lab", "--scenario", "lock", "--mismatch"), "--mismatch")
