@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import threading
 import time
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ from agents.run import jobs_on_node
 from agents.service import AgentNode
 from agents.service import create_app as agent_app
 from agents.simulated import MAX_W, SimulatedBackend
+from flexgate.cli import main
 from flexgate.serve import ServerThread
 from flexmodel.jobmix import parse_job_mix
 from gateway.app import create_app
@@ -167,7 +169,7 @@ def test_a_probe_measures_the_job_and_restores_every_gpu(tmp_path):
         assert quote["firm_kw"] < quote["achievable_kw"]
 
 
-def test_refusals_name_the_reason_and_change_nothing(tmp_path):
+def test_refusals_name_the_reason_and_change_nothing(tmp_path, capsys):
     with probe_site(tmp_path, probe_budget=0.3) as site:
         cases = [
             ("guarded", 422, "protected"),
@@ -178,6 +180,10 @@ def test_refusals_name_the_reason_and_change_nothing(tmp_path):
             assert answer.status_code == status, answer.text
             assert words in answer.json()["detail"]
         assert site.api.post("/v1/jobs/flex/characterise").status_code == 401
+        code, out, err = cli(site, capsys, "guarded")
+        assert code == 2
+        assert out == ""
+        assert "protected" in err
         # Two jobs of a quarter of the site each are over a budget of 0.3 together.
         both = post(site, "/v1/characterise", json={"jobs": ["flex", "stiff"]})
         assert both.status_code == 422
@@ -193,14 +199,30 @@ def test_a_job_over_the_budget_alone_is_refused(tmp_path):
         assert "FLEXGATE_PROBE_BUDGET=0.2" in answer.json()["detail"]
 
 
-def test_probing_every_unmeasured_job_keeps_to_the_budget(tmp_path):
+def cli(site: Site, capsys, *args: str) -> tuple[int, str, str]:
+    """`flexgate characterise ARGS` against the site, once the start's restore is over."""
+
+    def ran():
+        code = main(
+            ["characterise", *args, "--gateway", str(site.api.base_url), "--token", API_TOKEN]
+        )
+        out, err = capsys.readouterr()
+        return None if "stepping back" in err else (code, out, err)
+
+    return site.wait(ran, what="the start's restore")
+
+
+def test_probing_every_unmeasured_job_keeps_to_the_budget(tmp_path, capsys):
     with probe_site(tmp_path) as site, LimitWatch(site) as watch:
-        probe = post(site, "/v1/characterise").json()
+        code, out, _ = cli(site, capsys, "--wait", "--json")
+        assert code == 0
+        probe = json.loads(out)
+        assert probe["status"] == "completed"
+        assert probe["curves_changed"] == ["flex"]
         assert [j["id"] for j in probe["jobs"]] == ["flex"]  # a quarter of the site: the budget
         skipped = {s["id"]: s["reason"] for s in probe["skipped"]}
         assert "probe budget" in skipped["stiff"]
         assert "protected" in skipped["guarded"]
-        assert finished(site)["status"] == "completed"
     # Never two jobs capped at once (each holds a quarter of the site's throughput).
     for limits in watch.seen:
         capped = [
