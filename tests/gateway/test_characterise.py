@@ -52,7 +52,8 @@ def declared() -> list[dict]:
 
 
 @contextlib.contextmanager
-def probe_site(tmp_path, **changes):
+def agents_up(tmp_path):
+    """The true jobs on two simulated nodes, served on loopback: (nodes, base URL)."""
     mix = parse_job_mix({"jobs": TRUTH})
     nodes = {
         n: AgentNode(
@@ -65,27 +66,42 @@ def probe_site(tmp_path, **changes):
         for i, n in enumerate(("node-a", "node-b"))
     }
     with ServerThread(agent_app(list(nodes.values()), AGENT_TOKEN, prefixed=True)) as agents:
-        settings = GatewaySettings(
-            database_url=f"sqlite:///{tmp_path / 'gateway.db'}",
-            api_token=API_TOKEN,
-            agent_token=AGENT_TOKEN,
-            agents=",".join(f"{agents}/nodes/{n}" for n in nodes),
-            lease_s=5.0,
-            reconcile_period_s=0.5,
-            recovery_ramp_s=0.4,
-            recovery_steps=2,
-            probe_levels=2,
-            probe_periods=10.0,
-            probe_settle_s=1.0,
-            **changes,
-        )
-        with (
-            ServerThread(create_app(settings)) as url,
-            httpx.Client(base_url=url, timeout=20) as api,
-        ):
-            answer = api.put("/v1/jobs", json={"jobs": declared()}, headers=API)
-            assert answer.status_code == 200, answer.text
-            yield Site(api, nodes, settings)
+        yield nodes, agents
+
+
+@contextlib.contextmanager
+def gateway_up(tmp_path, nodes, agents, **changes):
+    """A gateway on those agents (short timers, short probes), told the jobs without PFIs."""
+    settings = GatewaySettings(
+        database_url=f"sqlite:///{tmp_path / 'gateway.db'}",
+        api_token=API_TOKEN,
+        agent_token=AGENT_TOKEN,
+        agents=",".join(f"{agents}/nodes/{n}" for n in nodes),
+        lease_s=5.0,
+        reconcile_period_s=0.5,
+        recovery_ramp_s=0.4,
+        recovery_steps=2,
+        probe_levels=2,
+        probe_periods=10.0,
+        probe_settle_s=1.0,
+        **changes,
+    )
+    with (
+        ServerThread(create_app(settings)) as url,
+        httpx.Client(base_url=url, timeout=20) as api,
+    ):
+        answer = api.put("/v1/jobs", json={"jobs": declared()}, headers=API)
+        assert answer.status_code == 200, answer.text
+        yield Site(api, nodes, settings)
+
+
+@contextlib.contextmanager
+def probe_site(tmp_path, **changes):
+    with (
+        agents_up(tmp_path) as (nodes, agents),
+        gateway_up(tmp_path, nodes, agents, **changes) as site,
+    ):
+        yield site
 
 
 class LimitWatch:
@@ -259,3 +275,12 @@ def test_no_probe_starts_during_an_event_and_an_event_ends_a_probe(tmp_path):
             30,
             what="the restore after the event",
         )
+
+
+def test_a_gateway_gone_mid_probe_leaves_caps_that_lapse_with_their_lease(tmp_path):
+    with agents_up(tmp_path) as (nodes, agents):
+        with gateway_up(tmp_path, nodes, agents) as site:
+            assert post(site, "/v1/jobs/flex/characterise").status_code == 202
+            site.wait(lambda: site.limits()["node-a"][0] < MAX_W, 30, what="the probe's cap")
+        assert site.limits()["node-a"][0] < MAX_W  # the agents hold them while the lease runs
+        site.wait(lambda: uncapped(site), 3 * site.settings.lease_s, what="the lease's lapse")
