@@ -81,8 +81,9 @@ def draw_jobs(count: int, seed: int = 11) -> list[dict]:
 def probe_once(truth: dict, periods: float, seed: int) -> dict:
     declared = {k: v for k, v in truth.items() if k not in ("pfi", "pfi_grid_w")}
     caps = probe_caps(parse_job_mix({"jobs": [declared]}), 0, FLOOR, LEVELS)
-    run = run_probe(truth, caps, periods=periods, seed=seed, noise_w=NOISE_W,
-                    irregularity=IRREGULARITY)
+    run = run_probe(
+        truth, caps, periods=periods, seed=seed, noise_w=NOISE_W, irregularity=IRREGULARITY
+    )
     points = points_of(run.reading, run.job, "probe", "bench")
     fit = fit_points(points, name=truth["id"])
     out = {"job": truth["id"], "caps_w": caps, "levels_measured": len(points), "fit": None}
@@ -130,9 +131,7 @@ def summarise(rows: list[dict], periods: float) -> dict:
         "probe_s_median": float(np.median([r["probe_s"] for r in rows])),
         "probe_s_p90": float(np.percentile([r["probe_s"] for r in rows], 90)),
         "throughput_lost_share_median": float(np.median([r["lost_share"] for r in rows])),
-        "throughput_lost_uncapped_s_median": float(
-            np.median([r["lost_uncapped_s"] for r in rows])
-        ),
+        "throughput_lost_uncapped_s_median": float(np.median([r["lost_uncapped_s"] for r in rows])),
     }
 
 
@@ -155,9 +154,7 @@ def main() -> None:
         "noise_w": NOISE_W,
         "irregularity": {"jitter": IRREGULARITY.jitter, "drift_w": IRREGULARITY.drift_w},
         "target": "median PFI error <= 0.10 after one probe of 20 periods per level",
-        "target_met": next(r for r in results if r["periods_per_level"] == 20.0)[
-            "pfi_error_median"
-        ]
+        "target_met": next(r for r in results if r["periods_per_level"] == 20.0)["pfi_error_median"]
         <= 0.10,
         "results": results,
         "wall_s": time.perf_counter() - started,

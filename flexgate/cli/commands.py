@@ -355,6 +355,7 @@ def run_lab(args: argparse.Namespace) -> int:
         out=args.out,
         mismatch=args.mismatch,
         openadr=args.openadr,
+        characterise=args.characterise,
     )
 
 

@@ -284,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="2.0b",
         help="the OpenADR version of the mock VTN and the VEN (default 2.0b)",
     )
+    lab.add_argument(
+        "--characterise",
+        action="store_true",
+        help="the gateway is told no PFIs: every job is probed before the event, and the "
+        "report compares the estimates with the truth and the event with an oracle plan",
+    )
     lab.set_defaults(command=commands.run_lab, name="lab")
 
     vtn = sub.add_parser(
