@@ -34,6 +34,9 @@ SETTLE_S = 1.0
 MIN_PERIODS = 2.5
 #: Two caps within this are one level [W].
 CAP_RESOLUTION_W = 0.5
+#: A stretch still growing is measured again once it has grown by this much [s] (the
+#: gateway reads telemetry every second; each measurement is three period estimates).
+REMEASURE_S = 2.0
 #: Levels kept per job (the oldest measured go first).
 MAX_LEVELS = 32
 
@@ -60,8 +63,12 @@ class CapLevels:
         for start, stop, cap in _stretches(times, caps):
             known = levels.get(cap)
             t0, t1 = float(times[start]), float(times[stop - 1])
-            if known is not None and known.start == t0 and known.end == t1:
-                continue  # measured already
+            growing = stop == times.size  # the stretch under way now
+            fresh = known is not None and (
+                known.end == t1 or (growing and t1 - known.end < REMEASURE_S)
+            )
+            if fresh and known is not None and known.start == t0:
+                continue  # measured already, or grown too little to measure again
             found = measure(trace[start:stop], dt_s, cap)
             if found is None:
                 continue
