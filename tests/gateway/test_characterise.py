@@ -284,3 +284,24 @@ def test_a_gateway_gone_mid_probe_leaves_caps_that_lapse_with_their_lease(tmp_pa
             site.wait(lambda: site.limits()["node-a"][0] < MAX_W, 30, what="the probe's cap")
         assert site.limits()["node-a"][0] < MAX_W  # the agents hold them while the lease runs
         site.wait(lambda: uncapped(site), 3 * site.settings.lease_s, what="the lease's lapse")
+
+
+def test_an_event_adds_points_for_free(tmp_path):
+    with probe_site(tmp_path, curve_harvest_s=1.0) as site:
+        event = site.api.post(
+            "/v1/events",
+            headers=API,
+            json={"reduction_kw": 0.6, "start": datetime.now(UTC).isoformat(), "duration_s": 8},
+        ).json()
+        capped = site.event_caps(event["id"])
+        assert min(capped["node-a"]) < MAX_W
+
+        def measured_at_a_cap():
+            for job in ("flex", "stiff"):
+                points = site.api.get(f"/v1/jobs/{job}/curve").json()["points"]
+                if any(p["cap_w"] < MAX_W and p["origin"] == "telemetry" for p in points):
+                    return points
+            return None
+
+        points = site.wait(measured_at_a_cap, 30, what="a point at the event's caps")
+        assert points[-1]["cap_w"] == MAX_W  # relative to the uncapped run the agent saw
