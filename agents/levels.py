@@ -136,10 +136,13 @@ def measure(trace: np.ndarray, dt_s: float, cap_w: float) -> tuple[CapPoint, flo
         return CapPoint(**base, power_w=mean, no_period_reason=str(exc)), 0.0
     period = found.period_s
     periods = span_s / period
+    # The mean over a whole number of periods, counted in time: blocks of a period rounded to
+    # whole samples would gain or lose up to half a sample each, and the excess is at one level.
+    whole = min(max(round(math.floor(periods) * period / dt_s), 1), trace.size)
+    power = float(np.nanmean(trace[:whole]))
     width = max(round(period / dt_s), 1)
-    blocks = trace[: (trace.size // width) * width].reshape(-1, width)
+    blocks = trace[: (whole // width) * width].reshape(-1, width)
     means = np.array([np.nanmean(b) for b in blocks if np.isfinite(b).sum() >= width / 2])
-    power = float(means.mean()) if means.size else float(np.nanmean(trace))
     power_se = float(means.std(ddof=1) / math.sqrt(means.size)) if means.size >= 2 else None
     return (
         CapPoint(
