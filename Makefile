@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/gateway_bench.py
 	$(BIN)/python bench/ven_bench.py
 	$(BIN)/python bench/closed_loop_bench.py
+	$(BIN)/python bench/pfi_bench.py
 	$(BIN)/python bench/nats_bench.py  # needs nats-server (scripts/ci-nats-prometheus.sh)
 
 # The lab in containers (docs/operations.md): needs a Docker engine and docker-compose.

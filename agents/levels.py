@@ -34,6 +34,9 @@ SETTLE_S = 1.0
 MIN_PERIODS = 2.5
 #: Two caps within this are one level [W].
 CAP_RESOLUTION_W = 0.5
+#: A stretch still growing is measured again once it has grown by this much [s] (the
+#: gateway reads telemetry every second; each measurement is three period estimates).
+REMEASURE_S = 2.0
 #: Levels kept per job (the oldest measured go first).
 MAX_LEVELS = 32
 
@@ -60,8 +63,12 @@ class CapLevels:
         for start, stop, cap in _stretches(times, caps):
             known = levels.get(cap)
             t0, t1 = float(times[start]), float(times[stop - 1])
-            if known is not None and known.start == t0 and known.end == t1:
-                continue  # measured already
+            growing = stop == times.size  # the stretch under way now
+            fresh = known is not None and (
+                known.end == t1 or (growing and t1 - known.end < REMEASURE_S)
+            )
+            if fresh and known is not None and known.start == t0:
+                continue  # measured already, or grown too little to measure again
             found = measure(trace[start:stop], dt_s, cap)
             if found is None:
                 continue
@@ -129,10 +136,13 @@ def measure(trace: np.ndarray, dt_s: float, cap_w: float) -> tuple[CapPoint, flo
         return CapPoint(**base, power_w=mean, no_period_reason=str(exc)), 0.0
     period = found.period_s
     periods = span_s / period
+    # The mean over a whole number of periods, counted in time: blocks of a period rounded to
+    # whole samples would gain or lose up to half a sample each, and the excess is at one level.
+    whole = min(max(round(math.floor(periods) * period / dt_s), 1), trace.size)
+    power = float(np.nanmean(trace[:whole]))
     width = max(round(period / dt_s), 1)
-    blocks = trace[: (trace.size // width) * width].reshape(-1, width)
+    blocks = trace[: (whole // width) * width].reshape(-1, width)
     means = np.array([np.nanmean(b) for b in blocks if np.isfinite(b).sum() >= width / 2])
-    power = float(means.mean()) if means.size else float(np.nanmean(trace))
     power_se = float(means.std(ddof=1) / math.sqrt(means.size)) if means.size >= 2 else None
     return (
         CapPoint(

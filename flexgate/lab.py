@@ -14,6 +14,10 @@ different overhead factor and a static load (`flexgate.simsite.draw_truth`), and
 the event twice, open loop (the model's plan alone) and closed loop (the site loop at the
 meter). Exit 0 when the (closed-loop) site met the target within 5%.
 
+With `characterise`, the gateway is told no PFIs: every job is probed first, and the report
+compares the estimates with the truth and the event's throughput kept with an oracle plan on
+the true curves (`flexgate.labcharacterise`).
+
 With `openadr="3.1"` the VTN is the OpenADR 3.1 mock VTN (`flexgate.mockvtn31`) and the event
 the 3.1 form of the same request (CONTROL_SETPOINT, -requested kW), delivered by webhook.
 """
@@ -21,6 +25,7 @@ the 3.1 form of the same request (CONTROL_SETPOINT, -requested kW), delivered by
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import shutil
 import tempfile
@@ -31,10 +36,11 @@ import httpx
 import numpy as np
 from rich.console import Console
 
+from agents.run import jobs_on_node
 from agents.service import AgentNode
 from agents.service import create_app as agent_app
 from agents.simulated import SimulatedBackend
-from flexgate import labmeter
+from flexgate import labcharacterise, labmeter
 from flexgate.labreport import START_AFTER_S, read_result, report, watch
 from flexgate.mockvtn import MockVtn
 from flexgate.mockvtn31 import LAB_CLIENT_ID, LAB_CLIENT_SECRET, MockVtn31
@@ -101,6 +107,7 @@ def run_lab(
     seed: int = 7,
     console: Console | None = None,
     openadr: str = "2.0b",
+    characterise: bool = False,
 ) -> int:
     console = console or Console()
     # openleadr's advice to VTN implementers (ven_lookup, report handlers) is not for lab users.
@@ -124,7 +131,12 @@ def run_lab(
     true_mix = parse_job_mix({"jobs": truth.jobs})
     agents = [
         AgentNode(
-            n, SimulatedBackend(gpus_per_node, mix=true_mix, node_id=n), tmp / n, sample_hz=20
+            n,
+            SimulatedBackend(gpus_per_node, mix=true_mix, node_id=n),
+            tmp / n,
+            sample_hz=20,
+            # the jobs' telemetry (periods per cap level) is what characterisation measures
+            jobs=jobs_on_node(true_mix, n, gpus_per_node) if characterise else None,
         )
         for n in names
     ]
@@ -160,6 +172,12 @@ def run_lab(
                     for d, t in zip(jobs, truth.jobs, strict=True)
                 )
             )
+        told, extra, found = jobs, {}, None
+        if characterise:
+            told, extra = labcharacterise.undeclared(jobs), labcharacterise.PROBE_SETTINGS
+            found = labcharacterise.characterise(
+                tmp / "gateway", gateway_settings(agent_urls, f"{meter_url}/meter"), told, console
+            )
         passes = [("open loop", False), ("closed loop", True)] if mismatch else [("", True)]
         results = []
         for name, tracking in passes:
@@ -170,16 +188,55 @@ def run_lab(
                     tmp / "gateway",  # one store: the generation goes on rising
                     agent_urls,
                     f"{meter_url}/meter",
-                    jobs,
+                    told,
                     requested,
                     duration_s,
                     tracking,
                     console,
                     frozenset(r["event"]["id"] for r in results if r["event"]),
                     openadr,
+                    extra,
                 )
             )
-        return report(results, jobs, requested, out, console)
+        code = report(results, jobs, requested, out, console)
+        if found is not None:
+            _report_characterisation(found, results[-1]["plan"], truth.jobs, out, console)
+        return code
+
+
+def _report_characterisation(
+    found: dict[str, Any],
+    plan: dict[str, Any] | None,
+    truth_jobs: list[dict[str, Any]],
+    out: Path,
+    console: Console,
+) -> None:
+    truth, default = labcharacterise.mixes(truth_jobs, OVERHEAD_FACTOR)
+    rows = labcharacterise.estimates(found["curves"], truth)
+    kept = labcharacterise.throughput_kept(plan, truth, default)
+    labcharacterise.show(rows, kept, console)
+    doc = {"probe": found["probe"], "estimates": rows, "throughput": kept}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "lab-characterise.json").write_text(json.dumps(doc, indent=2, default=str))
+
+
+def gateway_settings(agent_urls: list[str], meter_url: str) -> dict[str, Any]:
+    """The lab gateway's settings, but for its store, VTN and site loop."""
+    return {
+        "lab": True,
+        "agent_token": AGENT_TOKEN,
+        "overhead_factor": OVERHEAD_FACTOR,
+        "agents": ",".join(agent_urls),
+        "lease_s": 20.0,
+        "reconcile_period_s": 2.0,
+        "recovery_ramp_s": 4.0,
+        "recovery_steps": 2,
+        "meter_url": meter_url,
+        "meter_period_s": METER_PERIOD_S,
+        # the meter's whole lag, as a calibration would measure it: its averaging too
+        "meter_lag_s": METER_TIME_CONSTANT_S + METER_INTEGRATION_S / 2,
+        "calibrate": False,
+    }
 
 
 def run_event(
@@ -193,9 +250,10 @@ def run_event(
     console: Console,
     earlier: frozenset[str],
     openadr: str = "2.0b",
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One event from the mock VTN through a fresh gateway on the lab's store (`earlier`: the
-    events of the runs before): the trace and what it read."""
+    events of the runs before; `extra`: more settings): the trace and what it read."""
 
     def say(line: str) -> None:
         console.print(f"[dim]{line}[/]")
@@ -208,22 +266,11 @@ def run_event(
         )
         settings = GatewaySettings(
             database_url=f"sqlite:///{folder / 'gateway.db'}",
-            lab=True,
-            agent_token=AGENT_TOKEN,
-            overhead_factor=OVERHEAD_FACTOR,
-            agents=",".join(agent_urls),
-            lease_s=20.0,
-            reconcile_period_s=2.0,
-            recovery_ramp_s=4.0,
-            recovery_steps=2,
             ven_name="flexgate-lab",
-            meter_url=meter_url,
-            meter_period_s=METER_PERIOD_S,
-            # the meter's whole lag, as a calibration would measure it: its averaging too
-            meter_lag_s=METER_TIME_CONSTANT_S + METER_INTEGRATION_S / 2,
-            calibrate=False,
             tracking=tracking,
+            **gateway_settings(agent_urls, meter_url),
             **vtn_settings,
+            **(extra or {}),
         )
         url = stack.enter_context(ServerThread(create_app(settings), port=port))
         console.print(f"dashboard: {url}/ (API token {LAB_API_TOKEN})")

@@ -150,3 +150,28 @@ def test_mock_vtn_issues_its_scenario_to_a_gateway_and_prints_both_sides(tmp_pat
     assert "[-1.5]" in text
     assert "answered optOut" in text  # nothing placed: the site can shed 0 kW
     assert "report from 'flexgate-cli': facility_kw = 0.0 kW" in text
+
+
+@pytest.mark.timeout(400)
+def test_lab_characterises_jobs_told_no_pfi_then_meets_the_target(tmp_path: Path) -> None:
+    result = flexgate(
+        "lab",
+        "--nodes",
+        "2",
+        "--duration",
+        "15",
+        "--characterise",
+        "--out",
+        tmp_path,
+        timeout=380,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = json.loads((tmp_path / "lab-characterise.json").read_text())
+    assert found["probe"]["status"] == "completed"
+    measured = [row for row in found["estimates"] if row["pfi"] is not None]
+    assert measured, found["estimates"]
+    for row in measured:  # each estimate against the truth on its own grid
+        assert abs(row["error"]) <= 3 * row["pfi_stderr"] + 0.05, row
+    kept = found["throughput"]
+    assert kept["kept"] <= kept["oracle_kept"] + 1e-3  # the oracle is the ceiling
+    assert "measured PFI against the truth" in result.stdout

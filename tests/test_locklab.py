@@ -79,3 +79,4 @@ def test_an_unsafe_loop_is_refused_outside_the_lab() -> None:
 
 def test_the_lock_scenario_refuses_options_that_do_not_apply() -> None:
     assert_bad_input(flexgate("lab", "--scenario", "lock", "--mismatch"), "--mismatch")
+    assert_bad_input(flexgate("lab", "--scenario", "lock", "--characterise"), "--characterise")

@@ -357,6 +357,7 @@ def run_lab(args: argparse.Namespace) -> int:
         out=args.out,
         mismatch=args.mismatch,
         openadr=args.openadr,
+        characterise=args.characterise,
     )
 
 
@@ -367,10 +368,10 @@ def _run_lock_lab(args: argparse.Namespace) -> int:
     from flexgate.labreport import lock_report
     from flexgate.locklab import run_lock
 
-    if args.mismatch or args.openadr != "2.0b":
+    if args.mismatch or args.openadr != "2.0b" or args.characterise:
         raise BadInputError(
             "--scenario lock runs its own 64 jobs under the gateway's loop on a simulated "
-            "clock: --mismatch and --openadr do not apply to it"
+            "clock: --mismatch, --openadr and --characterise do not apply to it"
         )
     console = Console()
     lock_s = args.duration or 120.0

@@ -294,6 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="2.0b",
         help="the OpenADR version of the mock VTN and the VEN (default 2.0b)",
     )
+    lab.add_argument(
+        "--characterise",
+        action="store_true",
+        help="the gateway is told no PFIs: every job is probed before the event, and the "
+        "report compares the estimates with the truth and the event with an oracle plan",
+    )
     lab.set_defaults(command=commands.run_lab, name="lab")
 
     vtn = sub.add_parser(
@@ -322,7 +328,32 @@ def build_parser() -> argparse.ArgumentParser:
     vtn.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     vtn.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
     vtn.set_defaults(command=commands.run_mock_vtn, name="mock-vtn")
+    _add_characterise(sub)
     return parser
+
+
+def _add_characterise(sub: Any) -> None:
+    from flexgate.cli.characterise import run_characterise
+
+    verb = sub.add_parser(
+        "characterise", help="ask a running gateway to probe jobs' caps and measure their curves"
+    )
+    verb.add_argument(
+        "jobs", nargs="*", metavar="JOB", help="the jobs to probe (none: every unmeasured job)"
+    )
+    verb.add_argument(
+        "--gateway",
+        default="http://127.0.0.1:8000",
+        metavar="URL",
+        help="the gateway's base URL (default http://127.0.0.1:8000)",
+    )
+    verb.add_argument("--token", default=None, help="the API token (default: FLEXGATE_API_TOKEN)")
+    verb.add_argument("--wait", action="store_true", help="wait for the probe's end")
+    verb.add_argument(
+        "--timeout-s", type=_positive, default=10.0, metavar="S", help="per request (default 10)"
+    )
+    verb.add_argument("--json", action="store_true", help="print one JSON document")
+    verb.set_defaults(command=run_characterise, name="characterise")
 
 
 def _add_controller(verb: Any) -> None:

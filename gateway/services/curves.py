@@ -24,6 +24,7 @@ from agents.protocol import JobTelemetry
 from flexmodel.errors import FlexModelError
 from flexmodel.jobmix import PFI_RANGE
 from flexmodel.jobs import Job
+from flexmodel.pfi import default_grid_w
 from flexmodel.sweeps import fit_sweep
 from gateway.clock import Clock
 from gateway.services.fleet import Fleet, job_readings
@@ -222,31 +223,46 @@ class JobCurves:
     def describe(
         self, doc: dict[str, Any], row: JobCurveRow | None, *, points: bool
     ) -> dict[str, Any]:
-        """A job's curve as the API shows it (`doc`: the job as declared): where it comes from,
-        the PFI with its error and grid, and (with `points`) the measured points and the fit."""
-        fit = row.fit if row is not None else None
-        why_not = verdict(fit, self.settings.curve_max_pfi_stderr) if row is not None else None
-        used = row is not None and why_not is None
-        kind = "sweep" if doc.get("sweep") else ("pfi" if doc.get("pfi") is not None else None)
-        out: dict[str, Any] = {
-            "source": "measured" if used else ("declared" if kind else "default"),
-            "declared": None
-            if kind is None
-            else {"kind": kind, "pfi": doc.get("pfi"), "pfi_stderr": doc.get("pfi_stderr")},
-            "measured": None,
+        """A job's curve as the API shows it (`curve_doc`)."""
+        return curve_doc(doc, row, max_stderr=self.settings.curve_max_pfi_stderr, points=points)
+
+
+def curve_doc(
+    doc: dict[str, Any], row: JobCurveRow | None, *, max_stderr: float, points: bool
+) -> dict[str, Any]:
+    """A job's curve as the API shows it (`doc`: the job as declared): where it comes from,
+    the PFI with its error and grid, and (with `points`) the measured points and the fit."""
+    fit = row.fit if row is not None else None
+    why_not = verdict(fit, max_stderr) if row is not None else None
+    used = row is not None and why_not is None
+    kind = "sweep" if doc.get("sweep") else ("pfi" if doc.get("pfi") is not None else None)
+    out: dict[str, Any] = {
+        "source": "measured" if used else ("declared" if kind else "default"),
+        "declared": None
+        if kind is None
+        else {
+            "kind": kind,
+            "pfi": doc.get("pfi"),
+            "pfi_stderr": doc.get("pfi_stderr"),
+            "grid_w": list(doc.get("pfi_grid_w") or default_grid_w(int(doc["gpus"]))),
+        },
+        "measured": None,
+    }
+    if row is not None and fit is not None:
+        out["measured"] = {
+            "at": iso(row.at),
+            "in_force": used,
+            "why_not": why_not,
+            "pfi": fit.get("pfi"),
+            "pfi_stderr": fit.get("pfi_stderr"),
+            "pfi_measured": fit.get("pfi_measured"),
+            "grid_w": fit.get("grid_w"),
+            "levels": len(row.points),
+            # PFIs compare only on one grid: a probe within the floor reaches fewer caps
+            "same_grid_as_declared": out["declared"] is not None
+            and fit.get("grid_w") == out["declared"]["grid_w"],
         }
-        if row is not None and fit is not None:
-            out["measured"] = {
-                "at": iso(row.at),
-                "in_force": used,
-                "why_not": why_not,
-                "pfi": fit.get("pfi"),
-                "pfi_stderr": fit.get("pfi_stderr"),
-                "pfi_measured": fit.get("pfi_measured"),
-                "grid_w": fit.get("grid_w"),
-                "levels": len(row.points),
-            }
-        if points:
-            out["points"] = row.points if row is not None else []
-            out["fit"] = fit
-        return out
+    if points:
+        out["points"] = row.points if row is not None else []
+        out["fit"] = fit
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import threading
 import time
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ from agents.run import jobs_on_node
 from agents.service import AgentNode
 from agents.service import create_app as agent_app
 from agents.simulated import MAX_W, SimulatedBackend
+from flexgate.cli import main
 from flexgate.serve import ServerThread
 from flexmodel.jobmix import parse_job_mix
 from gateway.app import create_app
@@ -50,7 +52,8 @@ def declared() -> list[dict]:
 
 
 @contextlib.contextmanager
-def probe_site(tmp_path, **changes):
+def agents_up(tmp_path):
+    """The true jobs on two simulated nodes, served on loopback: (nodes, base URL)."""
     mix = parse_job_mix({"jobs": TRUTH})
     nodes = {
         n: AgentNode(
@@ -63,27 +66,42 @@ def probe_site(tmp_path, **changes):
         for i, n in enumerate(("node-a", "node-b"))
     }
     with ServerThread(agent_app(list(nodes.values()), AGENT_TOKEN, prefixed=True)) as agents:
-        settings = GatewaySettings(
-            database_url=f"sqlite:///{tmp_path / 'gateway.db'}",
-            api_token=API_TOKEN,
-            agent_token=AGENT_TOKEN,
-            agents=",".join(f"{agents}/nodes/{n}" for n in nodes),
-            lease_s=5.0,
-            reconcile_period_s=0.5,
-            recovery_ramp_s=0.4,
-            recovery_steps=2,
-            probe_levels=2,
-            probe_periods=10.0,
-            probe_settle_s=1.0,
-            **changes,
-        )
-        with (
-            ServerThread(create_app(settings)) as url,
-            httpx.Client(base_url=url, timeout=20) as api,
-        ):
-            answer = api.put("/v1/jobs", json={"jobs": declared()}, headers=API)
-            assert answer.status_code == 200, answer.text
-            yield Site(api, nodes, settings)
+        yield nodes, agents
+
+
+@contextlib.contextmanager
+def gateway_up(tmp_path, nodes, agents, **changes):
+    """A gateway on those agents (short timers, short probes), told the jobs without PFIs."""
+    settings = GatewaySettings(
+        database_url=f"sqlite:///{tmp_path / 'gateway.db'}",
+        api_token=API_TOKEN,
+        agent_token=AGENT_TOKEN,
+        agents=",".join(f"{agents}/nodes/{n}" for n in nodes),
+        lease_s=5.0,
+        reconcile_period_s=0.5,
+        recovery_ramp_s=0.4,
+        recovery_steps=2,
+        probe_levels=2,
+        probe_periods=10.0,
+        probe_settle_s=1.0,
+        **changes,
+    )
+    with (
+        ServerThread(create_app(settings)) as url,
+        httpx.Client(base_url=url, timeout=20) as api,
+    ):
+        answer = api.put("/v1/jobs", json={"jobs": declared()}, headers=API)
+        assert answer.status_code == 200, answer.text
+        yield Site(api, nodes, settings)
+
+
+@contextlib.contextmanager
+def probe_site(tmp_path, **changes):
+    with (
+        agents_up(tmp_path) as (nodes, agents),
+        gateway_up(tmp_path, nodes, agents, **changes) as site,
+    ):
+        yield site
 
 
 class LimitWatch:
@@ -172,7 +190,7 @@ def test_a_probe_measures_the_job_and_restores_every_gpu(tmp_path):
         assert quote["firm_kw"] < quote["achievable_kw"]
 
 
-def test_refusals_name_the_reason_and_change_nothing(tmp_path):
+def test_refusals_name_the_reason_and_change_nothing(tmp_path, capsys):
     with probe_site(tmp_path, probe_budget=0.3) as site:
         cases = [
             ("guarded", 422, "protected"),
@@ -183,6 +201,10 @@ def test_refusals_name_the_reason_and_change_nothing(tmp_path):
             assert answer.status_code == status, answer.text
             assert words in answer.json()["detail"]
         assert site.api.post("/v1/jobs/flex/characterise").status_code == 401
+        code, out, err = cli(site, capsys, "guarded")
+        assert code == 2
+        assert out == ""
+        assert "protected" in err
         # Two jobs of a quarter of the site each are over a budget of 0.3 together.
         both = post(site, "/v1/characterise", json={"jobs": ["flex", "stiff"]})
         assert both.status_code == 422
@@ -198,14 +220,30 @@ def test_a_job_over_the_budget_alone_is_refused(tmp_path):
         assert "FLEXGATE_PROBE_BUDGET=0.2" in answer.json()["detail"]
 
 
-def test_probing_every_unmeasured_job_keeps_to_the_budget(tmp_path):
+def cli(site: Site, capsys, *args: str) -> tuple[int, str, str]:
+    """`flexgate characterise ARGS` against the site, once the start's restore is over."""
+
+    def ran():
+        code = main(
+            ["characterise", *args, "--gateway", str(site.api.base_url), "--token", API_TOKEN]
+        )
+        out, err = capsys.readouterr()
+        return None if "stepping back" in err else (code, out, err)
+
+    return site.wait(ran, what="the start's restore")
+
+
+def test_probing_every_unmeasured_job_keeps_to_the_budget(tmp_path, capsys):
     with probe_site(tmp_path) as site, LimitWatch(site) as watch:
-        probe = post(site, "/v1/characterise").json()
+        code, out, _ = cli(site, capsys, "--wait", "--json")
+        assert code == 0
+        probe = json.loads(out)
+        assert probe["status"] == "completed"
+        assert probe["curves_changed"] == ["flex"]
         assert [j["id"] for j in probe["jobs"]] == ["flex"]  # a quarter of the site: the budget
         skipped = {s["id"]: s["reason"] for s in probe["skipped"]}
         assert "probe budget" in skipped["stiff"]
         assert "protected" in skipped["guarded"]
-        assert finished(site)["status"] == "completed"
     # Never two jobs capped at once (each holds a quarter of the site's throughput).
     for limits in watch.seen:
         capped = [
@@ -242,3 +280,33 @@ def test_no_probe_starts_during_an_event_and_an_event_ends_a_probe(tmp_path):
             30,
             what="the restore after the event",
         )
+
+
+def test_a_gateway_gone_mid_probe_leaves_caps_that_lapse_with_their_lease(tmp_path):
+    with agents_up(tmp_path) as (nodes, agents):
+        with gateway_up(tmp_path, nodes, agents) as site:
+            assert post(site, "/v1/jobs/flex/characterise").status_code == 202
+            site.wait(lambda: site.limits()["node-a"][0] < MAX_W, 30, what="the probe's cap")
+        assert site.limits()["node-a"][0] < MAX_W  # the agents hold them while the lease runs
+        site.wait(lambda: uncapped(site), 3 * site.settings.lease_s, what="the lease's lapse")
+
+
+def test_an_event_adds_points_for_free(tmp_path):
+    with probe_site(tmp_path, curve_harvest_s=1.0) as site:
+        event = site.api.post(
+            "/v1/events",
+            headers=API,
+            json={"reduction_kw": 0.6, "start": datetime.now(UTC).isoformat(), "duration_s": 8},
+        ).json()
+        capped = site.event_caps(event["id"])
+        assert min(capped["node-a"]) < MAX_W
+
+        def measured_at_a_cap():
+            for job in ("flex", "stiff"):
+                points = site.api.get(f"/v1/jobs/{job}/curve").json()["points"]
+                if any(p["cap_w"] < MAX_W and p["origin"] == "telemetry" for p in points):
+                    return points
+            return None
+
+        points = site.wait(measured_at_a_cap, 30, what="a point at the event's caps")
+        assert points[-1]["cap_w"] == MAX_W  # relative to the uncapped run the agent saw

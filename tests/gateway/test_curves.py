@@ -154,3 +154,32 @@ def _doc(job) -> dict:
         "period_s": job.period_s,
         "min_throughput_fraction": job.min_throughput_fraction,
     }
+
+
+def test_a_measured_pfi_says_whether_it_shares_the_declared_one_s_grid():
+    from datetime import UTC, datetime
+
+    from gateway.services.curves import curve_doc
+    from gateway.store.models import JobCurveRow
+
+    doc = job_doc("c", 2.0, 1.2)  # declared on the study's grid for 8 GPUs
+    _, points, fit = measure(doc, seed=3)
+    row = JobCurveRow(
+        job_id="c", at=datetime(2026, 1, 1, tzinfo=UTC), source="measured", points=points, fit=fit
+    )
+    shown = curve_doc(doc, row, max_stderr=0.15, points=True)
+    assert shown["declared"]["grid_w"] == [200.0, 300.0, 400.0, 500.0, 600.0, 700.0]
+    assert shown["measured"]["grid_w"] == fit["grid_w"]
+    assert shown["measured"]["same_grid_as_declared"] is False  # a probe within the floor
+    assert shown["source"] == ("measured" if verdict(fit, 0.15) is None else "declared")
+    assert shown["points"] == points
+
+
+def test_a_level_measured_longer_replaces_the_one_kept():
+    from gateway.services.curves import merged
+
+    short = {"cap_w": 600.0, "power_w": 560.0, "throughput": 900.0, "periods": 5.0}
+    long = short | {"power_w": 561.0, "periods": 20.0}
+    other = short | {"cap_w": 500.0}
+    assert merged([short], [long, other]) == [other, long]
+    assert merged([long], [short]) == [long]

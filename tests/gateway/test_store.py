@@ -10,7 +10,7 @@ from flexmodel.calibration import OverheadCalibration
 from gateway.errors import StoreVersionError
 from gateway.store import repo
 from gateway.store.db import open_engine
-from gateway.store.models import SCHEMA_VERSION, EventRow, SchemaVersion, as_utc
+from gateway.store.models import SCHEMA_VERSION, EventRow, JobCurveRow, SchemaVersion, as_utc
 
 
 @pytest.mark.parametrize(
@@ -114,3 +114,24 @@ def test_a_database_of_the_previous_schema_is_upgraded_and_keeps_its_rows(databa
         assert repo.get_event(s, event_id="ev-old").reduction_kw == 5.0
         assert repo.deliveries(s, event_ids=["ev-old"]) == {}
     reopened.dispose()
+
+
+def test_each_job_s_latest_curve_is_its_last_fit_and_survives_a_reopen(database_url):
+    engine = open_engine(database_url)
+    at = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    for job_id, pfi in (("a", 1.2), ("b", 2.0), ("a", 1.3)):
+        with Session(engine) as s:
+            point = {"cap_w": 600.0, "power_w": 560.0, "throughput": 900.0, "periods": 20.0}
+            repo.add_job_curve(
+                s,
+                curve=JobCurveRow(
+                    job_id=job_id, at=at, source="measured", points=[point], fit={"pfi": pfi}
+                ),
+            )
+            s.commit()
+    engine.dispose()
+    reopened = open_engine(database_url)
+    with Session(reopened) as s:
+        latest = repo.latest_job_curves(s)
+    assert {job: row.fit["pfi"] for job, row in latest.items()} == {"a": 1.3, "b": 2.0}
+    assert latest["a"].points[0]["cap_w"] == 600.0

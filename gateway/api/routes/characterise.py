@@ -76,7 +76,7 @@ async def characterise_job(job_id: str, services: ServicesDep, actor: Writer) ->
     return (await characteriser.characterise([job_id], actor)).doc()
 
 
-@router.post("/characterise", status_code=202, responses=problems(404, 409, 422))
+@router.post("/characterise", status_code=202, responses=problems(400, 404, 409, 422))
 async def characterise(
     services: ServicesDep, actor: Writer, body: CharacteriseBody | None = None
 ) -> dict[str, Any]:
