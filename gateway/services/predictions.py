@@ -11,8 +11,9 @@ quotes (`JobBook.predict_with`), so the error is carried into firm kW as the def
 A declared PFI or a sweep always stays above a prediction.
 
 The predictor is the study's fit until the site has `predictor_min_jobs` measured jobs of its
-own (the store's `pfi_records`), then the refit on those: the job mix's sweeps, each with the
-job's features, and whatever `record` is given (a measuring service). A predictor that does
+own (the store's `pfi_records`), then the refit on those: the job mix's sweeps and the curves
+measured on site (`gateway.services.curves`) in force, each with the job's features, and
+whatever `record` is given. A predictor that does
 no better out of sample than the default's error (leave-one-out RMSE at or above 0.30)
 predicts nothing: the default is then the better guess.
 
@@ -182,8 +183,11 @@ class Predictions:
         return doc.get("model_family") not in self.predictor.group_names
 
     def _record_sweeps(self, jobs: tuple[Job, ...]) -> None:
+        """Record every job whose curve in force is a sweep: declared in the job mix (source
+        `sweep`) or measured on site (`measured`, `gateway.services.curves`), again when its
+        feature or its PFI moved."""
         known = {r.job_id: r for r in self.records()}
-        fresh = []
+        fresh: dict[str, list[PfiRecord]] = {"sweep": [], "measured": []}
         for job in jobs:
             found = self.features.get(job.id)
             if job.sweep is None or found is None:
@@ -193,9 +197,14 @@ class Predictions:
             except FlexModelError:  # a sweep no cap slowed has no PFI to learn from
                 continue
             old = known.get(job.id)
-            if old and abs(old.feature - found.dram_copy_product) <= FEATURE_STEP:
+            if (
+                old
+                and abs(old.feature - found.dram_copy_product) <= FEATURE_STEP
+                and abs(old.pfi - pfi) <= PFI_STEP
+            ):
                 continue
-            fresh.append(
+            source = "measured" if job.id in self.book.measured_in_force else "sweep"
+            fresh[source].append(
                 PfiRecord(
                     feature=found.dram_copy_product,
                     pfi=pfi,
@@ -203,8 +212,9 @@ class Predictions:
                     job_id=job.id,
                 )
             )
-        if fresh:
-            self.record(fresh, source="sweep")
+        for source, records in fresh.items():
+            if records:
+                self.record(records, source=source)
 
     # --- what the API shows -----------------------------------------------------------------
 

@@ -4,12 +4,14 @@ site's own measured jobs (real agents and a real gateway on loopback, real store
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 import httpx
 import numpy as np
 import pytest
 
+from agents.protocol import DelayStats, JobTelemetry, TelemetryResponse
 from agents.run import jobs_on_node
 from agents.service import AgentNode
 from agents.service import create_app as agent_app
@@ -21,11 +23,14 @@ from flexmodel.predictor import DRAM_BASE, DRAM_SLOPE, PfiRecord, dram_copy_prod
 from flexmodel.quote import quote
 from flexmodel.workload import study_predictor
 from gateway.app import create_app
+from gateway.clock import SystemClock
 from gateway.errors import InvalidRequestError
-from gateway.services.jobbook import site_mix, with_predictions
-from gateway.services.overhead import OverheadModel
+from gateway.services.jobbook import JobBook, site_mix, with_predictions
+from gateway.services.overhead import Overhead, OverheadModel
 from gateway.services.planner import plan
+from gateway.services.predictions import Predictions
 from gateway.settings import GatewaySettings
+from gateway.store.db import Store
 from tests.conftest import wait_for
 from tests.gateway.conftest import AGENT_TOKEN, API, API_TOKEN
 
@@ -288,3 +293,49 @@ def test_with_the_studys_scatter_predicted_pfis_still_beat_the_default_on_most_s
     print(f"gap closed: mean {np.mean(closed):.2f}, median {np.median(closed):.2f}; wins {wins}/20")
     assert wins >= 16
     assert np.mean(closed) > 0.5
+
+
+def test_a_measured_curve_in_force_is_recorded_for_the_refit_as_measured(tmp_path):
+    """The job book holds a curve characterisation measured for a job that declared none: the
+    predictor's records take it, with the job's feature, as `measured`; again when the
+    measured PFI moves, not while it stands."""
+    settings = GatewaySettings(database_url=f"sqlite:///{tmp_path / 'g.db'}", lab=True)
+    store, clock = Store(settings.database_url), SystemClock()
+    book = JobBook(store, clock, Overhead(settings, store, clock))
+    truth = job("oss-ft", "node-02", [0, 1, 2, 3], pfi=1.95)
+    asyncio.run(book.replace([job("oss-ft", "node-02", [0, 1, 2, 3])], "test"))
+    predictions = Predictions(settings, store, clock, None, book)  # type: ignore[arg-type]
+    seen = TelemetryResponse(
+        node_id="node-02",
+        gpus=[],
+        jobs=[
+            JobTelemetry(
+                job_id="oss-ft",
+                period_s=2.0,
+                duty=0.5,
+                phase_rad=None,
+                phase_at=None,
+                power_w=600.0,
+                dram_copy_product=0.31,
+                feature_samples=12,
+            )
+        ],
+        actuation_delay=DelayStats(p50_s=None, p99_s=None, count=0),
+    )
+
+    def recorded():
+        return [(r.job_id, r.source, round(r.pfi, 2)) for r in predictions.records()]
+
+    predictions.update({"node-02": seen})
+    assert recorded() == []  # no curve of its own yet: it is predicted, not recorded
+    book.use_curves({"oss-ft": {"sweep": sweep_of(truth), "pfi_stderr": 0.05}})
+    pfi = next(j for j in book.mix().jobs if j.id == "oss-ft").pfi_value
+    predictions.update({"node-02": seen})
+    assert recorded() == [("oss-ft", "measured", round(pfi, 2))]
+    assert predictions.job_pfi(book.docs()[0])["source"] == "measured"
+    steeper = truth | {"pfi": 2.4}
+    book.use_curves({"oss-ft": {"sweep": sweep_of(steeper), "pfi_stderr": 0.05}})
+    moved = next(j for j in book.mix().jobs if j.id == "oss-ft").pfi_value
+    predictions.update({"node-02": seen})
+    assert recorded() == [("oss-ft", "measured", round(moved, 2))]
+    store.close()
