@@ -17,6 +17,15 @@ the share of jobs whose fit is good enough to replace the declared curve (se <= 
 probe's length; and the throughput lost while probing, as a share of the job's throughput over
 the probe and as seconds of the job's uncapped run.
 
+Then, on the same jittered jobs, what each belief is worth in a plan (`plans`): the optimal
+allocation planned on the fleet default PFI (1.35 for every job), on PFIs predicted from
+telemetry (the study's predictor on each job's DRAM copy product, drawn with the study's
+scatter from its true PFI), and on the curves measured with P = 20 (where the fit is good
+enough to be used, as the gateway does; the job's prediction elsewhere), each scored on the
+true curves at the power it plans, against the equal split and the oracle (the optimum on the
+true curves): the share of the equal-to-oracle gap each closes. `measured_every_fit` uses every
+fit, good enough or not: what a looser FLEXGATE_CURVE_MAX_PFI_STDERR would plan on.
+
     python bench/pfi_bench.py            # writes bench/results/pfi.json
 """
 
@@ -33,8 +42,11 @@ import numpy as np
 
 from agents.irregularity import Irregularity
 from flexgate.probesim import run_probe
+from flexmodel.allocate import allocate
+from flexmodel.curves import throughput_at_power
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.pfi import pfi_of_sweep
+from flexmodel.predictor import dram_copy_product
 from flexmodel.workload import (
     COMM_POWER_FRACTION,
     DUTY,
@@ -42,6 +54,7 @@ from flexmodel.workload import (
     PERIOD_S,
     PFI_SPREAD,
     POWER_W,
+    study_predictor,
 )
 from gateway.services.characterise import probe_caps
 from gateway.services.curves import fit_points, points_of, verdict
@@ -54,6 +67,10 @@ FLOOR = 0.75
 GOOD_STDERR = 0.15
 NOISE_W = 5.0
 IRREGULARITY = Irregularity(jitter=0.02, drift_w=5.0, drift_period_s=300.0)
+#: The plans are compared at these GPU power reductions (shares of the uncapped power), within
+#: what every belief can cut (a measured curve is never cut below its lowest probed level).
+PLAN_REDUCTIONS = (0.04, 0.08, 0.12)
+PLANNED_PERIODS = 20.0
 
 
 def draw_jobs(count: int, seed: int = 11) -> list[dict]:
@@ -107,7 +124,73 @@ def probe_once(truth: dict, periods: float, seed: int) -> dict:
         "declared_truth": truth["pfi"],
         "grid_w": fit["grid_w"],
         "good": verdict(fit, GOOD_STDERR) is None,
+        "sweep": fit["sweep"],
     }
+    return out
+
+
+def beliefs(jobs: list[dict], rows: list[dict], seed: int = 5) -> dict[str, list[dict]]:
+    """The job mix each planner believes: the default PFI, predicted PFIs, measured curves
+    (where the fit is good enough, as the gateway uses them; and every fit, as a looser
+    FLEXGATE_CURVE_MAX_PFI_STDERR would)."""
+    rng = np.random.default_rng(seed)
+    predictor = study_predictor()
+    declared = [{k: v for k, v in j.items() if k not in ("pfi", "pfi_grid_w")} for j in jobs]
+    feature = dram_copy_product(np.array([j["pfi"] for j in jobs]), rng)
+    predicted = [
+        d
+        | {"pfi": float(predictor.predict(x)), "pfi_stderr": float(predictor.prediction_stderr(x))}
+        for d, x in zip(declared, feature, strict=True)
+    ]
+
+    def measured(every_fit: bool) -> list[dict]:
+        return [
+            d | {"sweep": r["fit"]["sweep"], "pfi_stderr": r["fit"]["pfi_stderr"]}
+            if r["fit"] and (every_fit or r["fit"]["good"])
+            else p
+            for d, p, r in zip(declared, predicted, rows, strict=True)
+        ]
+
+    return {
+        "default": declared,
+        "predicted": predicted,
+        "measured": measured(every_fit=False),
+        "measured_every_fit": measured(every_fit=True),
+    }
+
+
+def compare_plans(jobs: list[dict], rows: list[dict]) -> list[dict]:
+    """Per reduction: the share of the site's throughput each belief's plan keeps on the true
+    curves, the equal split's and the oracle's, and the share of that gap each plan closes."""
+    truth = parse_job_mix({"jobs": jobs}).problem
+    believed = {n: parse_job_mix({"jobs": m}).problem for n, m in beliefs(jobs, rows).items()}
+    uncapped = float(truth.curves.uncapped_throughput.sum())
+    total_w = float(truth.gpus @ truth.hi_w)
+    out = []
+    for share in PLAN_REDUCTIONS:
+        target_w = share * total_w
+        kept = {
+            name: float(
+                throughput_at_power(
+                    truth.curves, allocate(problem, target_w, "optimal").power_w
+                ).sum()
+            )
+            / uncapped
+            for name, problem in believed.items()
+        }
+        for strategy in ("equal", "oracle"):
+            kept[strategy] = float(allocate(truth, target_w, strategy).throughput.sum()) / uncapped
+        kept["oracle"] = max(kept.values())  # the true optimum is at least every plan's answer
+        gap = kept["oracle"] - kept["equal"]
+        out.append(
+            {
+                "reduction_share": share,
+                "throughput_kept": kept,
+                "gap_closed": {
+                    n: (kept[n] - kept["equal"]) / gap if gap > 0 else None for n in believed
+                },
+            }
+        )
     return out
 
 
@@ -144,6 +227,7 @@ def main() -> None:
         results.append(summarise(rows, periods))
         detail[str(periods)] = rows
         print(json.dumps(results[-1]), file=sys.stderr)
+    plans = compare_plans(jobs, detail[str(PLANNED_PERIODS)])
     doc = {
         "bench": "pfi",
         "python": platform.python_version(),
@@ -157,6 +241,7 @@ def main() -> None:
         "target_met": next(r for r in results if r["periods_per_level"] == 20.0)["pfi_error_median"]
         <= 0.10,
         "results": results,
+        "plans": plans,
         "wall_s": time.perf_counter() - started,
         "detail": detail,
     }
@@ -169,6 +254,10 @@ def main() -> None:
             f"good {100 * r['good_enough_share']:.0f}%, probe {r['probe_s_median']:.0f} s, "
             f"lost {100 * r['throughput_lost_share_median']:.1f}%"
         )
+
+    for r in plans:
+        closed = ", ".join(f"{n} {100 * v:.1f}%" for n, v in r["gap_closed"].items())
+        print(f"cut {100 * r['reduction_share']:.0f}% of GPU power: gap closed {closed}")
 
 
 if __name__ == "__main__":
