@@ -255,6 +255,7 @@ def event_to_acked(api: httpx.Client, reduction_kw: float) -> dict[str, Any]:
         "recorded_s": time.perf_counter() - start,
         "acked": sum(c["status"] == "acked" for c in commands),
         "capped": sum(bool(c["caps"]) for c in commands),
+        "errors": sorted({str(c["error"]) for c in commands if c["status"] != "acked"})[:5],
     }
 
 
