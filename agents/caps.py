@@ -64,6 +64,7 @@ class CapController:
                 )
             wanted = self._validate(command)
             before = {gpu: self._enforced_or_none(gpu) for gpu in range(self.backend.count())}
+            self._save_originals(sorted(wanted))
             results = [self._set(gpu, cap, received_at) for gpu, cap in sorted(wanted.items())]
             saved = self.originals.saved()
             results += [
@@ -194,6 +195,20 @@ class CapController:
             return self.backend.identity(index)[0]
         except AgentError:
             return None
+
+    def _save_originals(self, indices: list[int]) -> None:
+        """The original limits of the GPUs about to be capped for the first time, saved in one
+        write before any changes (a GPU that cannot be read is left to `_set`, which reports
+        it and saves its original itself before changing it)."""
+        limits = []
+        for index in indices:
+            try:
+                uuid, _ = self.backend.identity(index)
+                if self.originals.original_w(uuid) is None:
+                    limits.append((uuid, index, self.backend.enforced_limit_w(index)))
+            except AgentError:
+                continue
+        self.originals.remember_all(limits)
 
     def _set(self, index: int, requested_w: float, received_at: float) -> CapResult:
         clamped = False

@@ -44,10 +44,16 @@ class OriginalLimits:
 
     def remember(self, uuid: str, index: int, limit_w: float) -> None:
         """Save a GPU's original limit, unless one is saved already (the first one counts)."""
+        self.remember_all([(uuid, index, limit_w)])
+
+    def remember_all(self, limits: list[tuple[str, int, float]]) -> None:
+        """Save these GPUs' original limits (uuid, index, limit [W]) in one write, those not
+        saved already: one fsync for a command's GPUs, not one each."""
         with self._lock:
-            if uuid in self._saved:
+            new = {u: {"index": i, "original_w": w} for u, i, w in limits if u not in self._saved}
+            if not new:
                 return
-            self._saved[uuid] = {"index": index, "original_w": limit_w}
+            self._saved.update(new)
             self._write()
 
     def original_w(self, uuid: str) -> float | None:

@@ -2,8 +2,10 @@
 
 - A command is a request on the node's own subject `flexgate.caps.<node>` (per-node subjects:
   the broker routes each node its part, and 10,000 subscriptions cost it nothing), carrying the
-  agent token as an `Authorization` header; the reply is a `NatsAnswer`. Retried on timeouts, a
-  missing responder and 5xx answers, with exponential backoff; a 4xx answer is final.
+  agent token as an `Authorization` header; the reply is a `NatsAnswer`. A fan-out is one batch
+  (`put_caps_many`): every command published with a reply subject on one inbox, the answers
+  gathered there. Retried on timeouts, a missing responder and 5xx answers, with exponential
+  backoff; a 4xx answer is final.
 - With every command the node's desired state goes into the JetStream key-value bucket
   `flexgate_desired` (key: the node id), published just before the request. The
   bucket's entries expire one lease after their last write, so a node that reconnects catches

@@ -64,6 +64,9 @@ class Targets:
         self.plan_id: str | None = None
         self.fan_outs = 0  #: desired states sent to every node, since start
         self.last_plan: dict[str, Any] | None = None  #: the plan last sent
+        #: (plan id, each node's answer to its last fan-out, as stored): what a read of the
+        #: current plan shows, without scanning every answer of every reconciliation
+        self._answers: tuple[str, list[dict[str, Any]]] | None = None
         self.recovering_from: str | None = None  #: the event whose caps are stepping back
         self.rate_spread = 0.0  #: half-width of the rate offsets every plan applies
         #: (facility kW, event id, the site loop's state) last planned
@@ -250,7 +253,14 @@ class Targets:
     def _store_acks(self, acks: list[Ack]) -> None:
         assert self.plan_id is not None
         assert self.generation is not None
-        rows = [
+        rows = self._rows(acks)
+        self._answers = (self.plan_id, rows)
+        with self.store.session() as s:
+            repo.add_commands(s, commands=rows)
+            s.commit()
+
+    def _rows(self, acks: list[Ack]) -> list[dict[str, Any]]:
+        return [
             {
                 "plan_id": self.plan_id,
                 "node": ack.node,
@@ -265,9 +275,6 @@ class Targets:
             }
             for ack in acks
         ]
-        with self.store.session() as s:
-            repo.add_commands(s, commands=rows)
-            s.commit()
 
     async def reconcile(self) -> None:
         """Renew leases and put back what drifted: the desired state again, same generation;
@@ -285,20 +292,23 @@ class Targets:
             row = repo.get_plan(s, plan_id=plan_id)
             if row is None:
                 raise NotFoundError(f"no plan '{plan_id}'")
-            commands = repo.latest_commands(s, plan_id=plan_id)
+            if self._answers is not None and self._answers[0] == plan_id:
+                commands = self._answers[1]
+            else:
+                commands = [c.model_dump() for c in repo.latest_commands(s, plan_id=plan_id)]
         latest = {
-            c.node: {
-                "node": c.node,
-                "status": c.status,
-                "generation": c.generation,
-                "attempts": c.attempts,
-                "sent_at": iso(c.sent_at),
-                "acked_at": iso(c.acked_at),
-                "delay_s": c.delay_s,
-                "error": c.error,
+            c["node"]: {
+                "node": c["node"],
+                "status": c["status"],
+                "generation": c["generation"],
+                "attempts": c["attempts"],
+                "sent_at": iso(c["sent_at"]),
+                "acked_at": iso(c["acked_at"]),
+                "delay_s": c["delay_s"],
+                "error": c["error"],
                 "enforced": [
                     {"gpu": r["gpu"], "enforced_w": r["enforced_w"], "clamped": r["clamped"]}
-                    for r in (c.answer or {}).get("results", [])
+                    for r in (c["answer"] or {}).get("results", [])
                 ],
             }
             for c in commands

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -61,6 +62,24 @@ def test_originals_are_saved_before_the_first_change(rig):
     controller.apply(command(generation=2, g0=300.0), clock())
     saved = json.loads((state / "original-limits.json").read_text())["gpus"]
     assert saved == {"GPU-fake-0000": {"index": 0, "original_w": 650.0}}  # the first one counts
+
+
+def test_a_commands_originals_are_saved_in_one_write_before_any_change(rig, monkeypatch):
+    fake, controller, clock, state = rig
+    writes = []
+    real_replace = os.replace
+
+    def replace(src, dst):  # each write of the originals file ends in one rename
+        writes.append([fake.limit_mw(g) for g in range(4)])  # the limits when it was written
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    controller.apply(command(g0=450.0, g1=500.0, g2=550.0, g3=600.0), clock())
+    assert writes == [[650_000] * 4]  # one write, every limit still the original
+    saved = json.loads((state / "original-limits.json").read_text())["gpus"]
+    assert sorted(e["original_w"] for e in saved.values()) == [650.0] * 4
+    controller.apply(command(2, g0=400.0, g1=400.0, g2=400.0, g3=400.0), clock())
+    assert len(writes) == 1  # already saved: nothing written
 
 
 def test_a_command_is_the_whole_state(rig):
