@@ -69,7 +69,7 @@ class CapLevels:
             )
             if fresh and known is not None and known.start == t0:
                 continue  # measured already, or grown too little to measure again
-            found = measure(trace[start:stop], dt_s, cap)
+            found = measure(uniform(times[start:stop], trace[start:stop], dt_s), dt_s, cap)
             if found is None:
                 continue
             point, periods = found
@@ -118,6 +118,24 @@ def _stretches(times: np.ndarray, caps: np.ndarray) -> list[tuple[int, int, floa
         first = a if a == 0 else int(np.searchsorted(times, times[a] + SETTLE_S))
         if b - first >= 16:
             out.append((first, int(b), float(level[a])))
+    return out
+
+
+def uniform(times: np.ndarray, trace: np.ndarray, dt_s: float) -> np.ndarray:
+    """The stretch on a uniform grid of `dt_s` from its first sample, interpolated linearly
+    between the samples as they were taken: a sampler thread on a loaded machine runs late by
+    a good part of a sample and then catches up, and samples read at their nominal times would
+    smear the waveform's edges. NaN where no sample lies within 1.5 `dt_s` (a gap)."""
+    count = round(float(times[-1] - times[0]) / dt_s) + 1
+    grid = times[0] + dt_s * np.arange(count)
+    ok = np.isfinite(trace)
+    if ok.sum() < 2:
+        return np.full(count, np.nan)
+    taken, values = times[ok], trace[ok]
+    out = np.interp(grid, taken, values)
+    after = np.clip(np.searchsorted(taken, grid), 1, taken.size - 1)
+    nearest = np.minimum(np.abs(grid - taken[after - 1]), np.abs(taken[after] - grid))
+    out[nearest > 1.5 * dt_s] = np.nan
     return out
 
 

@@ -29,6 +29,7 @@ from flexmodel.sweeps import fit_sweep
 from gateway.clock import Clock
 from gateway.services.fleet import Fleet, job_readings
 from gateway.services.jobbook import JobBook
+from gateway.services.periodic import Every
 from gateway.settings import GatewaySettings
 from gateway.store import repo
 from gateway.store.db import Store
@@ -149,24 +150,21 @@ class JobCurves:
             book,
             fleet,
         )
-        self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        # A round that fails reads again the next; the agents keep their points meanwhile.
+        self._every = Every(
+            clock,
+            settings.curve_harvest_s,
+            self.harvest,
+            "reading the jobs' measured points failed",
+        )
 
     def start(self) -> None:
         self.book.use_curves(self.in_force())
-        self._task = asyncio.create_task(self._forever())
+        self._every.start()
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-    async def _forever(self) -> None:
-        while True:
-            await self.clock.sleep(self.settings.curve_harvest_s)
-            try:
-                await self.harvest()
-            except Exception:  # the next round reads again; the agents keep their points
-                log.exception("reading the jobs' measured points failed")
+        self._every.stop()
 
     def latest(self) -> dict[str, JobCurveRow]:
         with self.store.session() as s:

@@ -23,8 +23,6 @@ prediction is in force from the next plan or quote on (it re-plans nothing by it
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -37,12 +35,12 @@ from gateway.clock import Clock
 from gateway.errors import InvalidRequestError
 from gateway.services.fleet import Fleet, Telemetry
 from gateway.services.jobbook import JobBook
+from gateway.services.periodic import Every
 from gateway.settings import GatewaySettings
 from gateway.store import repo
 from gateway.store.db import Store
 from gateway.store.models import PfiRecordRow, iso
 
-log = logging.getLogger("flexgate.gateway")
 #: A job's features count once its agents have this many readings behind them.
 MIN_FEATURE_SAMPLES = 3
 #: Predictions are rounded to this, so the mix changes when a prediction does, not with
@@ -87,7 +85,10 @@ class Predictions:
         self.predictor = self.study
         self.features: dict[str, JobFeature] = {}
         self.predicted: dict[str, tuple[float, float]] = {}  #: job id -> (PFI, stderr)
-        self._task: asyncio.Task[None] | None = None
+        # A round that fails is tried again the next period; the predictions stand meanwhile.
+        self._every = Every(
+            clock, settings.predictor_period_s, self.refresh, "PFI prediction failed"
+        )
         self._refit()
 
     # --- the predictor ----------------------------------------------------------------------
@@ -142,19 +143,14 @@ class Predictions:
     # --- the jobs ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._forever())
+        self._every.start()
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        self._every.stop()
 
-    async def _forever(self) -> None:
-        while True:
-            await self.clock.sleep(self.settings.predictor_period_s)
-            try:
-                self.update(await self.fleet.telemetry())
-            except Exception:  # the next period tries again; the default stands meanwhile
-                log.exception("PFI prediction failed")
+    async def refresh(self) -> None:
+        """Read the fleet's telemetry and update the records and predictions from it."""
+        self.update(await self.fleet.telemetry())
 
     def update(self, telemetry: Telemetry) -> None:
         """The jobs' features from this telemetry: the sweep jobs' records, then every

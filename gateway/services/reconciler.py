@@ -10,16 +10,12 @@ of the wall clock neither stalls the lease renewals nor bunches them up.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-
 from gateway.clock import Clock
 from gateway.services.events import Events
 from gateway.services.fleet import Fleet
+from gateway.services.periodic import Every
 from gateway.services.scattering import Scatterer
 from gateway.services.targets import Targets
-
-log = logging.getLogger("flexgate.gateway")
 
 
 class Reconciler:
@@ -35,22 +31,14 @@ class Reconciler:
         self.period_s, self.clock = period_s, clock
         self.fleet, self.targets, self.events = fleet, targets, events
         self.scatterer = scatterer
-        self._task: asyncio.Task[None] | None = None
+        # A round that fails is tried again the next period; the leases bound the damage.
+        self._every = Every(clock, period_s, self.reconcile, "reconciliation failed")
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._forever())
+        self._every.start()
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-    async def _forever(self) -> None:
-        while True:
-            await self.clock.sleep(self.period_s)
-            try:
-                await self.reconcile()
-            except Exception:  # the next period tries again; the leases bound the damage
-                log.exception("reconciliation failed")
+        self._every.stop()
 
     async def reconcile(self) -> None:
         await self.fleet.discover()

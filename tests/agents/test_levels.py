@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from agents.levels import uniform
 from agents.simulated import SimulatedBackend
 from agents.telemetry import Sampler
 from flexmodel.curves import operating_point
@@ -79,3 +80,23 @@ def test_a_job_never_capped_has_one_level_its_own_reference():
     assert found.period_confidence is not None
     assert 0 < found.period_confidence <= 1
     assert np.isfinite(found.points[0].period_s)
+
+
+def test_samples_taken_late_are_put_back_on_the_uniform_grid_and_gaps_stay_gaps():
+    """A sampler that ran late and caught up: read at their real times, the samples of a ramp
+    give the ramp on the grid; where no sample was taken for a while, nothing is invented."""
+    dt = 0.05
+    late = np.array([0.0, 0.01, 0.04, 0.045, 0.0, 0.02, 0.0, 0.0, 0.03, 0.0])
+    times = 10.0 + dt * np.arange(late.size) + late
+    times = np.concatenate([times, times[-1] + dt * np.arange(5, 10)])  # a 0.25 s gap first
+    ramp = 3.0 * times + 100.0
+    grid = uniform(times, ramp, dt)
+    expected = 3.0 * (10.0 + dt * np.arange(grid.size)) + 100.0
+    known = np.isfinite(grid)
+    assert known.sum() >= 12
+    np.testing.assert_allclose(grid[known], expected[known], atol=1e-9)
+    gap = (10.0 + dt * np.arange(grid.size) > times[9] + 1.5 * dt) & (
+        10.0 + dt * np.arange(grid.size) < times[10] - 1.5 * dt
+    )
+    assert gap.any()
+    assert not known[gap].any()

@@ -40,9 +40,11 @@ def job(job_id, node, gpus, period_s, **extra):
 
 
 #: What the jobs really are (the simulated GPUs run these curves); the gateway is told no PFI.
+#: Periods of 20 or more samples at the agents' 20 Hz: at 10 a period, the 20% low phase is two
+#: samples, and the autocorrelation at a multiple of the period can beat the period itself.
 TRUTH = [
-    job("flex", "node-a", [0, 1, 2, 3], 0.5, pfi=2.0),
-    job("stiff", "node-a", [4, 5, 6, 7], 0.6, pfi=1.2),
+    job("flex", "node-a", [0, 1, 2, 3], 1.0, pfi=2.0),
+    job("stiff", "node-a", [4, 5, 6, 7], 1.2, pfi=1.2),
     job("guarded", "node-b", [0, 1, 2, 3, 4, 5, 6, 7], 0.5, pfi=1.5, protected=True),
 ]
 
@@ -170,7 +172,7 @@ def test_a_probe_measures_the_job_and_restores_every_gpu(tmp_path):
         assert watch.lowest("node-b", list(range(8))) == MAX_W
         curve = site.api.get("/v1/jobs/flex/curve").json()
         assert [p["cap_w"] for p in curve["points"]] == sorted(caps)
-        assert curve["fit"]["pfi"] is not None
+        assert curve["fit"]["pfi"] is not None, (curve["fit"]["error"], curve["points"])
         assert curve["fit"]["grid_w"][-1] == MAX_W
         shown = site.api.get("/v1/jobs/flex").json()
         assert shown["curve"]["measured"]["pfi"] == pytest.approx(curve["fit"]["pfi"], rel=1e-3)
