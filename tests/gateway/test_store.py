@@ -133,5 +133,6 @@ def test_each_job_s_latest_curve_is_its_last_fit_and_survives_a_reopen(database_
     reopened = open_engine(database_url)
     with Session(reopened) as s:
         latest = repo.latest_job_curves(s)
+    reopened.dispose()
     assert {job: row.fit["pfi"] for job, row in latest.items()} == {"a": 1.3, "b": 2.0}
     assert latest["a"].points[0]["cap_w"] == 600.0
