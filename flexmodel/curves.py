@@ -41,6 +41,8 @@ INSENSITIVE_SHARE_RANGE = (-4.0, 0.97)
 FAMILY_POINTS = 22
 #: The SM clock never falls below this fraction, whatever the cap.
 MIN_CLOCK_FRACTION = 0.02
+#: Caps closer than this are one [W].
+CAP_RESOLUTION_W = 0.5
 
 
 @dataclass(frozen=True)
@@ -263,6 +265,35 @@ def sweep_curve(
         power_w=power[None, :],
         throughput=thr[None, :],
         period_s=np.array([period_s], dtype=float),
+    )
+
+
+def extend_below(measured: Curves, family: Curves) -> Curves:
+    """One measured curve (one row) continued below its lowest cap by a family curve of the
+    same job.
+
+    Below the lowest measured cap the measurement says nothing; the family (the next source,
+    a PFI turned into a curve) does. Its points below that cap are scaled so that they meet
+    the lowest measured point (power and throughput each by their ratio there), which keeps
+    the curve continuous and monotone; mean power stays at or below its cap. Within the
+    measured range the curve is the measurement's, unchanged.
+    """
+    low_cap, low_power, low_thr = (
+        float(a[0, 0]) for a in (measured.cap_w, measured.power_w, measured.throughput)
+    )
+    fam_power, fam_thr, _ = operating_point(family, low_cap)
+    ratios = (low_power / float(fam_power[0]), low_thr / float(fam_thr[0]))
+    below = family.cap_w[0] < low_cap - CAP_RESOLUTION_W
+    if not below.any() or not all(np.isfinite(r) and r > 0 for r in ratios):
+        return measured
+    caps = family.cap_w[0, below]
+    power = np.minimum(np.minimum(family.power_w[0, below] * ratios[0], caps), low_power)
+    thr = np.minimum(family.throughput[0, below] * ratios[1], low_thr)
+    return Curves(
+        cap_w=np.concatenate([caps, measured.cap_w[0]])[None, :],
+        power_w=np.concatenate([power, measured.power_w[0]])[None, :],
+        throughput=np.concatenate([thr, measured.throughput[0]])[None, :],
+        period_s=measured.period_s.copy(),
     )
 
 

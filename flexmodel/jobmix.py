@@ -47,6 +47,8 @@ PFI_RANGE = (0.5, 10.0)
 OVERHEAD_FACTOR_RANGE = (1.0, 3.0)
 #: Static load [kW]: up to a gigawatt, larger than any site; more is W typed as kW.
 STATIC_LOAD_RANGE_KW = (0.0, 1_000_000.0)
+#: What a sweep's curve is below its lowest cap (`flexmodel.jobs.Job.sweep_extension`).
+SWEEP_EXTENSIONS = ("none", "family")
 
 
 def parse_job_mix_json(
@@ -167,6 +169,7 @@ def parse_job(doc: Any, index: int = 0, tiers: TierTable = DEFAULT_TIERS) -> Job
         pfi_stderr=_optional(doc, "pfi_stderr", where, within=(0.0, PFI_RANGE[1])),
         pfi_grid_w=grid,
         sweep=_sweep(doc.get("sweep"), where),
+        sweep_extension=_sweep_extension(doc, where),
         min_cap_w=min_cap,
         max_cap_w=max_cap,
         min_throughput_fraction=floor,
@@ -185,6 +188,20 @@ def parse_job(doc: Any, index: int = 0, tiers: TierTable = DEFAULT_TIERS) -> Job
     if job.sweep is not None:
         _check_sweep(job, where)
     return job
+
+
+def _sweep_extension(doc: dict[str, Any], where: str) -> str:
+    value = doc.get("sweep_extension")
+    if value is None:
+        return "none"
+    if value not in SWEEP_EXTENSIONS:
+        raise InvalidJobError(
+            f"{where}: 'sweep_extension' must be one of {', '.join(SWEEP_EXTENSIONS)}, "
+            f"got {value!r}"
+        )
+    if doc.get("sweep") is None:
+        raise InvalidJobError(f"{where}: 'sweep_extension' needs a 'sweep' to extend")
+    return str(value)
 
 
 def _model_family(value: Any, where: str) -> str | None:

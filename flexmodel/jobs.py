@@ -9,13 +9,13 @@ The JSON reader is `flexmodel.jobmix`; the allocator is `flexmodel.allocate`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from flexmodel.curves import Array, Curves, FamilyShape, family_curves, stack
+from flexmodel.curves import Array, Curves, FamilyShape, extend_below, family_curves, stack
 from flexmodel.errors import InvalidSweepError
 from flexmodel.pfi import (
     DEFAULT_PFI,
@@ -56,6 +56,9 @@ class Job:
     pfi_stderr: float | None = None
     pfi_grid_w: tuple[float, ...] | None = None
     sweep: tuple[tuple[float, float, float], ...] | None = None
+    #: below the sweep's lowest cap: `none` (the job goes no lower) or `family` (the fleet
+    #: family at the sweep's own PFI, joined to its lowest point: `extend_below`)
+    sweep_extension: str = "none"
     min_cap_w: float = DEFAULT_MIN_CAP_W
     max_cap_w: float = DEFAULT_MAX_CAP_W
     min_throughput_fraction: float = 0.0  #: the stricter of the job's own and its tier's
@@ -236,12 +239,20 @@ def job_curves(jobs: tuple[Job, ...] | list[Job], pfi: Array | None = None) -> C
     if family:
         chosen = None if pfi is None else np.asarray(pfi, dtype=float)[family]
         parts.append(_family_table([jobs[i] for i in family], chosen))
-    parts += [
-        jobs[i].measured_sweep.curve(jobs[i].period_s, name=f"job '{jobs[i].id}' sweep")
-        for i in sweeps
-    ]
+    parts += [_sweep_table(jobs[i]) for i in sweeps]
     table = stack(parts) if len(parts) > 1 else parts[0]
     return table.select(np.argsort(family + sweeps))
+
+
+def _sweep_table(job: Job) -> Curves:
+    """A sweep job's curve: its measured points, and below them the fleet family at the
+    sweep's own PFI on its own grid when the job asks for it (`sweep_extension: family`)."""
+    sweep = job.measured_sweep
+    measured = sweep.curve(job.period_s, name=f"job '{job.id}' sweep")
+    if job.sweep_extension != "family" or sweep.pfi is None:
+        return measured
+    stand_in = replace(job, sweep=None, pfi=sweep.pfi, pfi_grid_w=sweep.grid_w)
+    return extend_below(measured, _family_table([stand_in], np.array([sweep.pfi])))
 
 
 def _family_table(jobs: list[Job], pfi: Array | None = None) -> Curves:

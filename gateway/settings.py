@@ -133,6 +133,8 @@ class GatewaySettings(BaseSettings):
     curve_harvest_s: float = Field(default=60.0, gt=0.0)  #: agents' points read this often
     #: a measured curve replaces the declared one once its PFI's standard error is this small
     curve_max_pfi_stderr: float = Field(default=0.15, gt=0.0)
+    #: below a measured curve's lowest level: the fleet family at its PFI, or nothing
+    curve_extend: Literal["family", "none"] = "family"
 
     @property
     def tier_table(self) -> TierTable:

@@ -8,9 +8,13 @@
 - **Fit**: `flexmodel.sweeps.fit_sweep` on the points with their stated noise: the PFI with its
   standard error on the measured grid (nothing extrapolated; PFIs compare only on one grid),
   the monotone curve, the points set aside. Each fit is stored (`JobCurveRow`) with when.
-- **In force**: a fit whose PFI's standard error is at most `curve_max_pfi_stderr` replaces the
-  job's declared curve in the job book (`JobBook.use_curves`), as a sweep in the job-mix form
-  with the fitted error, so plans and quotes use it and firm kW carries its uncertainty.
+- **In force**: a fit whose PFI's standard error is at most `curve_max_pfi_stderr`, or below
+  that of the PFI it would replace (`JobBook.replaced_stderr`: a prediction's, the default's),
+  replaces the job's curve in the job book (`JobBook.use_curves`), as a sweep in the job-mix
+  form with the fitted error, so plans and quotes use it and firm kW carries its uncertainty.
+  Below its lowest measured level the curve is the fleet family at the fitted PFI
+  (`curve_extend`, `flexmodel.curves.extend_below`), so measuring a job never makes it less
+  flexible to the planner than its prediction did.
 """
 
 from __future__ import annotations
@@ -77,14 +81,19 @@ def _relative_error(point: dict[str, Any]) -> float:
     return max((se / value for se, value in parts if se and value > 0), default=0.0)
 
 
-def verdict(fit: dict[str, Any] | None, max_stderr: float) -> str | None:
-    """Why this fit may not replace the declared curve, or None when it may."""
+def verdict(
+    fit: dict[str, Any] | None, max_stderr: float, replaced_stderr: float = 0.0
+) -> str | None:
+    """Why this fit may not replace the job's curve, or None when it may: its PFI's standard
+    error must be at most `max_stderr`, or below `replaced_stderr`, the error of the PFI it
+    would replace (a measurement better known than the prediction it replaces is used)."""
     if fit is None or fit.get("pfi") is None:
         return (fit or {}).get("error") or "no capped level slowed the job beyond the noise"
-    if fit["pfi_stderr"] > max_stderr:
+    if fit["pfi_stderr"] > max_stderr and fit["pfi_stderr"] >= replaced_stderr:
         return (
             f"the PFI's standard error {fit['pfi_stderr']:.3g} is above "
-            f"FLEXGATE_CURVE_MAX_PFI_STDERR={max_stderr:g}"
+            f"FLEXGATE_CURVE_MAX_PFI_STDERR={max_stderr:g} and not below the "
+            f"{replaced_stderr:.3g} of the PFI it would replace"
         )
     if not PFI_RANGE[0] <= fit["pfi"] <= PFI_RANGE[1]:
         return f"the PFI {fit['pfi']:.3g} lies outside the plausible {PFI_RANGE}"
@@ -172,9 +181,11 @@ class JobCurves:
 
     def in_force(self) -> dict[str, dict[str, Any]]:
         """The job-mix fields each good enough fit sets over the job's declared ones."""
+        docs = {d["id"]: d for d in self.book.docs()}
         out = {}
         for job_id, row in self.latest().items():
-            if row.fit is None or verdict(row.fit, self.settings.curve_max_pfi_stderr):
+            doc = docs.get(job_id)
+            if doc is None or row.fit is None or self._why_not(doc, row.fit):
                 continue
             sweep = row.fit["sweep"]
             out[job_id] = {
@@ -182,8 +193,12 @@ class JobCurves:
                 "pfi": row.fit["pfi"],
                 "pfi_stderr": row.fit["pfi_stderr"],
                 "sweep": sweep,
+                "sweep_extension": self.settings.curve_extend,
             }
         return out
+
+    def _why_not(self, doc: dict[str, Any], fit: dict[str, Any] | None) -> str | None:
+        return verdict(fit, self.settings.curve_max_pfi_stderr, self.book.replaced_stderr(doc))
 
     async def harvest(
         self, job_ids: set[str] | None = None, origin: str = "telemetry"
@@ -214,24 +229,31 @@ class JobCurves:
                     )
                     s.commit()
                 changed.append(job_id)
-            if changed:
-                self.book.use_curves(self.in_force())
+            # Every round: what a fit must beat moves too (a job's prediction is refitted).
+            self.book.use_curves(self.in_force())
             return changed
 
     def describe(
         self, doc: dict[str, Any], row: JobCurveRow | None, *, points: bool
     ) -> dict[str, Any]:
-        """A job's curve as the API shows it (`curve_doc`)."""
-        return curve_doc(doc, row, max_stderr=self.settings.curve_max_pfi_stderr, points=points)
+        """A job's curve as the API shows it (`doc`: the job as declared): where it comes from,
+        the PFI with its error and grid, and (with `points`) the measured points and the fit."""
+        fit = row.fit if row is not None else None
+        why_not = self._why_not(doc, fit) if row is not None else None
+        return curve_doc(doc, row, why_not, extension=self.settings.curve_extend, points=points)
 
 
 def curve_doc(
-    doc: dict[str, Any], row: JobCurveRow | None, *, max_stderr: float, points: bool
+    doc: dict[str, Any],
+    row: JobCurveRow | None,
+    why_not: str | None,
+    *,
+    extension: str,
+    points: bool,
 ) -> dict[str, Any]:
-    """A job's curve as the API shows it (`doc`: the job as declared): where it comes from,
-    the PFI with its error and grid, and (with `points`) the measured points and the fit."""
+    """A job's curve as the API shows it (`doc`: the job as declared, `why_not` the reason
+    its fit is not in force)."""
     fit = row.fit if row is not None else None
-    why_not = verdict(fit, max_stderr) if row is not None else None
     used = row is not None and why_not is None
     kind = "sweep" if doc.get("sweep") else ("pfi" if doc.get("pfi") is not None else None)
     out: dict[str, Any] = {
@@ -256,6 +278,8 @@ def curve_doc(
             "pfi_measured": fit.get("pfi_measured"),
             "grid_w": fit.get("grid_w"),
             "levels": len(row.points),
+            # below its lowest level the curve in force is the fleet family at this PFI
+            "extension": extension,
             # PFIs compare only on one grid: a probe within the floor reaches fewer caps
             "same_grid_as_declared": out["declared"] is not None
             and fit.get("grid_w") == out["declared"]["grid_w"],

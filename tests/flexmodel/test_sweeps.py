@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flexmodel.curves import FamilyShape, family_point
+from flexmodel.curves import FamilyShape, family_point, operating_point
 from flexmodel.errors import InvalidJobError, InvalidSweepError
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.pfi import FINE_GRID_W, grid_matrix, pfi_of_sweep, pfi_rows
@@ -176,3 +176,61 @@ def test_without_noise_every_slowed_point_counts():
     assert sweep.pfi > 3  # the study's Eq. 1, division by 0.05% and all
     with pytest.raises(InvalidSweepError, match="noise must be a fraction"):
         fit_sweep(EXAMPLE, noise=1.5)
+
+
+def _probed(m: float, caps: tuple[float, ...]) -> list[dict]:
+    power, thr = _family_sweep(m, caps)
+    return [
+        {"cap_w": c, "power_w": float(p), "throughput": float(t)}
+        for c, p, t in zip(caps, power, thr, strict=True)
+    ]
+
+
+PROBED_CAPS = (500.0, 560.0, 620.0, 700.0)
+PROBED_JOB = {"id": "a", "gpus": 8, "power_w": 650.0, "throughput": 20000.0, "duty": 0.8}
+
+
+def test_a_sweep_goes_no_lower_than_its_lowest_cap_unless_extended():
+    points = _probed(0.3, PROBED_CAPS)
+    plain = parse_job_mix({"jobs": [PROBED_JOB | {"sweep": points}]})
+    assert plain.jobs[0].sweep_extension == "none"
+    assert plain.curves.cap_w[0, 0] == 500.0
+    assert plain.problem.lo_w[0] == pytest.approx(points[0]["power_w"])
+
+    mix = parse_job_mix({"jobs": [PROBED_JOB | {"sweep": points, "sweep_extension": "family"}]})
+    curve = mix.curves
+    assert curve.cap_w[0, 0] == pytest.approx(200.0)  # down to the GPU's minimum cap
+    assert mix.problem.lo_w[0] < 0.7 * points[0]["power_w"]
+    for label in ("cap_w", "power_w", "throughput"):  # monotone throughout
+        assert np.all(np.diff(getattr(curve, label)[0]) >= 0), label
+    assert np.all(curve.power_w[0] <= curve.cap_w[0] + 1e-9)
+    # Within the measured range the curve is the measurement's, unchanged.
+    kept = curve.cap_w[0] >= 500.0
+    assert np.allclose(curve.throughput[0, kept], plain.curves.throughput[0])
+    assert np.allclose(curve.power_w[0, kept], plain.curves.power_w[0])
+
+
+def test_the_extension_continues_the_jobs_own_curve_when_the_family_is_its_truth():
+    """On a family job probed only down to 500 W, the extension at the sweep's own PFI lands
+    on the true family curve below it (the join is exact at the lowest measured point)."""
+    m = 0.3
+    mix = parse_job_mix(
+        {"jobs": [PROBED_JOB | {"sweep": _probed(m, PROBED_CAPS), "sweep_extension": "family"}]}
+    )
+    deep = np.array([250.0, 300.0, 400.0])
+    _, truth = _family_sweep(m, tuple(deep))
+    believed = [float(operating_point(mix.curves, c)[1][0]) for c in deep]
+    assert believed == pytest.approx(truth, rel=0.03)
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"sweep_extension": "linear"}, "'sweep_extension' must be one of none, family"),
+        ({"sweep_extension": "family", "sweep": None}, "'sweep_extension' needs a 'sweep'"),
+    ],
+)
+def test_a_bad_sweep_extension_is_refused_naming_it(doc, message):
+    base = PROBED_JOB | {"sweep": _probed(0.3, PROBED_CAPS)}
+    with pytest.raises(InvalidJobError, match=message):
+        parse_job_mix({"jobs": [{k: v for k, v in (base | doc).items() if v is not None}]})

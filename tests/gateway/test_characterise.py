@@ -177,8 +177,8 @@ def test_a_probe_measures_the_job_and_restores_every_gpu(tmp_path):
         shown = site.api.get("/v1/jobs/flex").json()
         assert shown["curve"]["measured"]["pfi"] == pytest.approx(curve["fit"]["pfi"], rel=1e-3)
         assert shown["curve"]["declared"] is None  # nothing was declared: the fleet default
-        # Good enough (FLEXGATE_CURVE_MAX_PFI_STDERR=1): quotes cut the job no lower than the
-        # lowest level measured, and carry the fitted error into firm kW.
+        # Good enough (FLEXGATE_CURVE_MAX_PFI_STDERR=1): plans and quotes use it, carry the
+        # fitted error into firm kW, and below its lowest level extend it by the fleet family.
         assert shown["curve"]["source"] == "measured"
         # ... and it is the PFI in force, as the job list (and the dashboard) show it.
         assert shown["pfi"]["source"] == "measured"
@@ -187,9 +187,11 @@ def test_a_probe_measures_the_job_and_restores_every_gpu(tmp_path):
         assert listed["flex"]["pfi"] == pytest.approx(curve["fit"]["pfi"], rel=1e-2)
         quote = site.api.post("/v1/quotes", json={"window_s": 60}).json()
         flex = next(j for j in quote["jobs"] if j["id"] == "flex")
-        # (from the measured uncapped power: the curve in force is the measured one)
+        # (from the measured uncapped power: the curve in force is the measured one) The job
+        # has no floor, so it gives more than its probe reached: the extension below it.
+        assert shown["curve"]["measured"]["extension"] == "family"
         lowest_w, top_w = (curve["fit"]["sweep"][i]["power_w"] for i in (0, -1))
-        assert flex["max_reduction_w"] <= 4 * (top_w - lowest_w) + 1.0
+        assert flex["max_reduction_w"] > 4 * (top_w - lowest_w) + 1.0
         assert quote["firm_kw"] < quote["achievable_kw"]
 
 

@@ -78,7 +78,7 @@ def test_a_job_with_no_clear_period_gives_no_points():
 TRUE_PFI = {"a": 1.1, "b": 1.3, "c": 2.0, "d": 2.6}
 
 
-def overlay(doc: dict, fit: dict) -> dict:
+def overlay(doc: dict, fit: dict, extension: str = "none") -> dict:
     """The job-mix fields a measured curve sets (as `JobCurves.in_force`)."""
     sweep = fit["sweep"]
     return doc | {
@@ -86,6 +86,7 @@ def overlay(doc: dict, fit: dict) -> dict:
         "pfi": fit["pfi"],
         "pfi_stderr": fit["pfi_stderr"],
         "sweep": sweep,
+        "sweep_extension": extension,
     }
 
 
@@ -93,14 +94,15 @@ def overlay(doc: dict, fit: dict) -> dict:
 def mixes():
     truth = [job_doc(j, pfi, 1.2) for j, pfi in TRUE_PFI.items()]
     default = [{k: v for k, v in doc.items() if k != "pfi"} for doc in truth]
-    measured = []
+    measured, extended = [], []
     for i, (doc, declared) in enumerate(zip(truth, default, strict=True)):
         # 40 periods a level: the most flexible job's fit is good enough (se <= 0.15) with the
         # simulated GPUs slowing only while they compute (at 20 it is 0.18).
         _, _, fit = measure(doc, seed=i, periods=40.0)
         assert verdict(fit, 0.15) is None, fit
         measured.append(overlay(declared, fit))
-    return [parse_job_mix({"jobs": jobs}) for jobs in (truth, default, measured)]
+        extended.append(overlay(declared, fit, "family"))
+    return [parse_job_mix({"jobs": jobs}) for jobs in (truth, default, measured, extended)]
 
 
 def true_outcome(truth, plan) -> tuple[float, float]:
@@ -124,7 +126,7 @@ def kept_at_true_shed(truth, belief, shed_w: float) -> float:
 
 
 def test_a_planner_given_measured_curves_beats_the_same_planner_on_the_default_pfi(mixes):
-    truth, default, measured = mixes
+    truth, default, measured, _ = mixes
     reach_w = 0.8 * float(measured.problem.max_cut_w.sum())  # within the probed range
     before = float(truth.array("throughput").sum())
     for share in (0.3, 0.6, 1.0):
@@ -137,8 +139,32 @@ def test_a_planner_given_measured_curves_beats_the_same_planner_on_the_default_p
         assert (oracle - on_measured) <= 0.5 * (oracle - on_default), (share, before)
 
 
+def test_below_the_probed_range_the_family_at_the_measured_pfi_plans_the_deeper_cut(mixes):
+    """A probe reaches 75% of a job's throughput; its floor here is 50%. Extended by the
+    fleet family at the measured PFI, the measured curves still beat the default PFI on a cut
+    deeper than every probe reached, and the jobs give what their floor allows."""
+    truth, default, measured, extended = mixes
+    probed_reach_w = float(measured.problem.max_cut_w.sum())
+    assert float(extended.problem.max_cut_w.sum()) > 1.5 * probed_reach_w
+    shed_w = 1.4 * probed_reach_w
+    on_extended = kept_at_true_shed(truth, extended, shed_w)
+    on_default = kept_at_true_shed(truth, default, shed_w)
+    oracle = kept_at_true_shed(truth, truth, shed_w)
+    assert on_extended > on_default
+    assert (oracle - on_extended) <= 0.5 * (oracle - on_default)
+
+
+def test_a_fit_is_used_when_better_known_than_the_pfi_it_replaces():
+    fit = {"pfi": 1.8, "pfi_stderr": 0.2}
+    assert verdict(fit, 0.15, replaced_stderr=0.3) is None  # a prediction's 0.3: measured wins
+    why = verdict(fit, 0.15, replaced_stderr=0.1)  # a declared PFI known to 0.1 stays
+    assert "0.2 is above FLEXGATE_CURVE_MAX_PFI_STDERR=0.15" in why
+    assert "not below the 0.1" in why
+    assert verdict(fit, 0.25) is None
+
+
 def test_firm_kw_carries_the_fitted_uncertainty(mixes):
-    _, _, measured = mixes
+    _, _, measured, _ = mixes
     doc = quote(measured, window_s=600.0, confidence=0.9)
     assert doc["firm_kw"] < doc["achievable_kw"]
     exact = parse_job_mix({"jobs": [{**_doc(job), "pfi_stderr": 1e-6} for job in measured.jobs]})
@@ -169,10 +195,11 @@ def test_a_measured_pfi_says_whether_it_shares_the_declared_one_s_grid():
     row = JobCurveRow(
         job_id="c", at=datetime(2026, 1, 1, tzinfo=UTC), source="measured", points=points, fit=fit
     )
-    shown = curve_doc(doc, row, max_stderr=0.15, points=True)
+    shown = curve_doc(doc, row, verdict(fit, 0.15), extension="family", points=True)
     assert shown["declared"]["grid_w"] == [200.0, 300.0, 400.0, 500.0, 600.0, 700.0]
     assert shown["measured"]["grid_w"] == fit["grid_w"]
     assert shown["measured"]["same_grid_as_declared"] is False  # a probe within the floor
+    assert shown["measured"]["extension"] == "family"
     assert shown["source"] == ("measured" if verdict(fit, 0.15) is None else "declared")
     assert shown["points"] == points
 
