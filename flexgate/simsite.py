@@ -173,11 +173,14 @@ class SimulatedSite:
         waveform_meter: bool = False,
         meter_delay_s: float = 0.0,
         sample_hz: float = 0.0,
+        metered: bool = True,
         **settings: Any,
     ) -> None:
         """`settings` override the gateway's (FLEXGATE_ names without the prefix). With
         `sample_hz` the agents sample their GPUs (phases; the meter period must be a whole
-        number of samples), and reconciliation rounds run."""
+        number of samples), and reconciliation rounds run. Not `metered`, the gateway is
+        given no meter and estimates the facility from the agents' power (the loop closes on
+        that estimate); the simulated meter still reads the truth for the caller."""
         self.clock = SteppedClock()
         self.folder = folder or Path(tempfile.mkdtemp(prefix="flexgate-simsite-"))
         mix = parse_job_mix({"jobs": truth.jobs})
@@ -238,7 +241,9 @@ class SimulatedSite:
             max_step_kw=settings.meter_max_step_kw,
             max_kw=settings.meter_max_kw,
         )
-        self.power = SitePower(settings, clock, self.fleet, self.book, overhead, self.feed)
+        self.power = SitePower(
+            settings, clock, self.fleet, self.book, overhead, self.feed if metered else None
+        )
         self.targets = Targets(
             settings, self.store, clock, self.client, self.fleet, self.book, self.power
         )

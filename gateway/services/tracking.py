@@ -21,6 +21,9 @@ a correction of the requested reduction, re-planned through the same allocator:
   the loop's nominal path; what goes round it is the model's error only, so with `loop_gain`
   <= 1 the loop is stable whenever the site's true response per planned kW is within 100% of
   the model's (the small-gain theorem: that residual loop has gain |1 - true/model| < 1).
+- Pacing: after a re-plan that took longer than a period (a fan-out to thousands of nodes)
+  the loop skips samples for as long as it took, so it never keeps the dispatch busy more
+  than half the time and events' plans get through; its period is then that long.
 - Anti-windup: the correction stops growing while the plan is short (every job at its floor)
   and stops falling while nothing is requested; it is bounded by `loop_max_correction` of the
   reduction.
@@ -103,6 +106,7 @@ class Tracker:
         self.reason: str | None = None  #: why the loop was adjusted, held or refused
         self._checked: tuple[float, float] | None = None  #: (longest period, delay) checked
         self._plan_s = 0.0  #: how long the last re-plan took to be acked [s]
+        self._ready_s = -math.inf  #: no loop step before (the last re-plan's end plus its length)
 
     @property
     def period_s(self) -> float:
@@ -137,6 +141,10 @@ class Tracker:
         started_s = self.clock.monotonic()
         await self.targets.hold(requested, pursuit.event_id, self.doc())
         self._plan_s = self.clock.monotonic() - started_s
+        # The loop's period is at least its re-plan's length: a fan-out slower than a meter
+        # period (thousands of nodes) is not followed by another at once, so the loop never
+        # keeps the dispatch busy more than half the time and events' plans get through.
+        self._ready_s = self.clock.monotonic() + self._plan_s
         short_kw = float((self.targets.last_plan or {}).get("shortfall_kw", 0.0))
         achieved_kw = max(requested - short_kw, 0.0)
         pursuit.moves.append((started_s, pursuit.achieved_kw - achieved_kw))
@@ -176,6 +184,8 @@ class Tracker:
         pursuit.reference_kw = reference
         if measured is None or target is None or self.verdict == "held":
             return  # a faulted meter: the correction is held, the plan is the model's
+        if self.clock.monotonic() < self._ready_s:
+            return  # the last re-plan took longer than a period: this sample is skipped
         error_kw = measured + self._unseen_kw(pursuit) - target
         plan = self.targets.last_plan or {}
         short = float(plan.get("shortfall_kw", 0.0)) > 1e-6
