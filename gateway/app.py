@@ -99,7 +99,7 @@ def create_app(
         feed = JobFeed(settings, clock, book, fleet, source) if source else None
         status = Status(settings, fleet, book, power, targets, events, feed)
         curves = JobCurves(settings, store, clock, book, fleet)
-        characteriser = Characteriser(settings, clock, book, fleet, targets, events, curves)
+        characteriser = Characteriser(settings, store, clock, book, fleet, targets, events, curves)
         predictions = Predictions(settings, store, clock, fleet, book)
         app.state.services = Services(
             book,

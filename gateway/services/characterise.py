@@ -14,6 +14,11 @@ Refused, with the reason: during an event (or while caps step back after one), a
 unplaced job, a job whose throughput alone is more than `probe_budget` of the site's (the jobs
 probed at once hold at most that share), a second probe while one runs. An event that starts
 mid-probe ends it at once: its plan replaces the probe's caps (`Targets.hold`).
+
+Every probe is recorded in the audit log when it starts and when it ends (`probe.started`,
+`probe.ended`, with its whole state), so the last probe outlives a restart: one that started
+and never ended (the gateway died mid-probe) shows `interrupted` after the restart, whose
+restore put every GPU back.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from gateway.services.fleet import Fleet, job_readings
 from gateway.services.jobbook import JobBook
 from gateway.services.targets import Targets
 from gateway.settings import GatewaySettings
+from gateway.store import repo
+from gateway.store.db import Store
 
 log = logging.getLogger("flexgate.gateway")
 #: A probe looks this often whether an event took over (as a share of a level's hold).
@@ -70,6 +77,22 @@ class Probe:
             "curves_changed": self.curves_changed,
         }
 
+    @classmethod
+    def of(cls, doc: dict[str, Any]) -> Probe:
+        """The probe `doc()` described."""
+        return cls(
+            id=doc["id"],
+            jobs={j["id"]: list(j["caps_w"]) for j in doc["jobs"]},
+            hold_s=list(doc["hold_s"]),
+            skipped=list(doc["skipped"]),
+            actor=doc["actor"],
+            status=doc["status"],
+            level=doc["level"],
+            reason=doc["reason"],
+            stopped={s["id"]: s["reason"] for s in doc["stopped"]},
+            curves_changed=list(doc["curves_changed"]),
+        )
+
 
 def probe_caps(mix: JobMix, j: int, floor: float, levels: int) -> list[float]:
     """Job j's probe: its uncapped limit, then `levels` caps (whole watts) evenly down to the
@@ -86,6 +109,7 @@ class Characteriser:
     def __init__(
         self,
         settings: GatewaySettings,
+        store: Store,
         clock: Clock,
         book: JobBook,
         fleet: Fleet,
@@ -93,20 +117,46 @@ class Characteriser:
         events: Events,
         curves: JobCurves,
     ) -> None:
-        self.settings, self.clock, self.book, self.fleet = settings, clock, book, fleet
+        self.settings, self.store, self.clock = settings, store, clock
+        self.book, self.fleet = book, fleet
         self.targets, self.events, self.curves = targets, events, curves
         self.current: Probe | None = None  #: the probe running or last run
         self._task: asyncio.Task[None] | None = None
         self._schedule: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        self.current = self._last_recorded()
         if self.settings.probe_every_s > 0:
             self._schedule = asyncio.create_task(self._scheduled())
 
     def stop(self) -> None:
+        if self.running and self.current is not None:
+            self.current.status = "interrupted"
+            self.current.reason = "the gateway stopped: the leases and its next start restore"
+            self._record(self.current, "probe.ended")
         for task in (self._task, self._schedule):
             if task is not None:
                 task.cancel()
+
+    def _record(self, probe: Probe, action: str) -> None:
+        with self.store.session() as s:
+            repo.audit(s, actor=probe.actor, action=action, detail=probe.doc(), at=self.clock.now())
+            s.commit()
+
+    def _last_recorded(self) -> Probe | None:
+        """The last probe before this start; one that never ended is marked interrupted."""
+        with self.store.session() as s:
+            row = repo.latest_audit(s, actions=("probe.started", "probe.ended"))
+        if row is None:
+            return None
+        probe = Probe.of(row.detail)
+        if row.action == "probe.started":
+            probe.status = "interrupted"
+            probe.reason = (
+                "the gateway stopped mid-probe without ending it: its restart restored every GPU"
+            )
+            self._record(probe, "probe.ended")
+        return probe
 
     @property
     def running(self) -> bool:
@@ -134,6 +184,7 @@ class Characteriser:
             actor=actor,
         )
         self.current = probe
+        self._record(probe, "probe.started")
         self._task = asyncio.create_task(self._run(probe))
         return probe
 
@@ -214,25 +265,29 @@ class Characteriser:
 
     async def _run(self, probe: Probe) -> None:
         try:
-            for level, hold_s in enumerate(probe.hold_s):
-                probe.level = level
-                if not await self.targets.probe(
-                    probe.id, self._desired(probe, level), self._plan(probe, level)
-                ):
-                    return self._interrupted(probe)
-                if not await self._hold(probe, hold_s):
-                    return self._interrupted(probe)
-                self._stop_below_floor(probe, level, await self._readings())
-            await self.targets.end_probe(probe.id)
-            probe.status = "completed"
-            probe.curves_changed = await self.curves.harvest(set(probe.jobs), origin="probe")
+            await self._levels_of(probe)
         except asyncio.CancelledError:
-            probe.status, probe.reason = "interrupted", "the gateway stopped: the leases restore"
-            raise
+            raise  # the gateway stops: `stop` said so
         except Exception as exc:  # restore first, then say what failed
             log.exception("probe %s failed", probe.id)
             probe.status, probe.reason = "failed", str(exc)
             await self.targets.end_probe(probe.id)
+        self._record(probe, "probe.ended")
+
+    async def _levels_of(self, probe: Probe) -> None:
+        """Step the probe's levels, then restore and fit; stops when a target takes over."""
+        for level, hold_s in enumerate(probe.hold_s):
+            probe.level = level
+            if not await self.targets.probe(
+                probe.id, self._desired(probe, level), self._plan(probe, level)
+            ):
+                return self._interrupted(probe)
+            if not await self._hold(probe, hold_s):
+                return self._interrupted(probe)
+            self._stop_below_floor(probe, level, await self._readings())
+        await self.targets.end_probe(probe.id)
+        probe.status = "completed"
+        probe.curves_changed = await self.curves.harvest(set(probe.jobs), origin="probe")
 
     def _interrupted(self, probe: Probe) -> None:
         probe.status = "interrupted"

@@ -140,6 +140,14 @@ def audit(
     session.add(AuditRow(at=at, actor=actor, action=action, detail=detail))
 
 
+def latest_audit(session: Session, *, actions: tuple[str, ...]) -> AuditRow | None:
+    """The newest audit entry of one of these actions, or None."""
+    query = (
+        select(AuditRow).where(col(AuditRow.action).in_(actions)).order_by(col(AuditRow.id).desc())
+    )
+    return session.exec(query).first()
+
+
 def add_calibration(
     session: Session,
     *,

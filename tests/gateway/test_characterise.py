@@ -290,10 +290,57 @@ def test_no_probe_starts_during_an_event_and_an_event_ends_a_probe(tmp_path):
 def test_a_gateway_gone_mid_probe_leaves_caps_that_lapse_with_their_lease(tmp_path):
     with agents_up(tmp_path) as (nodes, agents):
         with gateway_up(tmp_path, nodes, agents) as site:
-            assert post(site, "/v1/jobs/flex/characterise").status_code == 202
+            started = post(site, "/v1/jobs/flex/characterise").json()
             site.wait(lambda: site.limits()["node-a"][0] < MAX_W, 30, what="the probe's cap")
         assert site.limits()["node-a"][0] < MAX_W  # the agents hold them while the lease runs
         site.wait(lambda: uncapped(site), 3 * site.settings.lease_s, what="the lease's lapse")
+        # Restarted on the same store: the probe is still there, said to be interrupted.
+        with gateway_up(tmp_path, nodes, agents) as again:
+            probe = again.api.get("/v1/characterise").json()["probe"]
+            assert probe["id"] == started["id"]
+            assert probe["status"] == "interrupted"
+            assert "the gateway stopped" in probe["reason"]
+            assert uncapped(again)
+
+
+def test_a_probe_that_never_ended_shows_interrupted_after_the_restart(tmp_path):
+    """A gateway killed mid-probe recorded its start and no end: the next start says so (its
+    restore puts every GPU back), and records the end."""
+    from gateway.store import repo
+    from gateway.store.db import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'gateway.db'}")
+    doc = {
+        "id": "probe-killed",
+        "status": "running",
+        "actor": "operator",
+        "jobs": [{"id": "flex", "caps_w": [700.0, 600.0, 500.0]}],
+        "hold_s": [12.0, 12.0, 12.0],
+        "level": 1,
+        "skipped": [],
+        "stopped": [],
+        "reason": None,
+        "curves_changed": [],
+    }
+    with store.session() as s:
+        repo.audit(s, actor="operator", action="probe.started", detail=doc, at=datetime.now(UTC))
+        s.commit()
+    store.close()
+    with probe_site(tmp_path) as site:
+        probe = site.api.get("/v1/characterise").json()["probe"]
+        assert probe["id"] == "probe-killed"
+        assert probe["status"] == "interrupted"
+        assert "without ending it" in probe["reason"]
+        assert probe["jobs"] == doc["jobs"]
+        site.wait(lambda: uncapped(site), 15, what="the restore at start")
+        check = Store(site.settings.database_url)
+        try:
+            with check.session() as s:
+                ended = repo.latest_audit(s, actions=("probe.started", "probe.ended"))
+        finally:
+            check.close()
+        assert ended.action == "probe.ended"
+        assert ended.detail["status"] == "interrupted"
 
 
 def test_an_event_adds_points_for_free(tmp_path):
