@@ -55,6 +55,7 @@ class Events:
         self.settings, self.store, self.clock = settings, store, clock
         self.book, self.power, self.quotes, self.grid = book, power, quotes, grid
         self.targets, self.tracker = targets, tracker
+        self._feasible: dict[str, bool] = {}  #: plan id -> whether it met its target
         self.scheduler = AsyncIOScheduler(timezone=UTC)
 
     async def start(self) -> None:
@@ -91,7 +92,10 @@ class Events:
     def describe(self, events: list[EventRow]) -> list[dict[str, Any]]:
         """The events as the API shows them, each with its current plan's feasibility."""
         with self.store.session() as s:
-            plans = {e.plan_id: repo.get_plan(s, plan_id=e.plan_id) for e in events if e.plan_id}
+            for plan_id in {e.plan_id for e in events if e.plan_id} - self._feasible.keys():
+                row = repo.get_plan(s, plan_id=plan_id)  # a plan is never changed once stored
+                if row is not None:
+                    self._feasible[plan_id] = bool(row.doc["feasible"])
             deliveries = repo.deliveries(s, event_ids=[e.id for e in events])
         when = self.clock.now()
         now, baseline_kw = when.isoformat(), self.power.envelope()[0]
@@ -103,7 +107,6 @@ class Events:
             shown = current or upcoming or (intervals[-1] if intervals else None)
             if shown is current and current is not None:  # a level follows the load
                 shown = {"reduction_kw": reduction_now(event, when, baseline_kw)}
-            plan = plans.get(event.plan_id)
             out.append(
                 {
                     "id": event.id,
@@ -118,7 +121,7 @@ class Events:
                     "opt": event.opt,
                     "reason": event.reason,
                     "plan_id": event.plan_id,
-                    "feasible": plan.doc["feasible"] if plan else event.feasible,
+                    "feasible": self._feasible.get(event.plan_id or "", event.feasible),
                     # Caps still stepping back after the event ended or was cancelled.
                     "recovering": self.targets.recovering
                     and self.targets.recovering_from == event.id,

@@ -76,6 +76,7 @@ class JobBook:
         self.managed_by = managed_by  #: the scheduler the jobs come from; None: the API
         overhead.subscribe(self._forget)
         self._mix: JobMix | None = None
+        self._docs: list[dict[str, Any]] | None = None  #: the jobs as stored, once read
         self.version = 0  #: rises with every change of the mix in force
         self._listeners: list[Callable[[], Awaitable[None]]] = []
         self._curves: dict[str, dict[str, Any]] = {}  #: job id -> measured fields in force
@@ -87,8 +88,12 @@ class JobBook:
         self._listeners.append(listener)
 
     def docs(self) -> list[dict[str, Any]]:
-        with self.store.session() as s:
-            return repo.load_jobs(s)
+        """The jobs as stored (read once per change: every write goes through the book;
+        callers do not change them)."""
+        if self._docs is None:
+            with self.store.session() as s:
+                self._docs = repo.load_jobs(s)
+        return self._docs
 
     def mix(self) -> JobMix:
         if self._mix is None:
@@ -151,6 +156,7 @@ class JobBook:
             repo.replace_jobs(s, docs=docs)
             self._audit(s, actor, "jobs.replace", {"jobs": len(docs)})
             s.commit()
+        self._docs = None
         await self._changed(mix)
         return mix
 
@@ -165,6 +171,7 @@ class JobBook:
             repo.put_job(s, doc=doc)
             self._audit(s, actor, "jobs.put", {"id": doc["id"]})
             s.commit()
+        self._docs = None
         await self._changed(mix)
         return new
 
@@ -175,6 +182,7 @@ class JobBook:
                 raise NotFoundError(f"no job '{job_id}'")
             self._audit(s, actor, "jobs.delete", {"id": job_id})
             s.commit()
+        self._docs = None
         await self._changed(None)
 
     async def follow(
@@ -187,6 +195,7 @@ class JobBook:
             for action, detail in entries:
                 self._audit(s, actor, action, detail)
             s.commit()
+        self._docs = None
         await self._changed(mix)
         return mix
 
@@ -197,6 +206,7 @@ class JobBook:
         with self.store.session() as s:
             repo.replace_jobs(s, docs=docs)
             s.commit()
+        self._docs = None
         self._mix = None if self._curves else mix
         self.version += 1
 

@@ -26,6 +26,7 @@ class Quotes:
         self.book, self.fleet = book, fleet
         self._cache: dict[tuple[float | None, float, float] | bytes, bytes] = {}
         self._cached_for: tuple[int, int] | None = None  #: what the cache was made on
+        self._firm: dict[tuple[float, float, bool], dict[str, Any]] = {}  #: `firm` answers
         self._left_out: dict[str, str] = {}
 
     def left_out(self, reachable_only: bool = True) -> dict[str, str]:
@@ -49,7 +50,7 @@ class Quotes:
         self.book.mix()  # a changed mix moves its version
         key = (self.book.version, self.fleet.version)
         if key != self._cached_for:
-            self._cache, self._cached_for = {}, key
+            self._cache, self._firm, self._cached_for = {}, {}, key
             self._left_out = self.left_out()
         return self._left_out
 
@@ -83,15 +84,22 @@ class Quotes:
         self, window_s: float, confidence: float, reachable_only: bool = True
     ) -> dict[str, Any]:
         """What the site can shed over `window_s` with probability `confidence`, and the
-        jobs left out: `{"firm_kw", "achievable_kw", "left_out"}` (`left_out` as above)."""
-        doc = quote(
-            self.book.mix(),
-            window_s=max(window_s, 1.0),
-            confidence=confidence,
-            per_job_curves=False,
-            left_out=self.left_out(reachable_only),
-        )
-        return {k: doc[k] for k in ("firm_kw", "achievable_kw", "left_out")}
+        jobs left out: `{"firm_kw", "achievable_kw", "left_out"}` (`left_out` as above);
+        kept, as quotes are, while the mix and the nodes stay as they are."""
+        left_out = self._fresh() if reachable_only else self.left_out(reachable_only)
+        key = (max(window_s, 1.0), confidence, reachable_only)
+        if key not in self._firm:
+            if len(self._firm) >= QUOTE_CACHE:
+                self._firm.clear()
+            doc = quote(
+                self.book.mix(),
+                window_s=key[0],
+                confidence=confidence,
+                per_job_curves=False,
+                left_out=left_out,
+            )
+            self._firm[key] = {k: doc[k] for k in ("firm_kw", "achievable_kw", "left_out")}
+        return self._firm[key]
 
     def shortfall(
         self, asked_kw: float, window_s: float, confidence: float, reachable_only: bool = True

@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from typing import Any
@@ -42,6 +43,7 @@ from gateway.settings import GatewaySettings
 from gateway.store import repo
 from gateway.store.db import Store
 from gateway.store.models import PlanRow, iso
+from gateway.units import rounded
 
 log = logging.getLogger("flexgate.gateway")
 
@@ -67,6 +69,9 @@ class Targets:
         #: (plan id, each node's answer to its last fan-out, as stored): what a read of the
         #: current plan shows, without scanning every answer of every reconciliation
         self._answers: tuple[str, list[dict[str, Any]]] | None = None
+        self._answers_version = 0  #: rises with every fan-out's answers
+        #: plan id -> (answers version, or FINAL once superseded; its JSON as answered)
+        self._plan_json: dict[str, tuple[int, str]] = {}
         self.recovering_from: str | None = None  #: the event whose caps are stepping back
         self.rate_spread = 0.0  #: half-width of the rate offsets every plan applies
         #: (facility kW, event id, the site loop's state) last planned
@@ -255,6 +260,7 @@ class Targets:
         assert self.generation is not None
         rows = self._rows(acks)
         self._answers = (self.plan_id, rows)
+        self._answers_version += 1
         with self.store.session() as s:
             repo.add_commands(s, commands=rows)
             s.commit()
@@ -288,6 +294,27 @@ class Targets:
 
     async def plan_doc(self, plan_id: str) -> dict[str, Any]:
         """A stored plan with each node's last answer; for the current plan, what is shed now."""
+        return {**self._stored_plan_doc(plan_id), "achieved_facility_kw": await self._shed(plan_id)}
+
+    async def plan_json(self, plan_id: str) -> bytes:
+        """`plan_doc` as the API answers it: rounded, in JSON, built once per fan-out for the
+        current plan (thousands of nodes' caps and answers) and once for a superseded one
+        (its answers are final); only what is shed now is read anew at each call."""
+        version = self._answers_version if plan_id == self.plan_id else FINAL
+        kept = self._plan_json.get(plan_id)
+        if kept is None or kept[0] != version:
+            if len(self._plan_json) >= PLANS_KEPT:
+                self._plan_json.clear()
+            kept = (version, _json(rounded(self._stored_plan_doc(plan_id))))
+            self._plan_json[plan_id] = kept
+        shed = rounded({"achieved_facility_kw": await self._shed(plan_id)})
+        return (_json(shed)[:-1] + "," + kept[1][1:]).encode()
+
+    async def _shed(self, plan_id: str) -> float | None:
+        """What the site sheds now, for the current plan; None for the others."""
+        return (await self.site.doc())["shed_facility_kw"] if plan_id == self.plan_id else None
+
+    def _stored_plan_doc(self, plan_id: str) -> dict[str, Any]:
         with self.store.session() as s:
             row = repo.get_plan(s, plan_id=plan_id)
             if row is None:
@@ -313,20 +340,38 @@ class Targets:
             }
             for c in commands
         }
-        achieved = None
-        if plan_id == self.plan_id:
-            achieved = (await self.site.doc())["shed_facility_kw"]
         return {
             **row.doc,
             "id": row.id,
             "event_id": row.event_id,
             "generation": row.generation,
             "expected_facility_kw": row.doc["achieved_facility_kw"],
-            "achieved_facility_kw": achieved,
             # Per node: the caps sent, and the last answer (status, timings).
             "commands": [
-                {**command, **latest.get(command["node"], {"status": "pending"})}
+                {**command, **latest.get(command["node"], NO_ANSWER)}
                 for command in row.doc["commands"]
             ],
             "created_at": iso(row.created_at),
         }
+
+
+#: Plans kept as answered (`Targets.plan_json`) before the cache starts over.
+PLANS_KEPT = 8
+#: The answers version of a superseded plan: no fan-out changes them any more.
+FINAL = -1
+#: A node's answer before its first one.
+NO_ANSWER: dict[str, Any] = {
+    "status": "pending",
+    "generation": None,
+    "attempts": None,
+    "sent_at": None,
+    "acked_at": None,
+    "delay_s": None,
+    "error": None,
+    "enforced": [],
+}
+
+
+def _json(doc: dict[str, Any]) -> str:
+    """JSON as the API answers it (no NaN or infinity)."""
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False)

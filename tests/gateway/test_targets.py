@@ -7,6 +7,7 @@ clock moves only when the test steps it, so a recovery ramp of minutes takes mil
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -144,5 +145,40 @@ def test_a_new_target_calls_off_a_release(site):
         await site.step(RAMP_S)
         assert (await site.plan())["requested_facility_kw"] == pytest.approx(8.0)
         assert site.targets.holding
+
+    asyncio.run(run())
+
+
+def test_the_plan_as_answered_is_the_plan_its_schema_describes_built_once_per_fan_out(site):
+    """`plan_json` (what `GET /v1/plans/{id}` sends, cached per fan-out) is exactly the plan
+    document validated by the API's `Plan` schema, with a failed node's answer and a fresh
+    shed figure; a new fan-out's answers show at once."""
+    from gateway.api.schemas import Plan
+    from gateway.units import rounded
+
+    async def answered() -> tuple[dict, dict]:
+        """Both, less the shed measured now (read anew by each; a number for both)."""
+        plan_id = site.targets.plan_id
+        as_sent = json.loads(await site.targets.plan_json(plan_id))
+        schema = Plan.model_validate(rounded(await site.targets.plan_doc(plan_id)))
+        described = schema.model_dump(mode="json")
+        for doc in (as_sent, described):
+            assert isinstance(doc.pop("achieved_facility_kw"), float)
+        return as_sent, described
+
+    async def run():
+        await site.book.replace(site.jobs, "test")
+        await site.targets.hold(10.0, "ev-1")
+        sent, described = await answered()
+        assert sent == described
+        assert {c["status"] for c in sent["commands"]} == {"acked"}
+        site.client.unplug("mem://node-01")
+        await site.targets.reconcile()
+        sent, described = await answered()
+        assert sent == described
+        assert sent["unreachable_nodes"] == ["node-01"]
+        again = json.loads(await site.targets.plan_json(site.targets.plan_id))
+        again.pop("achieved_facility_kw")
+        assert again == sent
 
     asyncio.run(run())

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from fastapi import Response
 
 from agents.protocol import problems
 from gateway.api.deps import ServicesDep, v1_router
 from gateway.api.schemas import Plan
-from gateway.units import rounded
 
 router = v1_router()
 
 
 @router.get("/plans/{plan_id}", response_model=Plan, responses=problems(404, 422))
-async def get_plan(plan_id: str, services: ServicesDep) -> dict[str, Any]:
-    return rounded(await services.targets.plan_doc(plan_id))
+async def get_plan(plan_id: str, services: ServicesDep) -> Response:
+    # Built by the service (once per fan-out for the current plan), as `Plan` describes it.
+    return Response(await services.targets.plan_json(plan_id), media_type="application/json")
