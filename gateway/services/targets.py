@@ -315,6 +315,8 @@ class Targets:
         return (await self.site.doc())["shed_facility_kw"] if plan_id == self.plan_id else None
 
     def _stored_plan_doc(self, plan_id: str) -> dict[str, Any]:
+        """The plan as stored (what it was expected to achieve is `expected_facility_kw`), with
+        each node's last answer."""
         with self.store.session() as s:
             row = repo.get_plan(s, plan_id=plan_id)
             if row is None:
@@ -340,8 +342,9 @@ class Targets:
             }
             for c in commands
         }
+        stored = {k: v for k, v in row.doc.items() if k != "achieved_facility_kw"}
         return {
-            **row.doc,
+            **stored,
             "id": row.id,
             "event_id": row.event_id,
             "generation": row.generation,
