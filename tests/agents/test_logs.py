@@ -17,6 +17,14 @@ def lines(path, what):
     return [line for line in path.read_text().splitlines() if f" {what} " in line]
 
 
+def listening(port: int) -> bool:
+    try:
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+    except httpx.TransportError:
+        return False
+    return True
+
+
 def test_the_agent_logs_start_caps_lease_expiry_and_stop(tmp_path):
     port, log = free_port(), tmp_path / "agent.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXGATE_")}
@@ -34,6 +42,8 @@ def test_the_agent_logs_start_caps_lease_expiry_and_stop(tmp_path):
     try:
         (start,) = wait_for(lambda: lines(log, "agent starting"), "the start line", 30)
         assert f"node=node-07 backend=sim gpus=2 host=127.0.0.1 port={port}" in start
+        # The start line comes before the server listens: wait for it to answer.
+        wait_for(lambda: listening(port), "the agent listening", 30)
 
         def put(generation, lease_s, caps):
             answer = httpx.put(
