@@ -21,11 +21,12 @@ from tests.gateway.conftest import AGENT_TOKEN, start_site
 
 STATIC_KW, K = 40.0, 1.25
 CAP_W = 200.0  # the simulated GPUs' lowest limit
+INTEGRATION_S = 6.5  # longer than the longest uncapped iteration of the site's jobs [s]
 
 
 @pytest.fixture
 def agents(tmp_path):
-    """Three simulated 8-GPU nodes running the example site's jobs: their base URLs."""
+    """Six simulated 8-GPU nodes running two of the example site's jobs: their base URLs."""
     _, nodes, app = start_site(tmp_path, database_url=None)
     with ServerThread(app) as url:
         yield [f"{url}/nodes/{name}" for name in nodes]
@@ -93,13 +94,16 @@ def test_the_calibration_recovers_the_lab_sites_true_overhead_factor(agents):
     """Cap steps on real simulated agents, the lab meter sampled every (stepped) second: the
     fit finds the factor and static load the lab meter was given; a level regression does not."""
     clock = SteppedClock()
+    # Each GPU reading is a mean over an iteration of the longest job (6.2 s), as the fit asks:
+    # the jobs' swing then moves a reading little from one poll to the next, however slowly
+    # the polls come, and only the cap steps stand out.
     meter = LabMeter(
         agents,
         static_kw=STATIC_KW,
         overhead_factor=K,
         noise_kw=0.3,
         time_constant_s=5.0,
-        integration_s=0.5,
+        integration_s=INTEGRATION_S,
         clock=clock,
         seed=3,
     )
@@ -110,7 +114,8 @@ def test_the_calibration_recovers_the_lab_sites_true_overhead_factor(agents):
         async with aiohttp.ClientSession() as session:
             for generation, cap_w in enumerate(caps_w, start=1):
                 await asyncio.to_thread(cap_everything, agents, cap_w, generation)
-                await asyncio.sleep(0.7)  # the agents' readings catch up with the new caps
+                # the agents' readings over a whole integration are at the new caps
+                await asyncio.sleep(INTEGRATION_S + 0.5)
                 for _ in range(60):
                     clock.step(1.0)
                     await meter.poll(session)
@@ -121,8 +126,8 @@ def test_the_calibration_recovers_the_lab_sites_true_overhead_factor(agents):
     gpu_kw, facility_kw = asyncio.run(sample())
     fit = fit_overhead(gpu_kw, facility_kw, period_s=1.0, window_s=10.0, settle_s=40.0)
     assert isinstance(fit, OverheadCalibration), fit
-    # Of the nine steps at least six stand out from the jobs' own swing: the halves of a
-    # job on several nodes swing together (one job, one phase), as they do on a real site.
+    # Of the nine steps at least six stand out from what is left of the jobs' swing: the halves
+    # of a job on several nodes swing together (one job, one phase), as they do on a real site.
     assert fit.points >= 6
     assert abs(fit.k - K) < 5 * fit.k_stderr
     assert abs(fit.static_kw - STATIC_KW) < 5 * fit.static_stderr_kw
