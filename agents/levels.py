@@ -170,6 +170,8 @@ def measure(trace: np.ndarray, dt_s: float, cap_w: float) -> tuple[CapPoint, flo
             period_s=period,
             period_stderr_s=_period_error(trace, dt_s, period, periods),
             period_confidence=found.confidence,
+            compute_w=found.compute_w,
+            comm_w=found.comm_w,
             periods=periods,
         ),
         periods,

@@ -121,6 +121,10 @@ class CapPoint(BaseModel):
     period_s: float | None = None
     period_stderr_s: float | None = None
     period_confidence: float | None = None  #: the autocorrelation at the period (1: alike)
+    #: the two power levels per GPU, compute (the cap, where it clips) and communication [W];
+    #: null without a period. A cap at or below `comm_w` clips both flat: no period shows.
+    compute_w: float | None = None
+    comm_w: float | None = None
     relative_throughput: float | None = None
     relative_throughput_stderr: float | None = None
     periods: float = 0.0  #: iteration periods the stretch covered

@@ -141,6 +141,7 @@ def probe_once(truth: dict, periods: float, seed: int) -> dict:
     )
     points = points_of(run.reading, run.job, "probe", "bench")
     fit = fit_points(points, name=truth["id"])
+    caps = run.caps_w  # kept above the job's low level, as the gateway keeps them
     out = {"job": truth["id"], "caps_w": caps, "levels_measured": len(points), "fit": None}
     # Throughput lost while probing: each level's hold at its true throughput.
     x = run.job.throughput

@@ -3,7 +3,9 @@
 The job runs on one simulated node (its true curve, noise, optionally real jobs' irregularity);
 its caps step through `caps_w` (the uncapped limit first), each held for `periods` iterations at
 that cap plus the agents' settling, while the agent's sampler reads power and limits at 20 Hz on
-a stepped clock. The sampling instants jitter about their schedule (uniformly, within 40% of an
+a stepped clock. After the uncapped level the caps are kept where the job's power still shows
+its period, as the gateway's probe keeps them (`gateway.services.characterise.visible_caps`).
+The sampling instants jitter about their schedule (uniformly, within 40% of an
 interval, never accumulating), as a sampler thread's do: a period that is a whole number of
 sampling intervals would otherwise alias, every iteration sampled at the same phases, and bias
 the mean power by up to a sample's share of the period. The answer is the agent's telemetry for
@@ -27,6 +29,7 @@ from agents.telemetry import Sampler
 from flexmodel.curves import operating_point
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.jobs import Job
+from gateway.services.characterise import visible_caps
 
 SAMPLE_HZ = 20.0
 #: The most GPUs of a job one simulated node runs (a synchronous job's GPUs iterate together,
@@ -49,6 +52,7 @@ class ProbeRun:
     job: Job  #: the job as simulated (on one node)
     reading: JobTelemetry  #: the agent's last telemetry for it
     truth: dict[float, tuple[float, float]]  #: cap -> (mean power per GPU, throughput)
+    caps_w: list[float]  #: the caps it ran, uncapped first
     seconds: float  #: simulated time the probe took [s]
 
 
@@ -60,8 +64,12 @@ def run_probe(
     noise_w: float = 5.0,
     seed: int = 0,
     irregularity: Irregularity | None = None,
+    keep_visible: bool = True,
 ) -> ProbeRun:
-    """Step the job's caps through `caps_w` on a simulated node and read what the agent sees."""
+    """Step the job's caps through `caps_w` on a simulated node and read what the agent sees;
+    `keep_visible`: after the uncapped level, the caps kept where the job's power shows its
+    period, as the gateway's probe keeps them (`visible_caps`; none lower when there is no
+    room)."""
     doc = copy.deepcopy(truth_doc)
     gpus = min(int(doc["gpus"]), NODE_GPUS)
     doc |= {"gpus": gpus, "placement": [{"node": "sim", "gpus": list(range(gpus))}]}
@@ -77,28 +85,36 @@ def run_probe(
         seed=seed,
         irregularity=irregularity,
     )
-    holds, truth = [], {}
-    for cap in caps_w:
+
+    def at(cap: float) -> tuple[float, float, float]:
+        """(true mean power per GPU, throughput, the level's hold [s]) at `cap`."""
         power, thr, period = (float(v[0]) for v in operating_point(mix.curves, cap))
-        truth[cap] = (power, thr)
-        holds.append(periods * period + SETTLE_S + 0.5)
+        return power, thr, periods * period + SETTLE_S + 0.5
+
+    longest_s = max(at(cap)[2] for cap in caps_w)  # the deepest planned level's
     sampler = Sampler(
         backend,
         {job.id: list(range(gpus))},
         sample_hz=SAMPLE_HZ,
-        window_s=max(holds) + 5.0,
+        window_s=longest_s + 5.0,
         clock=clock,
     )
-    reading = None
     rng = np.random.default_rng(seed + 1)
-    dt, k = 1.0 / SAMPLE_HZ, 0
-    for cap, hold_s in zip(caps_w, holds, strict=True):
+    dt, k, seconds, truth = 1.0 / SAMPLE_HZ, 0, 0.0, {}
+    level = 0
+    while level < len(caps_w):
+        cap = caps_w[level]
+        power, thr, hold_s = at(cap)
+        truth[cap] = (power, thr)
         for g in range(gpus):
             backend.set_limit_w(g, cap)
         for _ in range(int(hold_s * SAMPLE_HZ)):
             k += 1
             clock.now = k * dt + float(rng.uniform(-JITTER, JITTER)) * dt
             sampler.sample_once()
+        seconds += hold_s
         reading = sampler.job_telemetry()[0]
-    assert reading is not None
-    return ProbeRun(job=job, reading=reading, truth=truth, seconds=sum(holds))
+        if level == 0 and keep_visible:  # as the gateway's probe does after its reference
+            caps_w = visible_caps(caps_w, reading.points[-1].comm_w) or caps_w[:1]
+        level += 1
+    return ProbeRun(job=job, reading=reading, truth=truth, caps_w=caps_w, seconds=seconds)

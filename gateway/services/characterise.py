@@ -6,6 +6,8 @@ its QoS floor and `probe_min_throughput_fraction`), never lower. Each level is h
 `probe_periods` iteration periods at that cap (as the curve stretches them) plus
 `probe_settle_s`, through the ordinary dispatch path: a stored plan with a lease, renewed by
 the reconciler, so a gateway that dies mid-probe leaves caps that lapse and are restored.
+After the uncapped level, each job's caps are kept above its communication level as measured
+there (`visible_caps`: a cap below it clips the power flat, with no period to measure).
 A job whose measured throughput falls below its floor, or whose power shows no clear period at
 a level (the cap clips it flat), goes no lower. At the end every GPU gets
 its original limit back and the agents' points are fitted (`gateway.services.curves`).
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +51,11 @@ from gateway.store.db import Store
 log = logging.getLogger("flexgate.gateway")
 #: A probe looks this often whether an event took over (as a share of a level's hold).
 WATCH_SLICES = 20
+#: A probe's caps stay this far above the job's communication level: a cap at or below it
+#: clips both phases flat, and the compute phase clipped just above it must still stand out
+#: of the noise (four of its standard deviations at the couple of watts a job's reading
+#: wanders) [W].
+VISIBLE_SWING_W = 10.0
 
 
 @dataclass
@@ -103,6 +111,28 @@ def probe_caps(mix: JobMix, j: int, floor: float, levels: int) -> list[float]:
     lowest = max(float(cap_for_power(curve, power)[0]), job.min_cap_w)
     steps = np.linspace(job.max_cap_w, lowest, levels + 1)
     return [float(round(c)) for c in steps]  # whole watts: one level to the agents too
+
+
+def visible_caps(caps_w: list[float], comm_w: float | None) -> list[float] | None:
+    """A probe's caps (uncapped first) where the job's power still shows its period, given its
+    communication level measured uncapped (None: unknown, the caps as they are). A cap at or
+    below that level clips both phases flat, and a flat trace has no period to measure: the
+    caps below `VISIBLE_SWING_W` above it are replaced by as many spaced evenly from the
+    lowest cap kept down to there, or fewer, never closer than that to each other: the lowest
+    is then held on for the levels left (a longer stretch measures it better). None when no
+    capped level is left."""
+    lowest = None if comm_w is None else comm_w + VISIBLE_SWING_W
+    if lowest is None or caps_w[-1] >= lowest:
+        return caps_w
+    kept = [c for c in caps_w if c >= lowest]
+    if not kept:
+        return None
+    added = min(len(caps_w) - len(kept), math.floor((kept[-1] - lowest) / VISIBLE_SWING_W))
+    if len(kept) == 1 and added < 1:
+        return None
+    steps = [float(c) for c in np.ceil(np.linspace(kept[-1], lowest, added + 1)[1:])]
+    caps = [*kept, *steps]
+    return caps + [caps[-1]] * (len(caps_w) - len(caps))
 
 
 class Characteriser:
@@ -284,7 +314,10 @@ class Characteriser:
                 return self._interrupted(probe)
             if not await self._hold(probe, hold_s):
                 return self._interrupted(probe)
-            self._stop_below_floor(probe, level, await self._readings())
+            readings = await self._readings()
+            if level == 0:
+                self._keep_visible(probe, readings)
+            self._stop_below_floor(probe, level, readings)
         await self.targets.end_probe(probe.id)
         probe.status = "completed"
         probe.curves_changed = await self.curves.harvest(set(probe.jobs), origin="probe")
@@ -305,6 +338,38 @@ class Characteriser:
 
     async def _readings(self) -> dict[str, Any]:
         return {r.job_id: r for r in job_readings(await self.fleet.telemetry())}
+
+    def _keep_visible(self, probe: Probe, readings: dict[str, Any]) -> None:
+        """After the uncapped level: each job's caps kept above its communication level, as
+        measured there (`visible_caps`); a job with no room there, or no period at all, goes
+        no lower."""
+        for job_id, caps in probe.jobs.items():
+            reading = readings.get(job_id)
+            if reading is None or job_id in probe.stopped:
+                continue
+            reference = next((p for p in reading.points if abs(p.cap_w - caps[0]) < 0.5), None)
+            if reference is None:
+                continue
+            kept = visible_caps(caps, reference.comm_w)
+            if reference.period_s is None:
+                probe.stopped[job_id] = (
+                    f"no clear iteration period uncapped ({reference.no_period_reason}): its "
+                    "throughput cannot be measured at any cap"
+                )
+            elif kept is None:
+                probe.stopped[job_id] = (
+                    f"its communication phase draws {reference.comm_w:.0f} W, within "
+                    f"{VISIBLE_SWING_W:g} W of its {caps[0]:g} W limit: every cap would clip its "
+                    "power flat, with no period to measure"
+                )
+            elif kept != caps:
+                log.info(
+                    "probe %s: %s's caps kept above its power's low level: %s",
+                    probe.id,
+                    job_id,
+                    kept,
+                )
+                probe.jobs[job_id] = kept
 
     def _stop_below_floor(self, probe: Probe, level: int, readings: dict[str, Any]) -> None:
         """A job measured below its probe floor at this level, or with no period there, goes

@@ -21,6 +21,7 @@ from flexgate.cli import main
 from flexgate.serve import ServerThread
 from flexmodel.jobmix import parse_job_mix
 from gateway.app import create_app
+from gateway.services.characterise import VISIBLE_SWING_W, visible_caps
 from gateway.settings import GatewaySettings
 from tests.gateway.conftest import AGENT_TOKEN, API, API_TOKEN, Site
 
@@ -49,14 +50,14 @@ TRUTH = [
 ]
 
 
-def declared() -> list[dict]:
-    return [{k: v for k, v in copy.deepcopy(j).items() if k != "pfi"} for j in TRUTH]
+def declared(truth: list[dict]) -> list[dict]:
+    return [{k: v for k, v in copy.deepcopy(j).items() if k != "pfi"} for j in truth]
 
 
 @contextlib.contextmanager
-def agents_up(tmp_path):
+def agents_up(tmp_path, truth):
     """The true jobs on two simulated nodes, served on loopback: (nodes, base URL)."""
-    mix = parse_job_mix({"jobs": TRUTH})
+    mix = parse_job_mix({"jobs": truth})
     nodes = {
         n: AgentNode(
             n,
@@ -72,7 +73,7 @@ def agents_up(tmp_path):
 
 
 @contextlib.contextmanager
-def gateway_up(tmp_path, nodes, agents, **changes):
+def gateway_up(tmp_path, nodes, agents, truth, **changes):
     """A gateway on those agents (short timers, short probes), told the jobs without PFIs."""
     settings = GatewaySettings(
         database_url=f"sqlite:///{tmp_path / 'gateway.db'}",
@@ -92,16 +93,16 @@ def gateway_up(tmp_path, nodes, agents, **changes):
         ServerThread(create_app(settings)) as url,
         httpx.Client(base_url=url, timeout=20) as api,
     ):
-        answer = api.put("/v1/jobs", json={"jobs": declared()}, headers=API)
+        answer = api.put("/v1/jobs", json={"jobs": declared(truth)}, headers=API)
         assert answer.status_code == 200, answer.text
         yield Site(api, nodes, settings)
 
 
 @contextlib.contextmanager
-def probe_site(tmp_path, **changes):
+def probe_site(tmp_path, truth=TRUTH, **changes):
     with (
-        agents_up(tmp_path) as (nodes, agents),
-        gateway_up(tmp_path, nodes, agents, **changes) as site,
+        agents_up(tmp_path, truth) as (nodes, agents),
+        gateway_up(tmp_path, nodes, agents, truth, **changes) as site,
     ):
         yield site
 
@@ -193,6 +194,58 @@ def test_a_probe_measures_the_job_and_restores_every_gpu(tmp_path):
         lowest_w, top_w = (curve["fit"]["sweep"][i]["power_w"] for i in (0, -1))
         assert flex["max_reduction_w"] > 4 * (top_w - lowest_w) + 1.0
         assert quote["firm_kw"] < quote["achievable_kw"]
+
+
+def test_visible_caps_keep_a_probe_above_the_jobs_communication_level():
+    planned = [700.0, 613.0, 525.0, 438.0]
+    assert visible_caps(planned, None) == planned  # not measured: as planned
+    assert visible_caps(planned, 400.0) == planned  # every cap shows the period already
+    kept = visible_caps(planned, 650.4)
+    assert kept is not None
+    assert kept[0] == 700.0
+    assert kept == sorted(set(kept), reverse=True)  # evenly spaced, every level distinct
+    assert len(kept) == len(planned)
+    assert min(kept) >= 650.4 + VISIBLE_SWING_W
+    assert all(c == round(c) for c in kept)  # whole watts
+    assert visible_caps(planned, 450.0) == [700.0, 613.0, 525.0, 460.0]  # the flat one moves
+    # Levels never closer than VISIBLE_SWING_W: the lowest is held on instead.
+    assert visible_caps(planned, 680.0) == [700.0, 690.0, 690.0, 690.0]
+    assert visible_caps(planned, 591.0) == [700.0, 613.0, 601.0, 601.0]
+    assert visible_caps(planned, 695.0) is None  # no room under the limit
+
+
+def test_a_job_near_its_limit_is_probed_where_its_power_still_shows_its_period(tmp_path, capsys):
+    """Uncapped, `dense` draws 700 W computing and 667 W communicating: its planned caps are
+    all below 667 W, where both phases clip flat and no period shows. After its uncapped level
+    the probe keeps its caps above that, and measures there. `flat` draws its limit throughout:
+    with no period even uncapped, it is never capped, and the probe says why."""
+    truth = [
+        job("dense", "node-a", [0, 1, 2, 3], 1.0, pfi=1.6, power_w=690.0, comm_power_fraction=0.9),
+        job("flat", "node-a", [4, 5, 6, 7], 1.2, power_w=700.0),
+    ]
+    for j in truth:
+        j["duty"] = 0.7
+    with (
+        probe_site(tmp_path, truth, probe_budget=1.0, curve_max_pfi_stderr=1.0) as site,
+        LimitWatch(site) as watch,
+    ):
+        code, out, _ = cli(site, capsys, "--wait", "--json")
+        assert code == 0
+        probe = json.loads(out)
+        assert probe["status"] == "completed", probe
+        caps = {j["id"]: j["caps_w"] for j in probe["jobs"]}
+        assert caps["dense"][0] == MAX_W
+        assert min(caps["dense"]) >= 666.0 + VISIBLE_SWING_W
+        points = site.api.get("/v1/jobs/dense/curve").json()["points"]
+        capped = [p for p in points if p["cap_w"] < MAX_W]
+        assert sorted(p["cap_w"] for p in capped) == sorted(caps["dense"][1:])
+        assert all(p["throughput_fraction"] < 1.0 for p in capped), capped
+        assert probe["curves_changed"] == ["dense"]
+        stopped = {s["id"]: s["reason"] for s in probe["stopped"]}
+        assert "no clear iteration period uncapped" in stopped["flat"]
+        assert "dense" not in stopped
+        assert uncapped(site)
+    assert watch.lowest("node-a", [4, 5, 6, 7]) == MAX_W
 
 
 def test_refusals_name_the_reason_and_change_nothing(tmp_path, capsys):
@@ -288,14 +341,14 @@ def test_no_probe_starts_during_an_event_and_an_event_ends_a_probe(tmp_path):
 
 
 def test_a_gateway_gone_mid_probe_leaves_caps_that_lapse_with_their_lease(tmp_path):
-    with agents_up(tmp_path) as (nodes, agents):
-        with gateway_up(tmp_path, nodes, agents) as site:
+    with agents_up(tmp_path, TRUTH) as (nodes, agents):
+        with gateway_up(tmp_path, nodes, agents, TRUTH) as site:
             started = post(site, "/v1/jobs/flex/characterise").json()
             site.wait(lambda: site.limits()["node-a"][0] < MAX_W, 30, what="the probe's cap")
         assert site.limits()["node-a"][0] < MAX_W  # the agents hold them while the lease runs
         site.wait(lambda: uncapped(site), 3 * site.settings.lease_s, what="the lease's lapse")
         # Restarted on the same store: the probe is still there, said to be interrupted.
-        with gateway_up(tmp_path, nodes, agents) as again:
+        with gateway_up(tmp_path, nodes, agents, TRUTH) as again:
             probe = again.api.get("/v1/characterise").json()["probe"]
             assert probe["id"] == started["id"]
             assert probe["status"] == "interrupted"
