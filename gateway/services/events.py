@@ -15,6 +15,7 @@ import asyncio
 import logging
 import math
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -89,8 +90,9 @@ class Events:
         targets = [(e, reduction_now(e, now, baseline_kw)) for e in self.active()]
         return max(targets, key=lambda t: t[1], default=None)
 
-    def describe(self, events: list[EventRow]) -> list[dict[str, Any]]:
-        """The events as the API shows them, each with its current plan's feasibility."""
+    def describe(self, events: Sequence[Any]) -> list[dict[str, Any]]:
+        """The events (`EventRow`s, or rows with their attributes) as the API shows them, each
+        with its current plan's feasibility."""
         with self.store.session() as s:
             for plan_id in {e.plan_id for e in events if e.plan_id} - self._feasible.keys():
                 row = repo.get_plan(s, plan_id=plan_id)  # a plan is never changed once stored
@@ -135,9 +137,10 @@ class Events:
             )
         return out
 
-    def all(self) -> list[EventRow]:
+    def all(self) -> list[Any]:
+        """Every event, as plain rows with `EventRow`'s attributes (for `describe`)."""
         with self.store.session() as s:
-            return repo.list_events(s)
+            return repo.event_rows(s)
 
     # --- manual events -------------------------------------------------------------------
 

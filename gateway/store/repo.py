@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import insert
+from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, delete, func, select
 
 from flexmodel.calibration import OverheadCalibration
@@ -97,6 +98,13 @@ def list_events(session: Session, *, statuses: tuple[str, ...] | None = None) ->
     if statuses:
         query = query.where(col(EventRow.status).in_(statuses))
     return list(session.exec(query))
+
+
+def event_rows(session: Session) -> list[Any]:
+    """Every event, by start, as plain rows (attributes named as `EventRow`'s): what a listing
+    reads, without building an ORM object per event (half the cost)."""
+    table = EventRow.__table__  # type: ignore[attr-defined]
+    return list(session.connection().execute(sa_select(table).order_by(table.c.start)))
 
 
 def add_plan(session: Session, *, plan: PlanRow) -> None:

@@ -6,6 +6,7 @@ import time
 import numpy as np
 import pytest
 
+from gateway.api.schemas import Events
 from tests.gateway.conftest import API, now_iso, running_site
 
 
@@ -54,6 +55,19 @@ def test_manual_event_end_to_end(site):
         lambda: all(w == 700.0 for ws in site.limits().values() for w in ws),
         what="the restore after cancelling",
     )
+    # The list (sent as built, not validated again) is exactly the documented shape, and shows
+    # each event as its own read does.
+    later = site.api.post(
+        "/v1/events",
+        headers=API,
+        json={"reduction_kw": 1.0, "start": "2099-01-01T00:00:00Z", "duration_s": 60},
+    ).json()
+    listed = site.api.get("/v1/events").json()
+    assert Events.model_validate(listed).model_dump(mode="json") == listed
+    shown = {e["id"]: e for e in listed["events"]}
+    assert list(shown) == [event_id, later["id"]]  # by start
+    for shown_id, doc in shown.items():
+        assert site.api.get(f"/v1/events/{shown_id}").json() == doc
 
 
 def test_an_infeasible_event_delivers_the_maximum_and_states_the_shortfall(site):
