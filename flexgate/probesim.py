@@ -4,7 +4,7 @@ The job runs on one simulated node (its true curve, noise, optionally real jobs'
 its caps step through `caps_w` (the uncapped limit first), each held for `periods` iterations at
 that cap plus the agents' settling, while the agent's sampler reads power and limits at 20 Hz on
 a stepped clock. After the uncapped level the caps are kept where the job's power still shows
-its period, as the gateway's probe keeps them (`gateway.services.characterise.visible_caps`).
+its period, as the gateway's probe keeps them (`gateway.services.characterise.after_reference`).
 The sampling instants jitter about their schedule (uniformly, within 40% of an
 interval, never accumulating), as a sampler thread's do: a period that is a whole number of
 sampling intervals would otherwise alias, every iteration sampled at the same phases, and bias
@@ -29,7 +29,7 @@ from agents.telemetry import Sampler
 from flexmodel.curves import operating_point
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.jobs import Job
-from gateway.services.characterise import visible_caps
+from gateway.services.characterise import after_reference
 
 SAMPLE_HZ = 20.0
 #: The most GPUs of a job one simulated node runs (a synchronous job's GPUs iterate together,
@@ -68,8 +68,8 @@ def run_probe(
 ) -> ProbeRun:
     """Step the job's caps through `caps_w` on a simulated node and read what the agent sees;
     `keep_visible`: after the uncapped level, the caps kept where the job's power shows its
-    period, as the gateway's probe keeps them (`visible_caps`; none lower when there is no
-    room)."""
+    period, as the gateway's probe keeps them (`after_reference`: none lower when its power
+    shows no period there, or has no room)."""
     doc = copy.deepcopy(truth_doc)
     gpus = min(int(doc["gpus"]), NODE_GPUS)
     doc |= {"gpus": gpus, "placement": [{"node": "sim", "gpus": list(range(gpus))}]}
@@ -114,7 +114,7 @@ def run_probe(
             sampler.sample_once()
         seconds += hold_s
         reading = sampler.job_telemetry()[0]
-        if level == 0 and keep_visible:  # as the gateway's probe does after its reference
-            caps_w = visible_caps(caps_w, reading.points[-1].comm_w) or caps_w[:1]
+        if level == 0 and keep_visible and reading.points:  # as the gateway's probe does
+            caps_w, _ = after_reference(caps_w, reading.points[-1])
         level += 1
     return ProbeRun(job=job, reading=reading, truth=truth, caps_w=caps_w, seconds=seconds)

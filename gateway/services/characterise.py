@@ -7,7 +7,7 @@ its QoS floor and `probe_min_throughput_fraction`), never lower. Each level is h
 `probe_settle_s`, through the ordinary dispatch path: a stored plan with a lease, renewed by
 the reconciler, so a gateway that dies mid-probe leaves caps that lapse and are restored.
 After the uncapped level, each job's caps are kept above its communication level as measured
-there (`visible_caps`: a cap below it clips the power flat, with no period to measure).
+there (`after_reference`: a cap below it clips the power flat, with no period to measure).
 A job whose measured throughput falls below its floor, or whose power shows no clear period at
 a level (the cap clips it flat), goes no lower. At the end every GPU gets
 its original limit back and the agents' points are fitted (`gateway.services.curves`).
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from agents.protocol import GpuCap
+from agents.protocol import CapPoint, GpuCap
 from flexmodel.curves import cap_for_power, operating_point, power_for_throughput
 from flexmodel.jobs import JobMix
 from gateway.clock import Clock
@@ -133,6 +133,25 @@ def visible_caps(caps_w: list[float], comm_w: float | None) -> list[float] | Non
     steps = [float(c) for c in np.ceil(np.linspace(kept[-1], lowest, added + 1)[1:])]
     caps = [*kept, *steps]
     return caps + [caps[-1]] * (len(caps_w) - len(caps))
+
+
+def after_reference(caps_w: list[float], reference: CapPoint) -> tuple[list[float], str | None]:
+    """The caps a probe goes on with once a job's uncapped level is measured (`reference`),
+    and why it goes no lower when it does not: no period even uncapped, or no room for a cap
+    between its communication level and its limit (`visible_caps`)."""
+    if reference.period_s is None:
+        return caps_w[:1], (
+            f"no clear iteration period uncapped ({reference.no_period_reason}): its "
+            "throughput cannot be measured at any cap"
+        )
+    kept = visible_caps(caps_w, reference.comm_w)
+    if kept is None:
+        return caps_w[:1], (
+            f"its communication phase draws {reference.comm_w:.0f} W, within "
+            f"{VISIBLE_SWING_W:g} W of its {caps_w[0]:g} W limit: every cap would clip its power "
+            "flat, with no period to measure"
+        )
+    return kept, None
 
 
 class Characteriser:
@@ -340,9 +359,7 @@ class Characteriser:
         return {r.job_id: r for r in job_readings(await self.fleet.telemetry())}
 
     def _keep_visible(self, probe: Probe, readings: dict[str, Any]) -> None:
-        """After the uncapped level: each job's caps kept above its communication level, as
-        measured there (`visible_caps`); a job with no room there, or no period at all, goes
-        no lower."""
+        """After the uncapped level: each job's caps as `after_reference` keeps them."""
         for job_id, caps in probe.jobs.items():
             reading = readings.get(job_id)
             if reading is None or job_id in probe.stopped:
@@ -350,25 +367,11 @@ class Characteriser:
             reference = next((p for p in reading.points if abs(p.cap_w - caps[0]) < 0.5), None)
             if reference is None:
                 continue
-            kept = visible_caps(caps, reference.comm_w)
-            if reference.period_s is None:
-                probe.stopped[job_id] = (
-                    f"no clear iteration period uncapped ({reference.no_period_reason}): its "
-                    "throughput cannot be measured at any cap"
-                )
-            elif kept is None:
-                probe.stopped[job_id] = (
-                    f"its communication phase draws {reference.comm_w:.0f} W, within "
-                    f"{VISIBLE_SWING_W:g} W of its {caps[0]:g} W limit: every cap would clip its "
-                    "power flat, with no period to measure"
-                )
+            kept, why = after_reference(caps, reference)
+            if why is not None:
+                probe.stopped[job_id] = why
             elif kept != caps:
-                log.info(
-                    "probe %s: %s's caps kept above its power's low level: %s",
-                    probe.id,
-                    job_id,
-                    kept,
-                )
+                log.info("probe %s: %s kept above its low power level: %s", probe.id, job_id, kept)
                 probe.jobs[job_id] = kept
 
     def _stop_below_floor(self, probe: Probe, level: int, readings: dict[str, Any]) -> None:

@@ -13,9 +13,12 @@ with its user and account. PFIs predicted for the jobs that declare none
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
+
+from sqlmodel import Session
 
 from flexmodel.errors import FlexModelError
 from flexmodel.jobmix import parse_job_mix
@@ -152,11 +155,9 @@ class JobBook:
     async def replace(self, docs: list[dict[str, Any]], actor: str) -> JobMix:
         self._refuse_when_managed()
         mix = self.validate(docs)  # refused whole, before anything is stored
-        with self.store.session() as s:
+        with self._writing() as s:
             repo.replace_jobs(s, docs=docs)
             self._audit(s, actor, "jobs.replace", {"jobs": len(docs)})
-            s.commit()
-        self._docs = None
         await self._changed(mix)
         return mix
 
@@ -167,22 +168,18 @@ class JobBook:
         new = doc["id"] not in {d.get("id") for d in docs}
         merged = [*docs, doc] if new else [doc if d.get("id") == doc["id"] else d for d in docs]
         mix = self.validate(merged)  # refused whole, before anything is stored
-        with self.store.session() as s:
+        with self._writing() as s:
             repo.put_job(s, doc=doc)
             self._audit(s, actor, "jobs.put", {"id": doc["id"]})
-            s.commit()
-        self._docs = None
         await self._changed(mix)
         return new
 
     async def delete(self, job_id: str, actor: str) -> None:
         self._refuse_when_managed()
-        with self.store.session() as s:
+        with self._writing() as s:
             if not repo.delete_job(s, job_id=job_id):
                 raise NotFoundError(f"no job '{job_id}'")
             self._audit(s, actor, "jobs.delete", {"id": job_id})
-            s.commit()
-        self._docs = None
         await self._changed(None)
 
     async def follow(
@@ -190,12 +187,10 @@ class JobBook:
     ) -> JobMix:
         """The source's whole view, with an audit entry (action, detail) for each change."""
         mix = self.validate(docs)  # refused whole, before anything is stored
-        with self.store.session() as s:
+        with self._writing() as s:
             repo.replace_jobs(s, docs=docs)
             for action, detail in entries:
                 self._audit(s, actor, action, detail)
-            s.commit()
-        self._docs = None
         await self._changed(mix)
         return mix
 
@@ -203,12 +198,19 @@ class JobBook:
         """The source's view with only the jobs' time left moved on: stored and in force for
         quotes, with no audit entry and no re-plan (caps do not depend on it)."""
         mix = self.validate(docs)
-        with self.store.session() as s:
+        with self._writing() as s:
             repo.replace_jobs(s, docs=docs)
-            s.commit()
-        self._docs = None
         self._mix = None if self._curves else mix
         self.version += 1
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[Session]:
+        """A session that changes the stored jobs: committed at the end of the block, and the
+        jobs kept from the store read again after it (every write to them comes through here)."""
+        with self.store.session() as s:
+            yield s
+            s.commit()
+        self._docs = None
 
     def _refuse_when_managed(self) -> None:
         if self.managed_by is not None:

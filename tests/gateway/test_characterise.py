@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
+from agents.protocol import CapPoint
 from agents.run import jobs_on_node
 from agents.service import AgentNode
 from agents.service import create_app as agent_app
@@ -21,7 +22,7 @@ from flexgate.cli import main
 from flexgate.serve import ServerThread
 from flexmodel.jobmix import parse_job_mix
 from gateway.app import create_app
-from gateway.services.characterise import VISIBLE_SWING_W, visible_caps
+from gateway.services.characterise import VISIBLE_SWING_W, after_reference, visible_caps
 from gateway.settings import GatewaySettings
 from tests.gateway.conftest import AGENT_TOKEN, API, API_TOKEN, Site
 
@@ -196,7 +197,7 @@ def test_a_probe_measures_the_job_and_restores_every_gpu(tmp_path):
         assert quote["firm_kw"] < quote["achievable_kw"]
 
 
-def test_visible_caps_keep_a_probe_above_the_jobs_communication_level():
+def test_a_probe_keeps_its_caps_above_the_jobs_communication_level():
     planned = [700.0, 613.0, 525.0, 438.0]
     assert visible_caps(planned, None) == planned  # not measured: as planned
     assert visible_caps(planned, 400.0) == planned  # every cap shows the period already
@@ -212,6 +213,16 @@ def test_visible_caps_keep_a_probe_above_the_jobs_communication_level():
     assert visible_caps(planned, 680.0) == [700.0, 690.0, 690.0, 690.0]
     assert visible_caps(planned, 591.0) == [700.0, 613.0, 601.0, 601.0]
     assert visible_caps(planned, 695.0) is None  # no room under the limit
+    # What a probe goes on with once the uncapped level is measured, or why it goes no lower.
+    measured = CapPoint(cap_w=700.0, power_w=690.0, period_s=1.0, comm_w=650.4)
+    assert after_reference(planned, measured) == (kept, None)
+    caps, why = after_reference(planned, measured.model_copy(update={"comm_w": 695.0}))
+    assert caps == [700.0]
+    assert "695 W, within 10 W of its 700 W limit" in str(why)
+    flat = CapPoint(cap_w=700.0, power_w=700.0, no_period_reason="the trace is flat")
+    caps, why = after_reference(planned, flat)
+    assert caps == [700.0]
+    assert "no clear iteration period uncapped (the trace is flat)" in str(why)
 
 
 def test_a_job_near_its_limit_is_probed_where_its_power_still_shows_its_period(tmp_path, capsys):
