@@ -64,8 +64,8 @@ from flexmodel.workload import (
     STATIC_SHARE,
     study_predictor,
 )
-from gateway.services.characterise import probe_caps
 from gateway.services.curves import fit_points, points_of, verdict
+from gateway.services.probecaps import probe_caps
 
 RESULTS = Path(__file__).resolve().parent / "results"
 JOBS = 60

@@ -4,7 +4,7 @@ The job runs on one simulated node (its true curve, noise, optionally real jobs'
 its caps step through `caps_w` (the uncapped limit first), each held for `periods` iterations at
 that cap plus the agents' settling, while the agent's sampler reads power and limits at 20 Hz on
 a stepped clock. After the uncapped level the caps are kept where the job's power still shows
-its period, as the gateway's probe keeps them (`gateway.services.characterise.after_reference`).
+its period, as the gateway's probe keeps them (`gateway.services.probecaps.after_reference`).
 The sampling instants jitter about their schedule (uniformly, within 40% of an
 interval, never accumulating), as a sampler thread's do: a period that is a whole number of
 sampling intervals would otherwise alias, every iteration sampled at the same phases, and bias
@@ -29,7 +29,7 @@ from agents.telemetry import Sampler
 from flexmodel.curves import operating_point
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.jobs import Job
-from gateway.services.characterise import after_reference
+from gateway.services.probecaps import after_reference
 
 SAMPLE_HZ = 20.0
 #: The most GPUs of a job one simulated node runs (a synchronous job's GPUs iterate together,

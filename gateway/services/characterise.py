@@ -7,7 +7,8 @@ its QoS floor and `probe_min_throughput_fraction`), never lower. Each level is h
 `probe_settle_s`, through the ordinary dispatch path: a stored plan with a lease, renewed by
 the reconciler, so a gateway that dies mid-probe leaves caps that lapse and are restored.
 After the uncapped level, each job's caps are kept above its communication level as measured
-there (`after_reference`: a cap below it clips the power flat, with no period to measure).
+there (`gateway.services.probecaps`: a cap below it clips the power flat, with no period to
+measure).
 A job whose measured throughput falls below its floor, or whose power shows no clear period at
 a level (the cap clips it flat), goes no lower. At the end every GPU gets
 its original limit back and the agents' points are fitted (`gateway.services.curves`).
@@ -27,15 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from agents.protocol import CapPoint, GpuCap
-from flexmodel.curves import cap_for_power, operating_point, power_for_throughput
+from agents.protocol import GpuCap
+from flexmodel.curves import operating_point
 from flexmodel.jobs import JobMix
 from gateway.clock import Clock
 from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
@@ -43,6 +41,7 @@ from gateway.services.curves import JobCurves
 from gateway.services.events import Events
 from gateway.services.fleet import Fleet, job_readings
 from gateway.services.jobbook import JobBook
+from gateway.services.probecaps import after_reference, probe_caps
 from gateway.services.targets import Targets
 from gateway.settings import GatewaySettings
 from gateway.store import repo
@@ -51,11 +50,6 @@ from gateway.store.db import Store
 log = logging.getLogger("flexgate.gateway")
 #: A probe looks this often whether an event took over (as a share of a level's hold).
 WATCH_SLICES = 20
-#: A probe's caps stay this far above the job's communication level: a cap at or below it
-#: clips both phases flat, and the compute phase clipped just above it must still stand out
-#: of the noise (four of its standard deviations at the couple of watts a job's reading
-#: wanders) [W].
-VISIBLE_SWING_W = 10.0
 
 
 @dataclass
@@ -100,58 +94,6 @@ class Probe:
             stopped={s["id"]: s["reason"] for s in doc["stopped"]},
             curves_changed=list(doc["curves_changed"]),
         )
-
-
-def probe_caps(mix: JobMix, j: int, floor: float, levels: int) -> list[float]:
-    """Job j's probe: its uncapped limit, then `levels` caps (whole watts) evenly down to the
-    cap where its curve meets throughput fraction `floor` (never below its minimum cap) [W]."""
-    job = mix.jobs[j]
-    curve = mix.curves.select(slice(j, j + 1))
-    power = power_for_throughput(curve, floor * job.throughput)
-    lowest = max(float(cap_for_power(curve, power)[0]), job.min_cap_w)
-    steps = np.linspace(job.max_cap_w, lowest, levels + 1)
-    return [float(round(c)) for c in steps]  # whole watts: one level to the agents too
-
-
-def visible_caps(caps_w: list[float], comm_w: float | None) -> list[float] | None:
-    """A probe's caps (uncapped first) where the job's power still shows its period, given its
-    communication level measured uncapped (None: unknown, the caps as they are). A cap at or
-    below that level clips both phases flat, and a flat trace has no period to measure: the
-    caps below `VISIBLE_SWING_W` above it are replaced by as many spaced evenly from the
-    lowest cap kept down to there, or fewer, never closer than that to each other: the lowest
-    is then held on for the levels left (a longer stretch measures it better). None when no
-    capped level is left."""
-    lowest = None if comm_w is None else comm_w + VISIBLE_SWING_W
-    if lowest is None or caps_w[-1] >= lowest:
-        return caps_w
-    kept = [c for c in caps_w if c >= lowest]
-    if not kept:
-        return None
-    added = min(len(caps_w) - len(kept), math.floor((kept[-1] - lowest) / VISIBLE_SWING_W))
-    if len(kept) == 1 and added < 1:
-        return None
-    steps = [float(c) for c in np.ceil(np.linspace(kept[-1], lowest, added + 1)[1:])]
-    caps = [*kept, *steps]
-    return caps + [caps[-1]] * (len(caps_w) - len(caps))
-
-
-def after_reference(caps_w: list[float], reference: CapPoint) -> tuple[list[float], str | None]:
-    """The caps a probe goes on with once a job's uncapped level is measured (`reference`),
-    and why it goes no lower when it does not: no period even uncapped, or no room for a cap
-    between its communication level and its limit (`visible_caps`)."""
-    if reference.period_s is None:
-        return caps_w[:1], (
-            f"no clear iteration period uncapped ({reference.no_period_reason}): its "
-            "throughput cannot be measured at any cap"
-        )
-    kept = visible_caps(caps_w, reference.comm_w)
-    if kept is None:
-        return caps_w[:1], (
-            f"its communication phase draws {reference.comm_w:.0f} W, within "
-            f"{VISIBLE_SWING_W:g} W of its {caps_w[0]:g} W limit: every cap would clip its power "
-            "flat, with no period to measure"
-        )
-    return kept, None
 
 
 class Characteriser:

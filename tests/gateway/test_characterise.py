@@ -22,7 +22,7 @@ from flexgate.cli import main
 from flexgate.serve import ServerThread
 from flexmodel.jobmix import parse_job_mix
 from gateway.app import create_app
-from gateway.services.characterise import VISIBLE_SWING_W, after_reference, visible_caps
+from gateway.services.probecaps import VISIBLE_SWING_W, after_reference, visible_caps
 from gateway.settings import GatewaySettings
 from tests.gateway.conftest import AGENT_TOKEN, API, API_TOKEN, Site
 

@@ -14,8 +14,8 @@ from flexmodel.curves import operating_point
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.pfi import pfi_of_sweep
 from flexmodel.quote import quote
-from gateway.services.characterise import probe_caps
 from gateway.services.curves import fit_points, points_of, verdict
+from gateway.services.probecaps import probe_caps
 
 
 def job_doc(job_id: str, pfi: float, period_s: float, power_w: float = 640.0) -> dict:

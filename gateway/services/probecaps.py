@@ -1,0 +1,72 @@
+"""A probe's caps: planned from a job's curve before it starts (`probe_caps`), and kept where
+the job's power shows its period once its uncapped level is measured (`after_reference`).
+Pure functions: the gateway's probe (`gateway.services.characterise`) and the bench's
+simulated one (`flexgate.probesim`) plan by the same rule."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from agents.protocol import CapPoint
+from flexmodel.curves import cap_for_power, power_for_throughput
+from flexmodel.jobs import JobMix
+
+#: A probe's caps stay this far above the job's communication level: a cap at or below it
+#: clips both phases flat, and the compute phase clipped just above it must still stand out
+#: of the noise (four of its standard deviations at the couple of watts a job's reading
+#: wanders) [W].
+VISIBLE_SWING_W = 10.0
+
+
+def probe_caps(mix: JobMix, j: int, floor: float, levels: int) -> list[float]:
+    """Job j's probe: its uncapped limit, then `levels` caps (whole watts) evenly down to the
+    cap where its curve meets throughput fraction `floor` (never below its minimum cap) [W]."""
+    job = mix.jobs[j]
+    curve = mix.curves.select(slice(j, j + 1))
+    power = power_for_throughput(curve, floor * job.throughput)
+    lowest = max(float(cap_for_power(curve, power)[0]), job.min_cap_w)
+    steps = np.linspace(job.max_cap_w, lowest, levels + 1)
+    return [float(round(c)) for c in steps]  # whole watts: one level to the agents too
+
+
+def visible_caps(caps_w: list[float], comm_w: float | None) -> list[float] | None:
+    """A probe's caps (uncapped first) where the job's power still shows its period, given its
+    communication level measured uncapped (None: unknown, the caps as they are). A cap at or
+    below that level clips both phases flat, and a flat trace has no period to measure: the
+    caps below `VISIBLE_SWING_W` above it are replaced by as many spaced evenly from the
+    lowest cap kept down to there, or fewer, never closer than that to each other: the lowest
+    is then held on for the levels left (a longer stretch measures it better). None when no
+    capped level is left."""
+    lowest = None if comm_w is None else comm_w + VISIBLE_SWING_W
+    if lowest is None or caps_w[-1] >= lowest:
+        return caps_w
+    kept = [c for c in caps_w if c >= lowest]
+    if not kept:
+        return None
+    added = min(len(caps_w) - len(kept), math.floor((kept[-1] - lowest) / VISIBLE_SWING_W))
+    if len(kept) == 1 and added < 1:
+        return None
+    steps = [float(c) for c in np.ceil(np.linspace(kept[-1], lowest, added + 1)[1:])]
+    caps = [*kept, *steps]
+    return caps + [caps[-1]] * (len(caps_w) - len(caps))
+
+
+def after_reference(caps_w: list[float], reference: CapPoint) -> tuple[list[float], str | None]:
+    """The caps a probe goes on with once a job's uncapped level is measured (`reference`),
+    and why it goes no lower when it does not: no period even uncapped, or no room for a cap
+    between its communication level and its limit (`visible_caps`)."""
+    if reference.period_s is None:
+        return caps_w[:1], (
+            f"no clear iteration period uncapped ({reference.no_period_reason}): its "
+            "throughput cannot be measured at any cap"
+        )
+    kept = visible_caps(caps_w, reference.comm_w)
+    if kept is None:
+        return caps_w[:1], (
+            f"its communication phase draws {reference.comm_w:.0f} W, within "
+            f"{VISIBLE_SWING_W:g} W of its {caps_w[0]:g} W limit: every cap would clip its power "
+            "flat, with no period to measure"
+        )
+    return kept, None
