@@ -3,7 +3,9 @@
 A job's curve maps a per-GPU power cap to the job's mean power per GPU and its throughput.
 Every curve, whatever its source, is held as a table of points ascending in cap, and every
 consumer (allocation, quotes, simulated GPUs) reads it through `operating_point` and
-`cap_for_power`, which interpolate linearly between the points and never extrapolate.
+`cap_for_power`, which interpolate linearly between the points and never extrapolate. A
+sweep's few points may first be joined by a monotone cubic (`interpolation="pchip"`,
+tabulated densely), which follows a concave curve where straight lines cut under it.
 
 Sources, best first: a measured sweep (its own points), a PFI turned into a curve of the fleet
 family (`family_curves`), and the fleet default PFI.
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+from scipy.interpolate import PchipInterpolator
 
 from flexmodel.errors import InvalidSweepError
 
@@ -235,12 +238,19 @@ def family_curves(
 
 
 def sweep_curve(
-    points: list[tuple[float, float, float]], *, period_s: float, name: str = "sweep"
+    points: list[tuple[float, float, float]],
+    *,
+    period_s: float,
+    name: str = "sweep",
+    interpolation: str = "linear",
 ) -> Curves:
     """One measured sweep `(cap_w, power_w, throughput)` as a curve (uncapped = highest cap).
 
-    Power and throughput must not fall as the cap rises: the curve is interpolated linearly,
-    which keeps it monotone, and is never extrapolated past the measured caps.
+    Power and throughput must not fall as the cap rises. Between the points the curve is
+    joined by straight lines (`linear`) or, with `pchip`, by the monotone piecewise cubic of
+    Fritsch and Carlson through the same points (MODEL.md section 2), tabulated at
+    `FAMILY_POINTS` caps besides the measured ones: both keep it monotone and pass through
+    every point, and neither goes past the measured caps.
     """
     if len(points) < 2:
         raise InvalidSweepError(
@@ -260,6 +270,15 @@ def sweep_curve(
                 f"{name}: {label} falls from {col[i]:g} to {col[i + 1]:g} as the cap rises "
                 f"from {caps[i]:g} W to {caps[i + 1]:g} W; a curve needs it monotone"
             )
+    if interpolation == "pchip" and caps.size > 2:
+        grid = np.linspace(caps[0], caps[-1], FAMILY_POINTS)
+        apart = np.min(np.abs(grid[:, None] - caps[None, :]), axis=1) > CAP_RESOLUTION_W
+        dense = np.sort(np.concatenate([caps, grid[apart]]))
+        # between the points, mean power stays at or below its cap (or the straight line)
+        ceiling = np.maximum(dense, np.interp(dense, caps, power))
+        power = np.minimum(PchipInterpolator(caps, power)(dense), ceiling)
+        thr = PchipInterpolator(caps, thr)(dense)
+        caps = dense
     return Curves(
         cap_w=caps[None, :],
         power_w=power[None, :],

@@ -49,6 +49,8 @@ OVERHEAD_FACTOR_RANGE = (1.0, 3.0)
 STATIC_LOAD_RANGE_KW = (0.0, 1_000_000.0)
 #: What a sweep's curve is below its lowest cap (`flexmodel.jobs.Job.sweep_extension`).
 SWEEP_EXTENSIONS = ("none", "family")
+#: How a sweep's curve joins its points (`flexmodel.jobs.Job.sweep_interpolation`).
+SWEEP_INTERPOLATIONS = ("linear", "pchip")
 
 
 def parse_job_mix_json(
@@ -169,7 +171,8 @@ def parse_job(doc: Any, index: int = 0, tiers: TierTable = DEFAULT_TIERS) -> Job
         pfi_stderr=_optional(doc, "pfi_stderr", where, within=(0.0, PFI_RANGE[1])),
         pfi_grid_w=grid,
         sweep=_sweep(doc.get("sweep"), where),
-        sweep_extension=_sweep_extension(doc, where),
+        sweep_extension=_sweep_option(doc, "sweep_extension", SWEEP_EXTENSIONS, where),
+        sweep_interpolation=_sweep_option(doc, "sweep_interpolation", SWEEP_INTERPOLATIONS, where),
         min_cap_w=min_cap,
         max_cap_w=max_cap,
         min_throughput_fraction=floor,
@@ -190,17 +193,17 @@ def parse_job(doc: Any, index: int = 0, tiers: TierTable = DEFAULT_TIERS) -> Job
     return job
 
 
-def _sweep_extension(doc: dict[str, Any], where: str) -> str:
-    value = doc.get("sweep_extension")
+def _sweep_option(doc: dict[str, Any], key: str, choices: tuple[str, ...], where: str) -> str:
+    """One of a sweep's options (the first choice when absent)."""
+    value = doc.get(key)
     if value is None:
-        return "none"
-    if value not in SWEEP_EXTENSIONS:
+        return choices[0]
+    if value not in choices:
         raise InvalidJobError(
-            f"{where}: 'sweep_extension' must be one of {', '.join(SWEEP_EXTENSIONS)}, "
-            f"got {value!r}"
+            f"{where}: '{key}' must be one of {', '.join(choices)}, got {value!r}"
         )
     if doc.get("sweep") is None:
-        raise InvalidJobError(f"{where}: 'sweep_extension' needs a 'sweep' to extend")
+        raise InvalidJobError(f"{where}: '{key}' needs a 'sweep'")
     return str(value)
 
 

@@ -21,6 +21,7 @@ from flexmodel.pfi import (
     DEFAULT_PFI,
     DEFAULT_PFI_STDERR,
     default_grid_w,
+    family_pfi,
     grid_matrix,
     solve_insensitive_share,
 )
@@ -59,6 +60,8 @@ class Job:
     #: below the sweep's lowest cap: `none` (the job goes no lower) or `family` (the fleet
     #: family at the sweep's own PFI, joined to its lowest point: `extend_below`)
     sweep_extension: str = "none"
+    #: between the sweep's points: `linear` or `pchip` (a monotone cubic: `sweep_curve`)
+    sweep_interpolation: str = "linear"
     min_cap_w: float = DEFAULT_MIN_CAP_W
     max_cap_w: float = DEFAULT_MAX_CAP_W
     min_throughput_fraction: float = 0.0  #: the stricter of the job's own and its tier's
@@ -248,24 +251,30 @@ def _sweep_table(job: Job) -> Curves:
     """A sweep job's curve: its measured points, and below them the fleet family at the
     sweep's own PFI on its own grid when the job asks for it (`sweep_extension: family`)."""
     sweep = job.measured_sweep
-    measured = sweep.curve(job.period_s, name=f"job '{job.id}' sweep")
+    measured = sweep.curve(
+        job.period_s, name=f"job '{job.id}' sweep", interpolation=job.sweep_interpolation
+    )
     if job.sweep_extension != "family" or sweep.pfi is None:
         return measured
     stand_in = replace(job, sweep=None, pfi=sweep.pfi, pfi_grid_w=sweep.grid_w)
     return extend_below(measured, _family_table([stand_in], np.array([sweep.pfi])))
 
 
-def _family_table(jobs: list[Job], pfi: Array | None = None) -> Curves:
-    stated = pfi is None
-    if pfi is None:
-        pfi = np.array([j.pfi if j.pfi is not None else DEFAULT_PFI for j in jobs])
-    shape = FamilyShape.of(
+def _family_shape(jobs: list[Job]) -> FamilyShape:
+    return FamilyShape.of(
         power_w=field_array(jobs, "power_w"),
         duty=field_array(jobs, "duty"),
         comm_power_fraction=field_array(jobs, "comm_power_fraction"),
         min_cap_w=field_array(jobs, "min_cap_w"),
         max_cap_w=field_array(jobs, "max_cap_w"),
     )
+
+
+def _family_table(jobs: list[Job], pfi: Array | None = None) -> Curves:
+    stated = pfi is None
+    if pfi is None:
+        pfi = np.array([j.pfi if j.pfi is not None else DEFAULT_PFI for j in jobs])
+    shape = _family_shape(jobs)
     m = solve_insensitive_share(
         pfi,
         grid_matrix([j.grid_w for j in jobs]),
@@ -276,3 +285,23 @@ def _family_table(jobs: list[Job], pfi: Array | None = None) -> Curves:
     return family_curves(
         shape, m, throughput=field_array(jobs, "throughput"), period_s=field_array(jobs, "period_s")
     )
+
+
+def pfi_on_own_grid(
+    job: Job, pfi: float, stderr: float, grid_w: tuple[float, ...]
+) -> tuple[float, float]:
+    """A PFI measured on `grid_w` (with its standard error) as the PFI on the job's own grid
+    (`job.grid_w`): the fleet family of the job's shape that gives `pfi` on `grid_w`, read on
+    the job's grid; the error is half the spread of `pfi -+ stderr` carried the same way.
+
+    PFIs compare only on one grid (MODEL.md section 3); this is how one measured on a probe's
+    few caps is set beside a prediction or a declaration on the study's grid. A value the
+    family cannot reach on `grid_w` is taken as the nearest it reaches.
+    """
+    shape = _family_shape([job])
+    values = np.array([pfi, pfi - stderr, pfi + stderr])
+    m = solve_insensitive_share(
+        values, grid_matrix([grid_w] * 3), shape, names=[job.id] * 3, clip=True
+    )
+    own = family_pfi(grid_matrix([job.grid_w] * 3), shape.select(np.zeros(3, np.intp)), m)
+    return float(own[0]), float(own[2] - own[1]) / 2.0

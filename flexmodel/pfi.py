@@ -155,6 +155,18 @@ def solve_insensitive_share(
     return m
 
 
+def combined_estimate(*estimates: tuple[float, float]) -> tuple[float, float]:
+    """Independent estimates `(value, standard error)` of one PFI on one grid, weighted by
+    their precision (inverse variance): the combined value and its standard error. Every
+    error must be positive."""
+    if not estimates or any(not se > 0 for _, se in estimates):
+        raise ValueError(f"estimates need positive standard errors, got {estimates}")
+    weights = [1.0 / se**2 for _, se in estimates]
+    total = sum(weights)
+    value = sum(w * v for w, (v, _) in zip(weights, estimates, strict=True)) / total
+    return value, total**-0.5
+
+
 def grid_matrix(grids: list[tuple[float, ...]]) -> Array:
     """Grids of different lengths as one NaN-padded (J, G) array."""
     width = max(len(g) for g in grids)

@@ -71,13 +71,14 @@ class MeasuredSweep:
         """The caps the PFI is on (the uncapped one included) [W]."""
         return tuple(float(c) for c in self.cap_w[self.kept])
 
-    def curve(self, period_s: float, name: str = "sweep") -> Curves:
-        """The job's curve: the monotone fit at every measured cap."""
+    def curve(self, period_s: float, name: str = "sweep", interpolation: str = "linear") -> Curves:
+        """The job's curve: the monotone fit at every measured cap, joined as
+        `interpolation` says (`flexmodel.curves.sweep_curve`)."""
         points = [
             (float(c), float(p), float(t))
             for c, p, t in zip(self.cap_w, self.fit_power_w, self.fit_throughput, strict=True)
         ]
-        return sweep_curve(points, period_s=period_s, name=name)
+        return sweep_curve(points, period_s=period_s, name=name, interpolation=interpolation)
 
 
 def fit_sweep(

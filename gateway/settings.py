@@ -135,6 +135,8 @@ class GatewaySettings(BaseSettings):
     curve_max_pfi_stderr: float = Field(default=0.15, gt=0.0)
     #: below a measured curve's lowest level: the fleet family at its PFI, or nothing
     curve_extend: Literal["family", "none"] = "family"
+    #: between a measured curve's levels: a monotone cubic, or straight lines
+    curve_interpolation: Literal["pchip", "linear"] = "pchip"
 
     @property
     def tier_table(self) -> TierTable:

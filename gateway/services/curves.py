@@ -8,13 +8,15 @@
 - **Fit**: `flexmodel.sweeps.fit_sweep` on the points with their stated noise: the PFI with its
   standard error on the measured grid (nothing extrapolated; PFIs compare only on one grid),
   the monotone curve, the points set aside. Each fit is stored (`JobCurveRow`) with when.
-- **In force**: a fit whose PFI's standard error is at most `curve_max_pfi_stderr`, or below
-  that of the PFI it would replace (`JobBook.replaced_stderr`: a prediction's, the default's),
-  replaces the job's curve in the job book (`JobBook.use_curves`), as a sweep in the job-mix
-  form with the fitted error, so plans and quotes use it and firm kW carries its uncertainty.
-  Below its lowest measured level the curve is the fleet family at the fitted PFI
-  (`curve_extend`, `flexmodel.curves.extend_below`), so measuring a job never makes it less
-  flexible to the planner than its prediction did.
+- **In force** (`fields_in_force`): a fit whose PFI's standard error is at most
+  `curve_max_pfi_stderr`, or below that of the PFI it would replace (a prediction's, the
+  default's), replaces the job's curve in the job book (`JobBook.use_curves`), as a sweep in
+  the job-mix form with the fitted error, so plans and quotes use it and firm kW carries its
+  uncertainty. Between its levels the curve is a monotone cubic (`curve_interpolation`);
+  below its lowest level the fleet family at the fitted PFI (`curve_extend`,
+  `flexmodel.curves.extend_below`), so measuring a job never makes it less flexible to the
+  planner than its prediction did. A fit not good enough for that is weighed with the PFI it
+  would replace, on the job's own grid (`combined`).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from typing import Any
 from agents.protocol import JobTelemetry
 from flexmodel.errors import FlexModelError
 from flexmodel.jobmix import PFI_RANGE
-from flexmodel.jobs import Job
-from flexmodel.pfi import default_grid_w
+from flexmodel.jobs import Job, pfi_on_own_grid
+from flexmodel.pfi import combined_estimate, default_grid_w
 from flexmodel.sweeps import fit_sweep
 from gateway.clock import Clock
 from gateway.services.fleet import Fleet, job_readings
@@ -98,6 +100,47 @@ def verdict(
     if not PFI_RANGE[0] <= fit["pfi"] <= PFI_RANGE[1]:
         return f"the PFI {fit['pfi']:.3g} lies outside the plausible {PFI_RANGE}"
     return None
+
+
+def fields_in_force(
+    job: Job,
+    fit: dict[str, Any] | None,
+    *,
+    max_stderr: float,
+    extension: str,
+    interpolation: str,
+    combine: bool = True,
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The job-mix fields a fit sets over the job `job` (as declared, with its prediction),
+    and why the measured curve itself is not in force (None when it is).
+
+    A good enough fit (`verdict`) sets its curve: the measured points joined by
+    `interpolation`, the fleet family at its PFI below them (`extension`). A fit not good
+    enough on its own still says something: with `combine`, its PFI, carried to the job's
+    own grid through the fleet family (`flexmodel.jobs.pfi_on_own_grid`), is weighed with the
+    PFI it would replace (a prediction, a declaration with its error, the default) by their
+    precisions. A declared sweep, or a PFI declared without an error, is kept as it is.
+    """
+    replaced = 0.0 if job.sweep is not None else job.pfi_error
+    why = verdict(fit, max_stderr, replaced)
+    if why is None and fit is not None:
+        sweep = fit["sweep"]
+        return {
+            "power_w": sweep[-1]["power_w"],
+            "pfi": fit["pfi"],
+            "pfi_stderr": fit["pfi_stderr"],
+            "sweep": sweep,
+            "sweep_extension": extension,
+            "sweep_interpolation": interpolation,
+        }, None
+    plausible = fit is not None and PFI_RANGE[0] <= (fit.get("pfi") or 0.0) <= PFI_RANGE[1]
+    if not (combine and plausible and replaced > 0 and fit and fit["pfi_stderr"] > 0):
+        return None, why
+    measured = pfi_on_own_grid(job, fit["pfi"], fit["pfi_stderr"], tuple(fit["grid_w"]))
+    if not measured[1] > 0:
+        return None, why
+    pfi, stderr = combined_estimate((job.pfi_value, replaced), measured)
+    return {"pfi": min(max(pfi, PFI_RANGE[0]), PFI_RANGE[1]), "pfi_stderr": stderr}, why
 
 
 def points_of(reading: JobTelemetry, job: Job, origin: str, at: str) -> list[dict[str, Any]]:
@@ -180,25 +223,30 @@ class JobCurves:
             return repo.latest_job_curves(s)
 
     def in_force(self) -> dict[str, dict[str, Any]]:
-        """The job-mix fields each good enough fit sets over the job's declared ones."""
-        docs = {d["id"]: d for d in self.book.docs()}
+        """The job-mix fields each fit sets over the job's declared ones (`fields_in_force`)."""
+        rows = self.latest()
+        if not rows:
+            return {}
+        jobs = {j.id: j for j in self.book.validate(self.book.docs()).jobs}
         out = {}
-        for job_id, row in self.latest().items():
-            doc = docs.get(job_id)
-            if doc is None or row.fit is None or self._why_not(doc, row.fit):
-                continue
-            sweep = row.fit["sweep"]
-            out[job_id] = {
-                "power_w": sweep[-1]["power_w"],
-                "pfi": row.fit["pfi"],
-                "pfi_stderr": row.fit["pfi_stderr"],
-                "sweep": sweep,
-                "sweep_extension": self.settings.curve_extend,
-            }
+        for job_id, row in rows.items():
+            job = jobs.get(job_id)
+            if job is not None and row.fit is not None:
+                fields, _ = self._fields(job, row.fit)
+                if fields is not None:
+                    out[job_id] = fields
         return out
 
-    def _why_not(self, doc: dict[str, Any], fit: dict[str, Any] | None) -> str | None:
-        return verdict(fit, self.settings.curve_max_pfi_stderr, self.book.replaced_stderr(doc))
+    def _fields(
+        self, job: Job, fit: dict[str, Any] | None
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        return fields_in_force(
+            job,
+            fit,
+            max_stderr=self.settings.curve_max_pfi_stderr,
+            extension=self.settings.curve_extend,
+            interpolation=self.settings.curve_interpolation,
+        )
 
     async def harvest(
         self, job_ids: set[str] | None = None, origin: str = "telemetry"
@@ -238,26 +286,33 @@ class JobCurves:
     ) -> dict[str, Any]:
         """A job's curve as the API shows it (`doc`: the job as declared): where it comes from,
         the PFI with its error and grid, and (with `points`) the measured points and the fit."""
-        fit = row.fit if row is not None else None
-        why_not = self._why_not(doc, fit) if row is not None else None
-        return curve_doc(doc, row, why_not, extension=self.settings.curve_extend, points=points)
+        fields, why_not = None, None
+        if row is not None:
+            fields, why_not = self._fields(self.book.validate([doc]).jobs[0], row.fit)
+        combined = fields if why_not is not None else None
+        return curve_doc(
+            doc, row, why_not, combined, extension=self.settings.curve_extend, points=points
+        )
 
 
 def curve_doc(
     doc: dict[str, Any],
     row: JobCurveRow | None,
     why_not: str | None,
+    combined: dict[str, Any] | None,
     *,
     extension: str,
     points: bool,
 ) -> dict[str, Any]:
     """A job's curve as the API shows it (`doc`: the job as declared, `why_not` the reason
-    its fit is not in force)."""
+    its fit is not in force, `combined` the PFI in force weighed from it and the one it
+    would replace)."""
     fit = row.fit if row is not None else None
     used = row is not None and why_not is None
     kind = "sweep" if doc.get("sweep") else ("pfi" if doc.get("pfi") is not None else None)
+    source = "declared" if kind else "default"
     out: dict[str, Any] = {
-        "source": "measured" if used else ("declared" if kind else "default"),
+        "source": "measured" if used else ("combined" if combined else source),
         "declared": None
         if kind is None
         else {
@@ -267,6 +322,14 @@ def curve_doc(
             "grid_w": list(doc.get("pfi_grid_w") or default_grid_w(int(doc["gpus"]))),
         },
         "measured": None,
+        # the fit's PFI on the job's own grid weighed with the one it would replace
+        "combined": None
+        if combined is None
+        else {
+            "pfi": combined["pfi"],
+            "pfi_stderr": combined["pfi_stderr"],
+            "grid_w": list(doc.get("pfi_grid_w") or default_grid_w(int(doc["gpus"]))),
+        },
     }
     if row is not None and fit is not None:
         out["measured"] = {

@@ -23,7 +23,6 @@ from sqlmodel import Session
 from flexmodel.errors import FlexModelError
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.jobs import JobMix
-from flexmodel.pfi import DEFAULT_PFI_STDERR
 from flexmodel.tiers import DEFAULT_TIERS, TierTable
 from gateway.clock import Clock
 from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
@@ -132,18 +131,6 @@ class JobBook:
         return site_mix(
             with_predictions(docs, self._predicted), self.overhead.current(), self.tiers
         )
-
-    def replaced_stderr(self, doc: dict[str, Any]) -> float:
-        """The standard error of the PFI the job `doc` has without its measured curve: its
-        declared one (0 for a declared sweep or a PFI declared without an error), its
-        prediction's, or the fleet default's."""
-        if doc.get("sweep") is not None:
-            return 0.0
-        if doc.get("pfi") is not None:
-            return float(doc.get("pfi_stderr") or 0.0)
-        if doc.get("id") in self._predicted:
-            return self._predicted[doc["id"]][1]
-        return DEFAULT_PFI_STDERR
 
     def predict_with(self, predicted: dict[str, tuple[float, float]]) -> None:
         """These predicted PFIs (job id -> (PFI, standard error)) in the mix from now on, for

@@ -227,7 +227,8 @@ class Predictions:
         self.book.mix()  # built, so `measured_in_force` is current
         if doc["id"] in self.book.measured_in_force:
             job = next(j for j in self.book.mix().jobs if j.id == doc["id"])
-            return out | {"source": "measured", "pfi": job.pfi_value, "pfi_stderr": job.pfi_error}
+            source = "measured" if job.sweep is not None else "combined"
+            return out | {"source": source, "pfi": job.pfi_value, "pfi_stderr": job.pfi_error}
         if "pfi" in doc:
             return out | {
                 "source": "declared",

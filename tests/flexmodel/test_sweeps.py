@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from flexmodel.curves import FamilyShape, family_point, operating_point
 from flexmodel.errors import InvalidJobError, InvalidSweepError
 from flexmodel.jobmix import parse_job_mix
-from flexmodel.pfi import FINE_GRID_W, grid_matrix, pfi_of_sweep, pfi_rows
+from flexmodel.jobs import pfi_on_own_grid
+from flexmodel.pfi import FINE_GRID_W, family_pfi, grid_matrix, pfi_of_sweep, pfi_rows
 from flexmodel.sweeps import DEFAULT_NOISE, fit_sweep, monotone_fit
 
 EXAMPLE = [
@@ -228,9 +229,81 @@ def test_the_extension_continues_the_jobs_own_curve_when_the_family_is_its_truth
     [
         ({"sweep_extension": "linear"}, "'sweep_extension' must be one of none, family"),
         ({"sweep_extension": "family", "sweep": None}, "'sweep_extension' needs a 'sweep'"),
+        ({"sweep_interpolation": "cubic"}, "'sweep_interpolation' must be one of linear, pchip"),
+        ({"sweep_interpolation": "pchip", "sweep": None}, "'sweep_interpolation' needs a"),
     ],
 )
-def test_a_bad_sweep_extension_is_refused_naming_it(doc, message):
+def test_a_bad_sweep_option_is_refused_naming_it(doc, message):
     base = PROBED_JOB | {"sweep": _probed(0.3, PROBED_CAPS)}
     with pytest.raises(InvalidJobError, match=message):
         parse_job_mix({"jobs": [{k: v for k, v in (base | doc).items() if v is not None}]})
+
+
+WIDE_CAPS = (400.0, 500.0, 600.0, 700.0)
+
+
+@pytest.mark.parametrize("m", [0.0, 0.3, 0.55])
+def test_pchip_follows_a_concave_curve_closer_than_straight_lines(m):
+    """A family job swept at four caps, 100 W apart: between the caps, the monotone cubic
+    lands nearer the true throughput than the chords, which cut under the concave curve."""
+    job = PROBED_JOB | {"sweep": _probed(m, WIDE_CAPS)}
+    linear = parse_job_mix({"jobs": [job]}).curves
+    pchip = parse_job_mix({"jobs": [job | {"sweep_interpolation": "pchip"}]}).curves
+    between = np.array([425.0, 450.0, 475.0, 525.0, 550.0, 575.0, 625.0, 650.0, 675.0])
+    _, truth = _family_sweep(m, tuple(between))
+    errors = {
+        name: max(
+            abs(float(operating_point(curve, c)[1][0]) - t)
+            for c, t in zip(between, truth, strict=True)
+        )
+        for name, curve in (("linear", linear), ("pchip", pchip))
+    }
+    assert errors["pchip"] < 0.5 * errors["linear"], errors
+    # Through every measured point, exactly.
+    for point in job["sweep"]:
+        power, thr, _ = operating_point(pchip, point["cap_w"])
+        assert (power[0], thr[0]) == pytest.approx((point["power_w"], point["throughput"]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    caps=st.lists(st.floats(150.0, 700.0), min_size=3, max_size=9, unique=True),
+    steps=st.lists(st.floats(0.0, 1.0), min_size=18, max_size=18),
+)
+def test_a_pchip_sweep_is_monotone_within_its_caps_and_never_above_them(caps, steps):
+    caps = sorted(caps)
+    if min(np.diff(caps)) < 1.0:
+        return
+    power = np.minimum(caps, 120.0 + np.cumsum(steps[: len(caps)]) * 60.0)
+    thr = 1000.0 + np.cumsum(steps[9 : 9 + len(caps)]) * 500.0
+    sweep = [
+        {"cap_w": c, "power_w": float(p), "throughput": float(t)}
+        for c, p, t in zip(caps, power, thr, strict=True)
+    ]
+    job = {"id": "j", "gpus": 8, "power_w": float(power[-1]), "throughput": float(thr[-1])}
+    job |= {"max_cap_w": caps[-1], "min_cap_w": 100.0, "sweep": sweep}
+    curve = parse_job_mix({"jobs": [job | {"sweep_interpolation": "pchip"}]}).curves
+    for label in ("cap_w", "power_w", "throughput"):
+        assert np.all(np.diff(getattr(curve, label)[0]) >= -1e-9), label
+    assert curve.cap_w[0, 0] == caps[0]
+    assert curve.cap_w[0, -1] == caps[-1]
+    straight = np.interp(curve.cap_w[0], caps, power)
+    assert np.all(curve.power_w[0] <= np.maximum(curve.cap_w[0], straight) + 1e-9)
+
+
+def test_a_pfi_on_a_probes_grid_is_read_on_the_jobs_own_grid_through_the_family():
+    """A family job's PFI on a probe's shallow caps, carried to the study's grid, is the
+    family's PFI there; its error is carried the same way, and grows where the probe's grid
+    says less."""
+    job = parse_job_mix({"jobs": [PROBED_JOB]}).jobs[0]
+    shape = FamilyShape.of(
+        power_w=650.0, duty=0.8, comm_power_fraction=0.5, min_cap_w=200.0, max_cap_w=700.0
+    )
+    for m in (0.0, 0.3, 0.55):
+        probe = (560.0, 600.0, 640.0, 700.0)
+        on_probe = float(family_pfi(grid_matrix([probe]), shape, np.array([m]))[0])
+        on_own = float(family_pfi(grid_matrix([job.grid_w]), shape, np.array([m]))[0])
+        value, stderr = pfi_on_own_grid(job, on_probe, 0.05, probe)
+        assert value == pytest.approx(on_own, rel=1e-6)
+        assert stderr > 0
+    assert pfi_on_own_grid(job, on_own, 0.05, job.grid_w) == pytest.approx((on_own, 0.05), 1e-3)

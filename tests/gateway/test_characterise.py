@@ -197,6 +197,37 @@ def test_a_probe_measures_the_job_and_restores_every_gpu(tmp_path):
         assert quote["firm_kw"] < quote["achievable_kw"]
 
 
+def test_a_fit_known_less_well_than_the_declared_pfi_is_weighed_with_it(tmp_path):
+    """A PFI declared to 0.02 (wrongly: the job's is 2.0) is not replaced by a probe's fit,
+    whose error is larger; the two are weighed by their precisions on the job's own grid, and
+    that is the PFI in force."""
+    truth = copy.deepcopy(TRUTH)
+    told = declared(truth)
+    told[0] |= {"pfi": 1.5, "pfi_stderr": 0.02}
+    with (
+        agents_up(tmp_path, truth) as (nodes, agents),
+        gateway_up(tmp_path, nodes, agents, truth) as site,
+    ):
+        answer = site.api.put("/v1/jobs", json={"jobs": told}, headers=API)
+        assert answer.status_code == 200, answer.text
+        assert post(site, "/v1/jobs/flex/characterise").status_code == 202
+        assert finished(site)["status"] == "completed"
+        shown = site.api.get("/v1/jobs/flex").json()  # fitted as the probe ended
+        curve = shown["curve"]
+        assert curve["source"] == "combined"
+        assert curve["measured"]["in_force"] is False
+        assert "not below the 0.02" in curve["measured"]["why_not"]
+        measured = curve["measured"]["pfi"]
+        assert measured > 1.6  # the probe saw a flexible job
+        combined = curve["combined"]
+        assert 1.5 < combined["pfi"] < 1.5 + 0.2 * (measured - 1.5)  # mostly the declared
+        assert combined["pfi_stderr"] < 0.02
+        assert combined["grid_w"] == curve["declared"]["grid_w"]
+        listed = {p["id"]: p for p in site.api.get("/v1/jobs").json()["pfi"]}
+        assert listed["flex"]["source"] == "combined"
+        assert listed["flex"]["pfi"] == pytest.approx(combined["pfi"], rel=1e-6)
+
+
 def test_a_probe_keeps_its_caps_above_the_jobs_communication_level():
     planned = [700.0, 613.0, 525.0, 438.0]
     assert visible_caps(planned, None) == planned  # not measured: as planned

@@ -12,9 +12,10 @@ from flexgate.probesim import run_probe
 from flexmodel.allocate import allocate_mix
 from flexmodel.curves import operating_point
 from flexmodel.jobmix import parse_job_mix
+from flexmodel.jobs import pfi_on_own_grid
 from flexmodel.pfi import pfi_of_sweep
 from flexmodel.quote import quote
-from gateway.services.curves import fit_points, points_of, verdict
+from gateway.services.curves import fields_in_force, fit_points, points_of, verdict
 from gateway.services.probecaps import probe_caps
 
 
@@ -163,6 +164,74 @@ def test_a_fit_is_used_when_better_known_than_the_pfi_it_replaces():
     assert verdict(fit, 0.25) is None
 
 
+def test_a_fit_not_good_enough_is_weighed_with_the_pfi_it_would_replace():
+    job = parse_job_mix({"jobs": [job_doc("w", 2.0, 1.0) | {"pfi_stderr": 0.3}]}).jobs[0]
+    fit = {"pfi": 1.4, "pfi_stderr": 0.4, "grid_w": list(job.grid_w), "sweep": []}
+    rule = {"max_stderr": 0.15, "extension": "family", "interpolation": "pchip"}
+    fields, why = fields_in_force(job, fit, **rule)
+    assert "not below the 0.3" in why  # the measured curve itself is not in force
+    # Inverse-variance weights 1/0.09 and 1/0.16 (the same grid: nothing to carry over).
+    assert fields["pfi"] == pytest.approx((2.0 / 0.09 + 1.4 / 0.16) / (1 / 0.09 + 1 / 0.16), 1e-3)
+    assert fields["pfi_stderr"] == pytest.approx((1 / 0.09 + 1 / 0.16) ** -0.5, 1e-3)
+    assert set(fields) == {"pfi", "pfi_stderr"}
+    # Nothing to weigh against: a PFI declared without an error, a declared sweep; and no
+    # weighing of an implausible fit or when told not to.
+    exact = parse_job_mix({"jobs": [job_doc("x", 2.0, 1.0)]}).jobs[0]
+    assert fields_in_force(exact, fit, **rule)[0] is None
+    swept = parse_job_mix({"jobs": [_swept("s")]}).jobs[0]
+    assert fields_in_force(swept, fit, **rule)[0] is None
+    assert fields_in_force(job, fit | {"pfi": 40.0}, **rule)[0] is None
+    assert fields_in_force(job, fit, **rule, combine=False)[0] is None
+    # A good enough fit sets its curve, joined as told.
+    good, why = fields_in_force(
+        job, fit | {"pfi_stderr": 0.1, "sweep": [{"power_w": 600.0}]}, **rule
+    )
+    assert why is None
+    assert good["sweep_interpolation"] == "pchip"
+    assert good["sweep_extension"] == "family"
+
+
+def _swept(job_id: str) -> dict:
+    points = ((500.0, 460.0, 17000.0), (600.0, 560.0, 19500.0), (700.0, 660.0, 21000.0))
+    return {
+        "id": job_id,
+        "gpus": 8,
+        "power_w": 660.0,
+        "throughput": 21000.0,
+        "sweep": [{"cap_w": c, "power_w": p, "throughput": t} for c, p, t in points],
+    }
+
+
+def test_weighing_a_probe_with_a_prediction_beats_either_alone():
+    """Family jobs of known PFI, probed (20 periods a level), each with a prediction
+    known about as well as its probe (the rule weighs the two only then): the weighed PFI on
+    the job's own grid lands nearer the truth, in root mean square over the jobs, than the
+    prediction or the probe alone. It would not if the fit's stated error or its carrying to
+    the job's grid were wrong."""
+    rng = np.random.default_rng(4)
+    errors: dict[str, list[float]] = {"predicted": [], "measured": [], "combined": []}
+    for i, pfi in enumerate(np.linspace(1.15, 2.5, 24)):
+        doc = job_doc(f"j{i}", float(pfi), 1.0 + 0.1 * (i % 5))
+        _, _, fit = measure(doc, seed=i, periods=20.0)
+        if fit["pfi"] is None:
+            continue
+        bare = parse_job_mix({"jobs": [doc]}).jobs[0]
+        on_own, se_own = pfi_on_own_grid(bare, fit["pfi"], fit["pfi_stderr"], tuple(fit["grid_w"]))
+        stderr = min(se_own, fit["pfi_stderr"])  # the fit is never better known
+        predicted = float(pfi + stderr * rng.standard_normal())
+        job = parse_job_mix({"jobs": [doc | {"pfi": predicted, "pfi_stderr": stderr}]}).jobs[0]
+        weighed, why = fields_in_force(
+            job, fit, max_stderr=0.0, extension="family", interpolation="pchip"
+        )
+        assert why is not None
+        errors["predicted"].append(predicted - pfi)
+        errors["measured"].append(on_own - pfi)
+        errors["combined"].append(weighed["pfi"] - pfi)
+    assert len(errors["combined"]) >= 20
+    rms = {name: float(np.sqrt(np.mean(np.square(e)))) for name, e in errors.items()}
+    assert rms["combined"] < min(rms["predicted"], rms["measured"]), rms
+
+
 def test_firm_kw_carries_the_fitted_uncertainty(mixes):
     _, _, measured, _ = mixes
     doc = quote(measured, window_s=600.0, confidence=0.9)
@@ -195,7 +264,7 @@ def test_a_measured_pfi_says_whether_it_shares_the_declared_one_s_grid():
     row = JobCurveRow(
         job_id="c", at=datetime(2026, 1, 1, tzinfo=UTC), source="measured", points=points, fit=fit
     )
-    shown = curve_doc(doc, row, verdict(fit, 0.15), extension="family", points=True)
+    shown = curve_doc(doc, row, verdict(fit, 0.15), None, extension="family", points=True)
     assert shown["declared"]["grid_w"] == [200.0, 300.0, 400.0, 500.0, 600.0, 700.0]
     assert shown["measured"]["grid_w"] == fit["grid_w"]
     assert shown["measured"]["same_grid_as_declared"] is False  # a probe within the floor
