@@ -55,6 +55,8 @@ from flexmodel.predictor import DRAM_NOISE, dram_copy_product
 MIN_W, MAX_W, DEFAULT_W = 200.0, 700.0, 700.0
 IDLE_W = 80.0
 FIRMWARE_S = 0.03
+#: Curve readings kept per job (`_Job.readings`) before they are cleared
+READINGS_KEPT = 64
 #: The job a node runs when the mix places none on it.
 DEFAULT_JOB = {
     "id": "default",
@@ -128,6 +130,9 @@ class _Job:
     dram_active: float = 0.0
     stale: bool = True  #: the caps changed since the pace was computed
     mean_w: float = 0.0  #: per GPU, over an iteration at the present caps
+    #: the curve read at each cap seen (mean power, throughput, period): a job's caps take
+    #: few values, and a command sets its GPUs one by one
+    readings: dict[float, tuple[float, float, float]] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -231,7 +236,11 @@ class SimulatedBackend:
         if not job.stale:
             return job
         cap = min(self._gpus[g].limit_w for g in job.gpus)
-        mean, thr, period = (float(v[0]) for v in operating_point(job.curve, cap))
+        if cap not in job.readings:
+            if len(job.readings) >= READINGS_KEPT:
+                job.readings.clear()
+            job.readings[cap] = tuple(float(v[0]) for v in operating_point(job.curve, cap))
+        mean, thr, period = job.readings[cap]
         job.mean_w = mean
         job.compute_s = period - (1.0 - job.duty) * job.period_s
         job.throughput = thr
@@ -296,6 +305,10 @@ class SimulatedBackend:
             gpu = self._gpu(index)
             if not MIN_W <= watts <= MAX_W:
                 raise BackendError(f"limit {watts:g} W is outside [{MIN_W:g}, {MAX_W:g}] W")
+            if float(watts) == gpu.limit_w:
+                # Nothing moves: the firmware's approach to the limit is exponential, so
+                # starting it again from where it is now follows the same path.
+                return
             now = self._clock()
             if gpu.job is not None:
                 self._retime(gpu.job, now)

@@ -77,6 +77,28 @@ def test_the_firmware_settles_on_a_new_cap_within_tens_of_milliseconds():
     assert sim.power_w(0) <= 300.0 * 1.01
 
 
+def test_setting_the_limit_a_gpu_already_has_changes_nothing():
+    """A renewal sets every GPU's limit again; the simulated GPUs skip the work, and what they
+    draw must be exactly what they would draw had the limit been set again (the firmware's
+    approach is exponential: starting it again from where it is follows the same path)."""
+    clock_a, clock_b = Clock(), Clock()
+    renewed = SimulatedBackend(8, mix=MIX, node_id="n1", clock=clock_a, noise_w=0.0)
+    left = SimulatedBackend(8, mix=MIX, node_id="n1", clock=clock_b, noise_w=0.0)
+    for sim in (renewed, left):
+        for g in range(6):
+            sim.set_limit_w(g, 420.0)
+    trace_a, trace_b = [], []
+    for step in range(400):
+        clock_a.now = clock_b.now = 0.004 * (step + 1)
+        if step % 7 == 0:  # mid-transition and after it
+            for g in range(8):
+                renewed.set_limit_w(g, renewed.enforced_limit_w(g))
+        trace_a.append([renewed.power_w(g) for g in range(8)])
+        trace_b.append([left.power_w(g) for g in range(8)])
+    assert np.allclose(trace_a, trace_b, rtol=1e-12, atol=1e-9)
+    assert renewed.job_throughput() == left.job_throughput()
+
+
 def test_a_cap_stretches_the_iteration_and_telemetry_sees_it():
     clock = Clock()
     sim = SimulatedBackend(8, mix=MIX, node_id="n1", clock=clock, noise_w=8.0, seed=3)
