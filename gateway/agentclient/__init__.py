@@ -72,6 +72,17 @@ class BatchAgentClient(Protocol):
     async def put_caps_many(self, targets: Sequence[tuple[str, str, CapCommand]]) -> list[Ack]: ...
 
 
+@runtime_checkable
+class KeptTelemetryClient(Protocol):
+    """A transport whose agents publish their telemetry: it keeps the latest of each, read
+    for every node at once without asking any: (when it arrived, on the client's monotonic
+    clock, and the telemetry), or None."""
+
+    def kept_telemetry(
+        self, addresses: Sequence[str]
+    ) -> list[tuple[float, TelemetryResponse] | None]: ...
+
+
 async def fan_out(client: AgentClient, targets: Sequence[tuple[str, str, CapCommand]]) -> list[Ack]:
     """Send every (node, address, command) at once; the answers come back in the same order."""
     if isinstance(client, BatchAgentClient):

@@ -182,19 +182,33 @@ class NatsAgentClient:
         return answer.health
 
     async def telemetry(self, address: str) -> TelemetryResponse | None:
-        kept = self.latest.get(address)
-        if kept is None:
+        found = self.kept_telemetry([address])[0]
+        if found is None:
             return None
-        at, period_s, report = kept
-        age_s = self._clock.monotonic() - at
-        if age_s > SILENT_PERIODS * period_s:
-            return None
+        at, report = found
         if report.agent_time_s is None:
             return report
         # The agent's clock now, by its stamp and the summary's age here: the offset the fleet
         # estimates from it (services/clocks.py) is wrong by the summary's way through the
         # broker, not by its age.
+        age_s = self._clock.monotonic() - at
         return report.model_copy(update={"agent_time_s": report.agent_time_s + age_s})
+
+    def kept_telemetry(
+        self, addresses: Sequence[str]
+    ) -> list[tuple[float, TelemetryResponse] | None]:
+        """Each node's last summary as telemetry, with when it arrived (this client's
+        monotonic clock: the moment its `agent_time_s` stamp pairs with); None for a node
+        silent for three of its periods. One read of what is kept, nothing copied."""
+        now = self._clock.monotonic()
+        out: list[tuple[float, TelemetryResponse] | None] = []
+        for address in addresses:
+            kept = self.latest.get(address)
+            if kept is None or now - kept[0] > SILENT_PERIODS * kept[1]:
+                out.append(None)
+            else:
+                out.append((kept[0], kept[2]))
+        return out
 
     async def _on_telemetry(self, msg: Msg) -> None:
         node = msg.subject.rsplit(".", 1)[1]
@@ -332,11 +346,15 @@ class _FanOut:
 
 
 def as_telemetry(summary: TelemetrySummary) -> TelemetryResponse:
-    """A summary as the telemetry the fleet reads: each GPU's mean power, one sample."""
-    return TelemetryResponse(
+    """A summary as the telemetry the fleet reads: each GPU's mean power, one sample. Built
+    without validating again: every field comes from the summary, validated as it arrived
+    (2,000 summaries a second at 10,000 nodes)."""
+    return TelemetryResponse.model_construct(
         node_id=summary.node_id,
         gpus=[
-            GpuPower(index=i, power_w=[] if p is None else [p], sample_interval_s=summary.period_s)
+            GpuPower.model_construct(
+                index=i, power_w=[] if p is None else [p], sample_interval_s=summary.period_s
+            )
             for i, p in enumerate(summary.gpu_power_w)
         ],
         jobs=summary.jobs,

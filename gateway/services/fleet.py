@@ -35,7 +35,7 @@ from flexmodel.phases import (
     phase_locking_value,
     rayleigh_threshold,
 )
-from gateway.agentclient import Ack, AgentClient, AgentUnreachableError
+from gateway.agentclient import Ack, AgentClient, AgentUnreachableError, KeptTelemetryClient
 from gateway.clock import Clock
 from gateway.services.clocks import AgentClocks
 from gateway.settings import GatewaySettings
@@ -169,7 +169,16 @@ class Fleet:
 
     async def _ask_telemetry(self) -> Telemetry:
         nodes = list(self.nodes.items())
-        found = await asyncio.gather(*(self._ask_one(node, a) for node, a in nodes))
+        if isinstance(self.client, KeptTelemetryClient):  # nothing to ask: read what is kept
+            kept = self.client.kept_telemetry([a for _, a in nodes])
+            found = []
+            for (node, _), one in zip(nodes, kept, strict=True):
+                if one is not None and one[1].agent_time_s is not None:
+                    # stamped as it was published, paired with when it arrived here
+                    self.clocks.observe(node, one[0], one[1].agent_time_s, one[0])
+                found.append(None if one is None else one[1])
+        else:
+            found = await asyncio.gather(*(self._ask_one(node, a) for node, a in nodes))
         return {node: doc for (node, _), doc in zip(nodes, found, strict=True) if doc is not None}
 
     async def _ask_one(self, node: str, address: str) -> TelemetryResponse | None:
