@@ -5,8 +5,10 @@ Three processes: simulated nodes (`bench/servers.py farm`), the gateway (`flexga
 and this one, the clients. An event is active throughout, so every reconciliation
 (`--reconcile-s`) sends the desired state to every node: a 1000-node fan-out each time.
 Meanwhile the clients, each in a loop with no pause, send a fixed mix: quotes, health, event
-and plan reads, metrics, job list, an event created and cancelled, a malformed event (422
-expected). One more client polls `/v1/site` and `/v1/sync` once a second, as a dashboard does
+and plan reads, the event list as a dashboard pages it (the last 50, `?limit=50`: the soak
+creates hundreds of events a minute, and the whole list grows with every one), metrics, job
+list, an event created and cancelled, a malformed event (422 expected). One more client
+polls `/v1/site` and `/v1/sync` once a second, as a dashboard does
 (each asks every node for telemetry).
 
 Then the clients stop and the fan-outs go on alone for `--fan-out-s`: the gateway's resident
@@ -128,7 +130,7 @@ async def clients(url: str, event: dict, count: int, seconds: float, rec: Record
     later = (datetime.now(UTC) + timedelta(days=1)).isoformat()
     reads = {
         "health": "/health",
-        "events": "/v1/events",
+        "events": "/v1/events?limit=50",
         "event": f"/v1/events/{event['id']}",
         "plan": f"/v1/plans/{event['plan_id']}",
         "metrics": "/metrics",

@@ -5,6 +5,7 @@
 const FAST_S = 2; // site and events: what an operator watches during an event
 const SLOW_EVERY = 5; // jobs, plan, nodes, sync: every 5th fast round (10 s)
 const QUOTE_EVERY = 15; // the supply curve: every 15th round (30 s)
+const EVENTS_SHOWN = 200; // the last events by start the timeline and table show
 const HISTORY_S = 6 * 3600; // the longest chart span kept in the page
 const TOKEN_KEY = "flexgate.token";
 const SVG = "http://www.w3.org/2000/svg";
@@ -488,7 +489,15 @@ function remember(series, point) {
 }
 
 async function fast() {
-  const [site, events] = await Promise.all([api("/v1/site"), api("/v1/events")]);
+  // The last EVENTS_SHOWN events (the list grows with every event ever received), and the
+  // active one should it be older than those.
+  const [site, events] = await Promise.all([
+    api("/v1/site"), api(`/v1/events?limit=${EVENTS_SHOWN}`),
+  ]);
+  const active = site.active_event_id;
+  if (active && !events.events.some((e) => e.id === active)) {
+    events.events.unshift(await api(`/v1/events/${encodeURIComponent(active)}`));
+  }
   const previousPlan = state.site && activePlanId();
   state.site = site;
   state.events = events.events;

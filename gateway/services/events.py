@@ -137,10 +137,11 @@ class Events:
             )
         return out
 
-    def all(self) -> list[Any]:
-        """Every event, as plain rows with `EventRow`'s attributes (for `describe`)."""
+    def all(self, limit: int | None = None) -> list[Any]:
+        """Every event by start, or the last `limit`, as plain rows with `EventRow`'s
+        attributes (for `describe`)."""
         with self.store.session() as s:
-            return repo.event_rows(s)
+            return repo.event_rows(s, limit)
 
     # --- manual events -------------------------------------------------------------------
 

@@ -68,6 +68,21 @@ def test_manual_event_end_to_end(site):
     assert list(shown) == [event_id, later["id"]]  # by start
     for shown_id, doc in shown.items():
         assert site.api.get(f"/v1/events/{shown_id}").json() == doc
+    # A page of the list: the last events by start, in the same order; a bad limit is
+    # refused naming it, and changes nothing.
+    for extra in ("2098-01-01T00:00:00Z", "2097-06-01T00:00:00Z"):
+        body = {"reduction_kw": 1.0, "start": extra, "duration_s": 60}
+        assert site.api.post("/v1/events", headers=API, json=body).status_code == 201
+    every = site.api.get("/v1/events").json()["events"]
+    assert [e["start"][:4] for e in every[-3:]] == ["2097", "2098", "2099"]
+    for limit in (1, 2, 4, 10):
+        page = site.api.get("/v1/events", params={"limit": limit}).json()
+        assert page == {"events": every[-limit:]}
+    for bad in ("0", "-3", "ten", "10001"):
+        answer = site.api.get("/v1/events", params={"limit": bad})
+        assert answer.status_code == 422, answer.text
+        assert "limit" in answer.text
+    assert site.api.get("/v1/events").json()["events"] == every
 
 
 def test_an_infeasible_event_delivers_the_maximum_and_states_the_shortfall(site):

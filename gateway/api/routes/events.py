@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
+from fastapi import Query
 from fastapi.responses import JSONResponse
 
 from agents.protocol import problems
@@ -11,14 +12,23 @@ from gateway.api.deps import ServicesDep, Writer, v1_router
 from gateway.api.schemas import Event, EventCreate, Events
 
 router = v1_router()
+#: The most events one page of the list gives.
+MAX_LIMIT = 10_000
 
 
-@router.get("/events", response_model=Events)
-async def list_events(services: ServicesDep) -> JSONResponse:
-    """Every event (the documented `Events` shape; sent as built, not validated again: the
-    list grows with every event ever received, and its validation cost as much as building it)."""
+@router.get("/events", response_model=Events, responses=problems(422))
+async def list_events(
+    services: ServicesDep,
+    limit: Annotated[
+        int | None,
+        Query(ge=1, le=MAX_LIMIT, description="only the last this many events by start"),
+    ] = None,
+) -> JSONResponse:
+    """Every event by start, or the last `limit` (the documented `Events` shape; sent as
+    built, not validated again: the list grows with every event ever received, and its
+    validation cost as much as building it)."""
     events = services.events
-    return JSONResponse({"events": events.describe(events.all())})
+    return JSONResponse({"events": events.describe(events.all(limit))})
 
 
 @router.get("/events/{event_id}", response_model=Event, responses=problems(404, 422))
