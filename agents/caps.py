@@ -67,11 +67,14 @@ class CapController:
             self._save_originals(sorted(wanted))
             results = [self._set(gpu, cap, received_at) for gpu, cap in sorted(wanted.items())]
             saved = self.originals.saved()
-            results += [
-                self._restore(gpu, received_at)
-                for gpu in range(self.backend.count())
-                if gpu not in wanted and self._uuid_or_none(gpu) in saved
-            ]
+            results += self._restore_all(
+                [
+                    gpu
+                    for gpu in range(self.backend.count())
+                    if gpu not in wanted and self._uuid_or_none(gpu) in saved
+                ],
+                received_at,
+            )
             self.generation = command.generation
             self.plan_id = command.plan_id
             self.lease_until = self.clock() + command.lease_s
@@ -96,7 +99,7 @@ class CapController:
         with self._lock:
             self.lease_until = None
             saved = self.originals.saved()
-            results = [self._restore(index, start) for _, (index, _) in sorted(saved.items())]
+            results = self._restore_all([index for _, (index, _) in sorted(saved.items())], start)
             self.restore_pending = any(r.error for r in results)
             if results:
                 self._log_restore(reason, results)
@@ -228,29 +231,34 @@ class CapController:
             error = f"limit reads back as {enforced:g} W, not the {target:g} W set"
         return self._result(index, requested_w, enforced, clamped, received_at, error)
 
-    def _restore(self, index: int, received_at: float) -> CapResult:
+    def _restore_all(self, indices: list[int], received_at: float) -> list[CapResult]:
+        """These GPUs back to their original limits; the ones that read back are forgotten in
+        one write (a crash before it restores them again on restart: the same limits)."""
+        results, back = [], []
+        for index in indices:
+            result, uuid = self._restore(index, received_at)
+            results.append(result)
+            if uuid is not None:
+                back.append(uuid)
+        self.originals.forget_all(back)
+        return results
+
+    def _restore(self, index: int, received_at: float) -> tuple[CapResult, str | None]:
+        """A GPU back to its original limit: the result, and its uuid once it reads back."""
         try:
             uuid, _ = self.backend.identity(index)
             original = self.originals.original_w(uuid)
             if original is None:
-                return self._result(
-                    index, None, self.backend.enforced_limit_w(index), False, received_at, None
-                )
+                enforced = self.backend.enforced_limit_w(index)
+                return self._result(index, None, enforced, False, received_at, None), None
             self.backend.set_limit_w(index, original)
             enforced = self.backend.enforced_limit_w(index)
         except AgentError as exc:
-            return self._result(index, None, None, False, received_at, str(exc))
+            return self._result(index, None, None, False, received_at, str(exc)), None
         if abs(enforced - original) > READBACK_TOLERANCE_W:
-            return self._result(
-                index,
-                None,
-                enforced,
-                False,
-                received_at,
-                f"original limit {original:g} W reads back as {enforced:g} W",
-            )
-        self.originals.forget(uuid)
-        return self._result(index, None, enforced, False, received_at, None)
+            error = f"original limit {original:g} W reads back as {enforced:g} W"
+            return self._result(index, None, enforced, False, received_at, error), None
+        return self._result(index, None, enforced, False, received_at, None), uuid
 
     def _result(
         self,

@@ -32,7 +32,7 @@ class OriginalLimits:
     def _write(self) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".limits-", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump({"gpus": self._saved}, handle, indent=2, sort_keys=True)
+            handle.write(json.dumps({"gpus": self._saved}, sort_keys=True) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, self.path)
@@ -64,8 +64,9 @@ class OriginalLimits:
         """uuid -> (index, original limit [W])."""
         return {u: (int(e["index"]), float(e["original_w"])) for u, e in self._saved.items()}
 
-    def forget(self, uuid: str) -> None:
-        """Drop a GPU once its original limit is back."""
+    def forget_all(self, uuids: list[str]) -> None:
+        """Drop these GPUs once their original limits are back, in one write."""
         with self._lock:
-            if self._saved.pop(uuid, None) is not None:
+            dropped = [u for u in uuids if self._saved.pop(u, None) is not None]
+            if dropped:
                 self._write()

@@ -55,6 +55,9 @@ class FleetPower:
     baseline_gpu_kw: float  #: the placed jobs' GPU power uncapped (declared)
     max_gpu_kw: float  #: the placed jobs' GPUs all at their maximum limit
     nodes_reporting: int
+    #: how long a stretch of samples each GPU's power is the mean of, averaged over the GPUs
+    #: measured [s]: a step of the GPUs shows in `gpu_kw` over this long
+    span_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -216,6 +219,7 @@ class Fleet:
         be neither measured nor capped, so it is not part of what the site sheds from)."""
         telemetry = await self.telemetry()
         measured_w = baseline_w = max_w = 0.0
+        spans_s: list[float] = []
         for job in mix.placed:
             assert job.placement is not None
             if not all(where.node in telemetry for where in job.placement):
@@ -223,9 +227,16 @@ class Fleet:
             baseline_w += job.gpus * job.power_w
             max_w += job.gpus * job.max_cap_w
             for where in job.placement:
-                gpus = {g.index: mean_power_w(g) for g in telemetry[where.node].gpus}
-                measured_w += sum(gpus.get(g) or 0.0 for g in where.gpus)
-        return FleetPower(measured_w / 1000.0, baseline_w / 1000.0, max_w / 1000.0, len(telemetry))
+                gpus = {g.index: g for g in telemetry[where.node].gpus}
+                for index in where.gpus:
+                    gpu = gpus.get(index)
+                    if gpu is not None and gpu.power_w:
+                        measured_w += sum(gpu.power_w) / len(gpu.power_w)
+                        spans_s.append(len(gpu.power_w) * gpu.sample_interval_s)
+        span_s = sum(spans_s) / len(spans_s) if spans_s else 0.0
+        return FleetPower(
+            measured_w / 1000.0, baseline_w / 1000.0, max_w / 1000.0, len(telemetry), span_s
+        )
 
     def aligned_phases(self, telemetry: Telemetry) -> dict[str, float]:
         """Each job's phase now on the gateway's clock [rad]: one per job, the circular mean

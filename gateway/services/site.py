@@ -67,6 +67,10 @@ class SitePower:
         self.settings, self.clock, self.fleet, self.book = settings, clock, fleet, book
         self.overhead, self.feed = overhead, feed
         self.history: deque[Sample] = deque(maxlen=4096)
+        #: how long a stretch of the GPUs' power each facility reading averages before the
+        #: site loop's own window [s]: the agents' samples on the estimate; at a meter, 0
+        #: (the meter's own lag is calibrated: the overhead's lag_s)
+        self.averaging_s = 0.0
         self._listeners: list[Callable[[], Awaitable[None]]] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -108,9 +112,11 @@ class SitePower:
 
     async def sample(self) -> Sample:
         """One sample of the site; the overhead calibration and the listeners see it."""
-        gpu_kw = (await self.fleet.power(self.book.mix())).gpu_kw
+        power = await self.fleet.power(self.book.mix())
+        gpu_kw = power.gpu_kw
         if self.feed is None:
             facility_kw: float | None = self.facility_kw(gpu_kw)
+            self.averaging_s = power.span_s
         else:
             facility_kw = self.feed.believed_kw()
             self.overhead.record(gpu_kw, facility_kw, self.source)

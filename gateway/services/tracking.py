@@ -208,10 +208,12 @@ class Tracker:
         continuous average)."""
         now, width = self.clock.monotonic(), max(self.window_s, self.period_s)
         dead_s = max(self.delay_s - self.lag_s, 0.0) - self.period_s / 2
+        span_s = self.site.averaging_s
         unseen = 0.0
         for at_s, move_kw in pursuit.moves:
-            unseen += move_kw * (1.0 - _seen(now - at_s - dead_s, width, self.lag_s))
-        horizon_s = dead_s + width + 5.0 * self.lag_s
+            seen = _seen_averaged(now - at_s - dead_s, width, self.lag_s, span_s)
+            unseen += move_kw * (1.0 - seen)
+        horizon_s = dead_s + width + 5.0 * self.lag_s + span_s
         pursuit.moves = [m for m in pursuit.moves if now - m[0] < horizon_s]
         return unseen
 
@@ -351,6 +353,18 @@ def _seen(since_s: float, window_s: float, lag_s: float) -> float:
         return (since_s - start_s) / window_s
     rise = (since_s - start_s) + lag_s * (math.exp(-since_s / lag_s) - math.exp(-start_s / lag_s))
     return rise / window_s
+
+
+def _seen_averaged(since_s: float, window_s: float, lag_s: float, span_s: float) -> float:
+    """`_seen` when each reading is itself the mean over the last `span_s` (the agents'
+    samples, on the estimate): its average over that span, at 16 midpoints."""
+    if span_s <= 0.0:
+        return _seen(since_s, window_s, lag_s)
+    points = 16
+    return (
+        sum(_seen(since_s - span_s * (k + 0.5) / points, window_s, lag_s) for k in range(points))
+        / points
+    )
 
 
 def _close(a: tuple[float, float], b: tuple[float, float]) -> bool:

@@ -82,6 +82,26 @@ def test_a_commands_originals_are_saved_in_one_write_before_any_change(rig, monk
     assert len(writes) == 1  # already saved: nothing written
 
 
+def test_gpus_restored_together_are_forgotten_in_one_write_after_every_change(rig, monkeypatch):
+    fake, controller, clock, state = rig
+    controller.apply(command(g0=450.0, g1=500.0, g2=550.0), clock())
+    writes = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        writes.append([fake.limit_mw(g) for g in range(4)])
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    controller.apply(command(2, g2=550.0), clock())  # g0 and g1 released by the new state
+    assert writes == [[650_000, 650_000, 550_000, 650_000]]  # once, after both were back
+    saved = json.loads((state / "original-limits.json").read_text())["gpus"]
+    assert [e["index"] for e in saved.values()] == [2]
+    controller.restore_all()
+    assert len(writes) == 2
+    assert json.loads((state / "original-limits.json").read_text())["gpus"] == {}
+
+
 def test_a_command_is_the_whole_state(rig):
     fake, controller, clock, _ = rig
     controller.apply(command(g0=450.0, g1=450.0), clock())

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import json
 
 import pytest
 
 from flexgate.simsite import SimulatedSite, Truth
 from gateway.services.delivery import delivery_doc
 from gateway.store import repo
-from tests.gateway.conftest import site_jobs
+from tests.gateway.conftest import EXAMPLES, site_jobs
 
 REDUCTION_KW = 10.0
 WARM_UP_S = 60.0
@@ -217,3 +218,44 @@ def test_a_loop_whose_re_plan_outlasts_a_period_leaves_the_dispatch_free_between
         assert s1 - e0 >= (e0 - s0) - 1e-6, (s0, e0, s1)
     pursuit = site.tracker.pursuit
     assert pursuit.measured_kw == pytest.approx(pursuit.target_kw, abs=0.05 * REDUCTION_KW)
+
+
+def test_on_the_estimate_the_loop_expects_the_agents_averaging_and_does_not_overshoot(tmp_path):
+    """No meter: the facility is estimated from the agents' GPU power, each GPU's mean over
+    its last 10 s of samples, so a step reaches the loop's window that much later than at a
+    meter. The compose lab's site, exactly as declared, and its event (3.1 kW; a meter period
+    of 5 s, a 10 s window): the loop expects that lag too, so its correction stays small
+    (taking the lag for an error, it grew to 0.9 kW and the site undershot its target by as
+    much for 20 s, which the compose lab's report counted as over-delivery)."""
+    declared = json.loads((EXAMPLES / "compose-site.json").read_text())["jobs"]
+    reduction_kw = 3.1
+    site = SimulatedSite(
+        declared,
+        Truth(copy.deepcopy(declared), overhead_factor=1.3, static_kw=0.0),
+        declared_overhead_factor=1.3,
+        tracking=True,
+        metered=False,
+        sample_hz=10.0,
+        meter_period_s=5.0,
+        folder=tmp_path / "site",
+    )
+
+    async def run():
+        await site.start()
+        await site.run_for(WARM_UP_S)
+        await site.tracker.pursue("ev-1", reduction_kw, None)
+        assert site.power.averaging_s == pytest.approx(10.0)  # 100 samples at 10 Hz
+        corrections, errors = [], []
+        for _ in range(16):
+            await site.run_for(site.settings.meter_period_s)
+            doc = site.tracker.doc()
+            corrections.append(doc["correction_kw"])
+            errors.append(doc["error_kw"])
+        assert max(abs(c) for c in corrections) < 0.1 * reduction_kw, corrections
+        assert min(errors[4:]) > -0.05 * reduction_kw, errors  # no undershoot once seen
+        assert errors[-1] == pytest.approx(0.0, abs=0.03 * reduction_kw)
+
+    try:
+        asyncio.run(run())
+    finally:
+        site.close()
