@@ -132,6 +132,11 @@ class JobMix:
     static_load_kw: float = 0.0
 
     @cached_property
+    def by_id(self) -> dict[str, Job]:
+        """The jobs by id (ids are unique in a mix)."""
+        return {job.id: job for job in self.jobs}
+
+    @cached_property
     def curves(self) -> Curves:
         """Every job's curve (built once, on first use)."""
         return job_curves(self.jobs)

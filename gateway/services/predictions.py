@@ -226,7 +226,7 @@ class Predictions:
         }
         self.book.mix()  # built, so `measured_in_force` is current
         if doc["id"] in self.book.measured_in_force:
-            job = next(j for j in self.book.mix().jobs if j.id == doc["id"])
+            job = self.book.mix().by_id[doc["id"]]
             source = "measured" if job.sweep is not None else "combined"
             return out | {"source": source, "pfi": job.pfi_value, "pfi_stderr": job.pfi_error}
         if "pfi" in doc:
@@ -236,7 +236,7 @@ class Predictions:
                 "pfi_stderr": doc.get("pfi_stderr", 0.0),
             }
         if "sweep" in doc:
-            job = next((j for j in self.book.mix().jobs if j.id == doc["id"]), None)
+            job = self.book.mix().by_id.get(doc["id"])
             try:
                 value = None if job is None else job.pfi_value
             except FlexModelError:  # no cap slowed it beyond the noise: no PFI to show

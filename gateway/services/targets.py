@@ -70,6 +70,10 @@ class Targets:
         #: current plan shows, without scanning every answer of every reconciliation
         self._answers: tuple[str, list[dict[str, Any]]] | None = None
         self._answers_version = 0  #: rises with every fan-out's answers
+        #: (plan id, node id -> what its last stored answer said): a renewal that says the
+        #: same again is not stored (10,000 nodes renewed every 15 s would add 58 million
+        #: rows a day); it shows in the current plan's answers all the same
+        self._stored: tuple[str, dict[str, tuple[Any, ...]]] | None = None
         #: plan id -> (answers version, or FINAL once superseded; its JSON as answered)
         self._plan_json: dict[str, tuple[int, str]] = {}
         self.recovering_from: str | None = None  #: the event whose caps are stepping back
@@ -261,9 +265,14 @@ class Targets:
         rows = self._rows(acks)
         self._answers = (self.plan_id, rows)
         self._answers_version += 1
+        if self._stored is None or self._stored[0] != self.plan_id:
+            self._stored = (self.plan_id, {})
+        said = self._stored[1]
+        new = [r for r in rows if said.get(r["node"]) != _substance(r)]
         with self.store.session() as s:
-            repo.add_commands(s, commands=rows)
+            repo.add_commands(s, commands=new)
             s.commit()
+        said.update((r["node"], _substance(r)) for r in new)
 
     def _rows(self, acks: list[Ack]) -> list[dict[str, Any]]:
         return [
@@ -373,6 +382,19 @@ NO_ANSWER: dict[str, Any] = {
     "error": None,
     "enforced": [],
 }
+
+
+def _substance(row: dict[str, Any]) -> tuple[Any, ...]:
+    """What an answer says, without when: its generation, status, attempts, error and each
+    GPU's result (the limit read back, clamped, error)."""
+    results = (row["answer"] or {}).get("results", [])
+    return (
+        row["generation"],
+        row["status"],
+        row["attempts"],
+        row["error"],
+        tuple((r["gpu"], r["enforced_w"], r["clamped"], r["error"]) for r in results),
+    )
 
 
 def _json(doc: dict[str, Any]) -> str:

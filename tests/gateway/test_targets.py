@@ -22,6 +22,7 @@ from gateway.services.overhead import Overhead
 from gateway.services.site import SitePower
 from gateway.services.targets import Targets
 from gateway.settings import GatewaySettings
+from gateway.store import repo
 from gateway.store.db import Store
 from tests.gateway.conftest import AGENT_TOKEN, API_TOKEN, site_jobs
 
@@ -178,5 +179,45 @@ def test_the_plan_as_answered_is_the_plan_its_schema_describes_built_once_per_fa
         shed = (await site.targets.site.doc())["shed_facility_kw"]
         assert sent["achieved_facility_kw"] == pytest.approx(shed, abs=1e-3)
         assert sent["expected_facility_kw"] != sent["achieved_facility_kw"]
+
+    asyncio.run(run())
+
+
+def test_a_renewal_that_says_nothing_new_is_not_stored_but_shows_in_the_plan(site):
+    """Each node's answer is stored when it says something new (the first answer to a plan,
+    a node that fails or comes back); a renewal that only says the same again shows in the
+    current plan (its answer time) but adds no row: 10,000 nodes renewed every 15 s would
+    store 58 million a day."""
+    from sqlmodel import func, select
+
+    from gateway.store.models import CommandRow
+
+    def stored(plan_id: str) -> int:
+        with site.store.session() as s:
+            found = select(func.count()).where(CommandRow.plan_id == plan_id)
+            return s.exec(found.select_from(CommandRow)).one()
+
+    async def run():
+        await site.book.replace(site.jobs, "test")
+        await site.targets.hold(10.0, "ev-1")
+        nodes, plan_id = len(site.nodes), site.targets.plan_id
+        assert stored(plan_id) == nodes
+        first = {c["node"]: c["acked_at"] for c in (await site.plan())["commands"]}
+        for _ in range(3):
+            await site.step(1.0)
+            await site.targets.reconcile()
+        assert stored(plan_id) == nodes  # renewals that said the same: none stored
+        renewed = {c["node"]: c["acked_at"] for c in (await site.plan())["commands"]}
+        assert all(renewed[n] > first[n] for n in first)  # the plan shows the last answers
+        site.client.unplug("mem://node-01")
+        await site.targets.reconcile()
+        assert stored(plan_id) == nodes + 1  # node-01's failure, and nothing else
+        with site.store.session() as s:
+            latest = {c.node: c for c in repo.latest_commands(s, plan_id=plan_id)}
+        assert latest["node-01"].status == "failed"
+        assert {c.status for n, c in latest.items() if n != "node-01"} == {"acked"}
+        replanned = site.targets.plan_id  # around the lost node: every answer is its first
+        assert replanned != plan_id
+        assert stored(replanned) == nodes
 
     asyncio.run(run())

@@ -34,7 +34,7 @@ def _job(services: Services, job_id: str) -> tuple[dict[str, Any], Any]:
     doc = next((d for d in services.book.docs() if d.get("id") == job_id), None)
     if doc is None:
         raise NotFoundError(f"no job '{job_id}'")
-    job = next(j for j in services.book.mix().jobs if j.id == job_id)
+    job = services.book.mix().by_id[job_id]
     return doc, job
 
 
