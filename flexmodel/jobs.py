@@ -199,22 +199,22 @@ class JobMix:
             slope[uncertain] = (self.problem.max_cut_w[uncertain] - lower.max_cut_w) / PFI_STEP
         return slope
 
-    @property
+    @cached_property
     def placed(self) -> tuple[Job, ...]:
         """The jobs with a placement: the only ones the site can measure and cap."""
         return tuple(j for j in self.jobs if j.placement)
 
-    @property
+    @cached_property
     def baseline_gpu_kw(self) -> float:
         """Uncapped GPU power of the placed jobs [kW] (unplaced jobs are not the site's load)."""
         return sum(j.gpus * j.power_w for j in self.placed) / 1000.0
 
-    @property
+    @cached_property
     def max_gpu_kw(self) -> float:
         """GPU power of the placed jobs with every GPU at its limit [kW]."""
         return sum(j.gpus * j.max_cap_w for j in self.placed) / 1000.0
 
-    @property
+    @cached_property
     def waving(self) -> tuple[Job, ...]:
         """The jobs whose power swings between two levels (0 < duty < 1): the ones a control
         loop can phase-lock."""

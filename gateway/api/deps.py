@@ -45,12 +45,14 @@ class Services:
     predictions: Predictions | None = None  #: PFIs predicted from telemetry
 
 
-def _services(request: Request) -> Services:
+# Coroutines, not plain functions: FastAPI runs a plain function dependency in a worker
+# thread, a thread hop on every request for two attribute reads.
+async def _services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 
 
-def _settings(request: Request) -> GatewaySettings:
+async def _settings(request: Request) -> GatewaySettings:
     settings: GatewaySettings = request.app.state.settings
     return settings
 

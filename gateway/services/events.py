@@ -98,8 +98,10 @@ class Events:
                 row = repo.get_plan(s, plan_id=plan_id)  # a plan is never changed once stored
                 if row is not None:
                     self._feasible[plan_id] = bool(row.doc["feasible"])
-            deliveries = repo.deliveries(s, event_ids=[e.id for e in events])
-        when = self.clock.now()
+            when = self.clock.now()
+            # A delivery is recorded while an event is active: none before its start.
+            begun = [e.id for e in events if as_utc(e.start) <= when]
+            deliveries = repo.deliveries(s, event_ids=begun) if begun else {}
         now, baseline_kw = when.isoformat(), self.power.envelope()[0]
         out = []
         for event in events:
