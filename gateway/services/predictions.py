@@ -85,6 +85,8 @@ class Predictions:
         self.predictor = self.study
         self.features: dict[str, JobFeature] = {}
         self.predicted: dict[str, tuple[float, float]] = {}  #: job id -> (PFI, stderr)
+        #: (what they rest on, every job's `job_pfi`): see `job_pfis`
+        self._pfis: tuple[tuple[object, ...], list[dict[str, Any]]] | None = None
         # A round that fails is tried again the next period; the predictions stand meanwhile.
         self._every = Every(
             clock, settings.predictor_period_s, self.refresh, "PFI prediction failed"
@@ -213,6 +215,16 @@ class Predictions:
                 self.record(records, source=source)
 
     # --- what the API shows -----------------------------------------------------------------
+
+    def job_pfis(self) -> list[dict[str, Any]]:
+        """`job_pfi` of every job in the book (`GET /v1/jobs`), worked out again only when
+        what they rest on was replaced: the jobs, the mix, the features, the predictions or
+        the predictor (each is replaced, never changed in place)."""
+        docs = self.book.docs()
+        key = (docs, self.book.mix(), self.features, self.predicted, self.predictor)
+        if self._pfis is None or any(a is not b for a, b in zip(self._pfis[0], key, strict=True)):
+            self._pfis = (key, [self.job_pfi(doc) for doc in docs])
+        return self._pfis[1]
 
     def job_pfi(self, doc: dict[str, Any]) -> dict[str, Any]:
         """A job's PFI in force, its standard error and where it comes from: `measured` (a

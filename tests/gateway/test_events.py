@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from gateway.api.schemas import Events
+from gateway.api.schemas import Event, Events
 from tests.gateway.conftest import API, now_iso, running_site
 
 
@@ -64,6 +64,8 @@ def test_manual_event_end_to_end(site):
     ).json()
     listed = site.api.get("/v1/events").json()
     assert Events.model_validate(listed).model_dump(mode="json") == listed
+    assert Event.model_validate(later).model_dump(mode="json") == later  # as created
+    assert cancelled.json() == Event.model_validate(cancelled.json()).model_dump(mode="json")
     shown = {e["id"]: e for e in listed["events"]}
     assert list(shown) == [event_id, later["id"]]  # by start
     for shown_id, doc in shown.items():

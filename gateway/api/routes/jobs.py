@@ -29,7 +29,7 @@ async def list_jobs(services: ServicesDep) -> dict[str, Any]:
     predictions = services.predictions
     return {
         "jobs": docs,
-        "pfi": [predictions.job_pfi(doc) for doc in docs] if predictions else [],
+        "pfi": predictions.job_pfis() if predictions else [],
         "bounds": [
             {
                 "id": job.id,
