@@ -36,7 +36,7 @@ class Status:
         liveness answer still: service managers must not restart a gateway holding events for
         a dead agent or meter."""
         try:
-            self.events.active()
+            self.events.store.ping()
             store = "ok"
         except OperationalError as exc:
             store = f"unreachable: {type(exc.orig).__name__}"

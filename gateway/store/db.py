@@ -82,5 +82,10 @@ class Store:
     def session(self) -> Session:
         return Session(self.engine, expire_on_commit=False)
 
+    def ping(self) -> None:
+        """One round trip to the store; `OperationalError` when it does not answer."""
+        with self.engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+
     def close(self) -> None:
         self.engine.dispose()

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from gateway.api.schemas import Health
 from tests.conftest import EXAMPLES
 from tests.gateway.conftest import API, API_TOKEN, now_iso, running_site
 
@@ -134,6 +135,7 @@ def test_overlapping_events_the_strictest_target_wins(site):
 def test_health_metrics_and_sync(site):
     health = site.api.get("/health").json()
     assert health["status"] == "ok"
+    assert Health.model_validate(health).model_dump(mode="json") == health  # sent as built
     assert health["agents_known"] == len(site.nodes)
     assert "flexgate_agents_known" in site.api.get("/metrics").text
     sync = site.api.get("/v1/sync").json()
