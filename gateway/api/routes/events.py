@@ -32,8 +32,6 @@ async def list_events(
 
 
 # One event is sent as built too (`Event`'s shape: the list's test holds `describe` to it).
-
-
 @router.get("/events/{event_id}", response_model=Event, responses=problems(404, 422))
 async def get_event(event_id: str, services: ServicesDep) -> JSONResponse:
     events = services.events
