@@ -51,6 +51,8 @@ class CapController:
         self.plan_id: str | None = None
         self.lease_until: float | None = None
         self.delays: deque[float] = deque(maxlen=2000)
+        self._delays_added = 0  #: delays recorded so far: what `_delay_stats` was worked out at
+        self._delay_stats: tuple[int, DelayStats] | None = None
         self.restore_pending = False  #: a restore failed (lost GPU ...): the watcher retries
 
     # --- commands --------------------------------------------------------------------------
@@ -117,15 +119,23 @@ class CapController:
         return None if self.lease_until is None else max(self.lease_until - self.clock(), 0.0)
 
     def delay_stats(self) -> DelayStats:
+        """The delays' percentiles, worked out again only after a new delay: every telemetry
+        summary carries them, and most come between commands."""
+        added = self._delays_added
+        if self._delay_stats is not None and self._delay_stats[0] == added:
+            return self._delay_stats[1]
         values = np.array(self.delays)
         if values.size == 0:
-            return DelayStats(p50_s=None, p99_s=None, count=0)
-        return DelayStats(
-            p50_s=float(np.percentile(values, 50)),
-            p99_s=float(np.percentile(values, 99)),
-            count=int(values.size),
-            recent_s=[float(v) for v in values[-DELAY_SAMPLES:]],
-        )
+            stats = DelayStats(p50_s=None, p99_s=None, count=0)
+        else:
+            stats = DelayStats(
+                p50_s=float(np.percentile(values, 50)),
+                p99_s=float(np.percentile(values, 99)),
+                count=int(values.size),
+                recent_s=[float(v) for v in values[-DELAY_SAMPLES:]],
+            )
+        self._delay_stats = (added, stats)
+        return stats
 
     # --- the log ---------------------------------------------------------------------------
 
@@ -272,6 +282,7 @@ class CapController:
         elapsed = self.clock() - received_at
         if error is None:
             self.delays.append(elapsed)
+            self._delays_added += 1
         return CapResult(
             gpu=index,
             requested_w=requested,

@@ -5,10 +5,13 @@ processes, each serving its nodes over HTTP and over one NATS connection) and a 
 -js` of its own, a fresh one per size. Per size:
 
 - **gateway**: first, on the fresh farm, a `flexgate gateway` process over NATS with every node
-  configured: its memory (RSS) once it knows them all and after two events, and event start
+  configured: its memory (RSS) once it knows them all and after the events, and event start
   (`POST /v1/events`, starting now) to every node at target, i.e. the last node's answer after
   reading back the caps of the gateway's own plan (its `acked_at`; cold: first commands), then
-  a stricter overlapping event (re-planned).
+  a stricter overlapping event (re-planned); then, deep enough to cap every node (65% of the
+  GPU power), stricter events (70%, 71%, 72%, 73%) whose commands are all **warm** (every node
+  holds its originals already), the last with the 10,000-command plan read twice a second
+  meanwhile.
 - **fan-out**, the gateway's own clients (`HttpAgentClient`, `NatsAgentClient`) in this
   process: per-node caps from a real plan (`gateway.services.planner.plan` of a mix with one
   job per node; not one shared cap), all acked = every node read its new limits back. The first
@@ -231,11 +234,16 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def event_to_acked(api: httpx.Client, reduction_kw: float) -> dict[str, Any]:
+def event_to_acked(
+    api: httpx.Client, reduction_kw: float, *, read_plan_meanwhile: bool = False
+) -> dict[str, Any]:
     """POST an event starting now. At target: the last node's answer (it read its new limits
     back), on the gateway's clock (`acked_at`), less the moment the POST went out (the same
-    machine's clock). Recorded: when the plan read shows every node's answer, polled twice a
-    second (a plan of 10,000 commands is a large read: polled faster, it slows the gateway)."""
+    machine's clock). Meanwhile this watches `/metrics` until a fan-out that started after
+    the POST has finished, then reads the plan; with `read_plan_meanwhile`, it reads the
+    event's plan (10,000 commands and answers) twice a second throughout instead, as an
+    operator's page might: that read is a large one, and slows the gateway."""
+    sent_before = metric(api, "flexgate_fan_outs_total")
     posted = datetime.now(UTC)
     start = time.perf_counter()
     body = {"reduction_kw": reduction_kw, "start": posted.isoformat(), "duration_s": 600}
@@ -243,12 +251,14 @@ def event_to_acked(api: httpx.Client, reduction_kw: float) -> dict[str, Any]:
     answered_s = time.perf_counter() - start
     while True:
         plan_id = api.get(f"/v1/events/{event['id']}").json()["plan_id"]
-        if plan_id:
+        finished = metric(api, "flexgate_fan_outs_finished_total") > sent_before
+        if plan_id and (read_plan_meanwhile or finished):
             commands = api.get(f"/v1/plans/{plan_id}").json()["commands"]
             if all(c["status"] != "pending" for c in commands):
                 break
+            sent_before = metric(api, "flexgate_fan_outs_total") - 1  # another one: its end
         assert time.perf_counter() - start < 300, "the event's commands did not finish"
-        time.sleep(0.5)
+        time.sleep(0.5 if read_plan_meanwhile else 0.1)
     last = max(datetime.fromisoformat(c["acked_at"]) for c in commands if c["acked_at"])
     return {
         "at_target_s": (last - posted).total_seconds(),
@@ -256,13 +266,14 @@ def event_to_acked(api: httpx.Client, reduction_kw: float) -> dict[str, Any]:
         "recorded_s": time.perf_counter() - start,
         "acked": sum(c["status"] == "acked" for c in commands),
         "capped": sum(bool(c["caps"]) for c in commands),
+        "plan_read_meanwhile": read_plan_meanwhile,
         "errors": sorted({str(c["error"]) for c in commands if c["status"] != "acked"})[:5],
     }
 
 
-def fan_out_count(api: httpx.Client) -> int:
+def metric(api: httpx.Client, name: str) -> int:
     text = api.get("/metrics").text
-    return int(text.split("\nflexgate_fan_outs_total ", 1)[1].split()[0])
+    return int(text.split(f"\n{name} ", 1)[1].split()[0])
 
 
 def gateway_event(
@@ -290,22 +301,35 @@ def gateway_event(
             api.put("/v1/jobs", json=mix_doc).raise_for_status()
             started, known = time.monotonic(), 0
             while known < nodes:
-                text = api.get("/metrics").text
-                known = int(text.split("\nflexgate_agents_known ", 1)[1].split()[0])
+                known = metric(api, "flexgate_agents_known")
                 if time.monotonic() > started + 240:
                     return {"nodes": nodes, "known_after_240_s": known, "error": "not all found"}
                 time.sleep(0.5)
             discovery_s = time.monotonic() - started
             rss = rss_mib(gateway.pid)
             baseline_kw = sum(j["gpus"] * j["power_w"] for j in mix_doc["jobs"]) / 1000.0
-            fan_outs_before = fan_out_count(api)
+            fan_outs_before = metric(api, "flexgate_fan_outs_total")
             cold = event_to_acked(api, 0.15 * baseline_kw)
             again = event_to_acked(api, 0.25 * baseline_kw)  # stricter: wins, re-planned
+            warm: dict[str, Any] | None = None
+            if not site_loop:
+                # Deep enough to cap every node (the ones capped for the first time save their
+                # originals), then stricter and stricter: every node's command is warm.
+                deep = event_to_acked(api, 0.65 * baseline_kw)
+                runs = [event_to_acked(api, f * baseline_kw) for f in (0.70, 0.71, 0.72)]
+                warm = {
+                    "every_node_capped": deep,
+                    "warm": runs,
+                    "warm_at_target_p50_s": float(np.median([r["at_target_s"] for r in runs])),
+                    "warm_plan_read_meanwhile": event_to_acked(
+                        api, 0.73 * baseline_kw, read_plan_meanwhile=True
+                    ),
+                }
             loop: dict[str, Any] | None = None
             if site_loop:
                 time.sleep(max(120.0 - (time.monotonic() - started - discovery_s), 0.0))
                 loop = {
-                    "fan_outs": fan_out_count(api) - fan_outs_before,
+                    "fan_outs": metric(api, "flexgate_fan_outs_total") - fan_outs_before,
                     "over_s": time.monotonic() - started - discovery_s,
                     "tracking": api.get("/v1/site").json().get("tracking"),
                 }
@@ -317,6 +341,7 @@ def gateway_event(
                 "rss_mib_after_events": rss_mib(gateway.pid),
                 "first_event": cold,
                 "second_event": again,
+                "warm_events": warm,
             }
     finally:
         gateway.terminate()

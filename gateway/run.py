@@ -23,6 +23,12 @@ def run_gateway(settings: GatewaySettings) -> None:
     # out of the cyclic collector's sight, a full collection scans what the gateway made since,
     # not all of it (under load, a full scan every few seconds held the event loop 150 ms).
     gc.freeze()
+    # What it makes since is long-lived too, and almost never cyclic: every 10,000-node event
+    # leaves some 500,000 objects (answers, plan, caps), and the default thresholds then ran a
+    # full collection every second or two, 250-750 ms each, 1.3 s of a 3.3 s event start,
+    # finding nothing to free. Young collections stay frequent; a full one waits for 1,000
+    # of the middle ones, i.e. 100 million objects made (docs/benchmarks.md, "The collector").
+    gc.set_threshold(10_000, 10, 1000)
     uvicorn.run(
         app,
         host=settings.host,

@@ -44,7 +44,6 @@ from agents.protocol import (
     TELEMETRY_SUBJECTS,
     CapCommand,
     CapResponse,
-    GpuPower,
     Health,
     NatsAnswer,
     TelemetryResponse,
@@ -95,8 +94,8 @@ class NatsAgentClient:
         self._clock = clock or SystemClock()
         self._nc: Client | None = None
         self._bucket: KeyValue | None = None
-        #: node -> (when it came, its period, what it said), converted once, on arrival
-        self.latest: dict[str, tuple[float, float, TelemetryResponse]] = {}
+        #: node -> its last summary, with when it came
+        self.latest: dict[str, _Kept] = {}
         self.rejected_summaries = 0
         self.unremembered = 0  #: desired states that could not be written to the bucket
         self._asking = asyncio.Semaphore(HEALTH_AT_ONCE)
@@ -204,10 +203,10 @@ class NatsAgentClient:
         out: list[tuple[float, TelemetryResponse] | None] = []
         for address in addresses:
             kept = self.latest.get(address)
-            if kept is None or now - kept[0] > SILENT_PERIODS * kept[1]:
+            if kept is None or now - kept.arrived > SILENT_PERIODS * kept.summary.period_s:
                 out.append(None)
             else:
-                out.append((kept[0], kept[2]))
+                out.append((kept.arrived, kept.telemetry()))
         return out
 
     async def _on_telemetry(self, msg: Msg) -> None:
@@ -220,7 +219,7 @@ class NatsAgentClient:
         if summary.node_id != node:  # a node speaks for itself only
             self.rejected_summaries += 1
             return
-        self.latest[node] = (self._clock.monotonic(), summary.period_s, as_telemetry(summary))
+        self.latest[node] = _Kept(self._clock.monotonic(), summary)
 
     async def put_caps(self, node: str, address: str, command: CapCommand) -> Ack:
         return (await self.put_caps_many([(node, address, command)]))[0]
@@ -345,21 +344,38 @@ class _FanOut:
         )
 
 
+class _Kept:
+    """A node's last summary, as it arrived, and as the telemetry the fleet reads: converted
+    when first read, not on arrival (2,000 summaries a second come at 10,000 nodes; the fleet
+    reads them at most once a `telemetry_max_age_s`, and not at all while no one asks)."""
+
+    __slots__ = ("_telemetry", "arrived", "summary")
+
+    def __init__(self, arrived: float, summary: TelemetrySummary) -> None:
+        self.arrived, self.summary = arrived, summary
+        self._telemetry: TelemetryResponse | None = None
+
+    def telemetry(self) -> TelemetryResponse:
+        if self._telemetry is None:
+            self._telemetry = as_telemetry(self.summary)
+        return self._telemetry
+
+
 def as_telemetry(summary: TelemetrySummary) -> TelemetryResponse:
-    """A summary as the telemetry the fleet reads: each GPU's mean power, one sample. Built
-    without validating again: every field comes from the summary, validated as it arrived
-    (2,000 summaries a second at 10,000 nodes)."""
-    return TelemetryResponse.model_construct(
-        node_id=summary.node_id,
-        gpus=[
-            GpuPower.model_construct(
-                index=i, power_w=[] if p is None else [p], sample_interval_s=summary.period_s
-            )
-            for i, p in enumerate(summary.gpu_power_w)
-        ],
-        jobs=summary.jobs,
-        actuation_delay=summary.actuation_delay,
-        agent_time_s=summary.agent_time_s,
+    """A summary as the telemetry the fleet reads: each GPU's mean power, one sample. Its
+    jobs and delays are the summary's own, already validated, and pass through as they are."""
+    gpus = [
+        {"index": i, "power_w": [] if p is None else [p], "sample_interval_s": summary.period_s}
+        for i, p in enumerate(summary.gpu_power_w)
+    ]
+    return TelemetryResponse.model_validate(
+        {
+            "node_id": summary.node_id,
+            "gpus": gpus,
+            "jobs": summary.jobs,
+            "actuation_delay": summary.actuation_delay,
+            "agent_time_s": summary.agent_time_s,
+        }
     )
 
 

@@ -56,8 +56,9 @@ def plan(
         )
         cap = answer["cap_w"]
         if ok and cap < job.max_cap_w - UNCAPPED_MARGIN_W:
+            cap_w = round(float(cap), 1)
             for where in job.placement:
-                caps[where.node] += [{"gpu": g, "cap_w": round(float(cap), 1)} for g in where.gpus]
+                caps[where.node] += [{"gpu": g, "cap_w": cap_w} for g in where.gpus]
     doc["commands"] = [{"node": node, "caps": caps.get(node, [])} for node in sorted(nodes)]
     doc["unplaced_jobs"] = [j.id for j, ok in zip(mix.jobs, reachable, strict=True) if not ok]
     doc["unreachable_nodes"] = sorted(down & nodes)

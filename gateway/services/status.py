@@ -90,6 +90,7 @@ class Status:
             ("flexgate_events_active", "gauge", sum(e.status == "active" for e in live)),
             ("flexgate_events_pending", "gauge", sum(e.status == "pending" for e in live)),
             ("flexgate_fan_outs_total", "counter", self.targets.fan_outs),
+            ("flexgate_fan_outs_finished_total", "counter", self.targets.fan_outs_finished),
             ("flexgate_nodes_unreachable", "gauge", len(self.fleet.unreachable)),
             ("flexgate_generation", "gauge", self.targets.generation or 0),
             ("flexgate_jobs", "gauge", len(self.book.mix().jobs)),

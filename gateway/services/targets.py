@@ -65,6 +65,7 @@ class Targets:
         self.generation: int | None = None
         self.plan_id: str | None = None
         self.fan_outs = 0  #: desired states sent to every node, since start
+        self.fan_outs_finished = 0  #: of those, the ones whose answers are all in and recorded
         self.last_plan: dict[str, Any] | None = None  #: the plan last sent
         #: (plan id, each node's answer to its last fan-out, as stored): what a read of the
         #: current plan shows, without scanning every answer of every reconciliation
@@ -257,6 +258,7 @@ class Targets:
             self._store_acks(acks)
         except OperationalError as exc:  # the agents have their caps; only the record is missing
             log.warning("store unreachable: %d acks not recorded (%s)", len(acks), exc)
+        self.fan_outs_finished += 1
         return acks
 
     def _store_acks(self, acks: list[Ack]) -> None:

@@ -50,6 +50,22 @@ def test_caps_are_applied_read_back_and_timed(rig):
     assert controller.delay_stats().count == 2
 
 
+def test_the_delay_statistics_follow_every_new_command(rig):
+    """Worked out once per new delay (every telemetry summary carries them): the next
+    command's delays are in the next reading, and a restore's count too."""
+    _, controller, clock, _ = rig
+    controller.apply(command(g0=450.0), clock())
+    first = controller.delay_stats()
+    assert controller.delay_stats() == first
+    clock.now += 1.0
+    controller.apply(command(generation=2, g0=440.0, g1=430.0), clock())
+    second = controller.delay_stats()
+    assert (first.count, second.count) == (1, 3)
+    assert len(second.recent_s) == 3
+    controller.restore_all()
+    assert controller.delay_stats().count == 5
+
+
 def test_out_of_range_caps_are_clamped_and_say_so(rig):
     _fake, controller, clock, _ = rig
     answer = controller.apply(command(g0=100.0, g1=900.0), clock())

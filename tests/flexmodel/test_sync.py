@@ -12,6 +12,7 @@ from flexmodel.errors import FlexModelError
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.loops import ControlLoop, detune, required_spread, scatter, site_loops
 from flexmodel.sync import (
+    DELAY_FACTOR_TERMS,
     LoopResponse,
     analyse,
     analyse_loop,
@@ -454,3 +455,16 @@ def test_a_delay_distribution_must_be_delays():
         LoopResponse.measured([])
     with pytest.raises(FlexModelError, match="mean"):
         LoopResponse(delay_s=1.0, delay_samples_s=(0.1, 0.2))
+
+
+def test_a_delay_distribution_is_averaged_the_same_in_slices_as_at_once():
+    """`delay_factor` works through the frequencies a slice at a time: more frequencies than
+    one slice holds, and a last slice cut short, give E[exp(-i w tau)] exactly."""
+    rng = np.random.default_rng(7)
+    samples = tuple(float(v) for v in rng.uniform(0.01, 2.0, 64))
+    loop = LoopResponse.measured(samples)
+    slice_rows = DELAY_FACTOR_TERMS // len(samples)
+    w = rng.uniform(0.1, 30.0, (slice_rows * 2 + 37, 5))
+    expected = np.exp(-1j * w[..., None] * np.asarray(samples)).mean(axis=-1)
+    np.testing.assert_allclose(loop.delay_factor(w), expected, rtol=0, atol=1e-15)
+    assert loop.delay_factor(w[0, 0]).shape == ()

@@ -132,6 +132,30 @@ def test_overlapping_events_the_strictest_target_wins(site):
     assert plan["requested_facility_kw"] == pytest.approx(5.0)  # back to the remaining event
 
 
+def metrics(site) -> dict[str, int]:
+    text = site.api.get("/metrics").text
+    return {k: int(v) for k, v in (x.split() for x in text.splitlines() if x[:1] != "#")}
+
+
+def test_metrics_count_the_fan_outs_sent_and_finished(site):
+    before = metrics(site)
+    assert before["flexgate_agents_known"] == len(site.nodes)
+    body = {"reduction_kw": 5, "start": now_iso(), "duration_s": 120}
+    event = site.api.post("/v1/events", headers=API, json=body).json()
+    plan_id = site.wait(lambda: site.api.get(f"/v1/events/{event['id']}").json()["plan_id"])
+    site.wait(
+        lambda: all(
+            c["status"] != "pending"
+            for c in site.api.get(f"/v1/plans/{plan_id}").json()["commands"]
+        )
+    )
+    # The event's fan-out (and the renewals every 0.5 s) finish: counted once answered.
+    sent = before["flexgate_fan_outs_total"]
+    after = site.wait(lambda: (m := metrics(site))["flexgate_fan_outs_finished_total"] > sent and m)
+    assert after["flexgate_fan_outs_total"] > sent
+    assert after["flexgate_fan_outs_finished_total"] <= after["flexgate_fan_outs_total"]
+
+
 def test_health_metrics_and_sync(site):
     health = site.api.get("/health").json()
     assert health["status"] == "ok"

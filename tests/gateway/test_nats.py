@@ -21,7 +21,7 @@ import pytest
 from agents.natsconnect import NatsConnectError as AgentNatsConnectError
 from agents.natsconnect import NatsOptions as AgentNatsOptions
 from agents.natslink import NatsLink
-from agents.protocol import DESIRED_BUCKET, CapCommand, GpuCap, caps_subject
+from agents.protocol import DESIRED_BUCKET, CapCommand, GpuCap, TelemetrySummary, caps_subject
 from agents.service import AgentNode
 from agents.service import create_app as agent_app
 from agents.settings import AgentSettings
@@ -472,6 +472,19 @@ def test_telemetry_summaries_that_do_not_parse_or_speak_for_another_node_are_dro
             assert report is not None
             assert [len(g.power_w) for g in report.gpus] == [1, 1]
             assert await client.telemetry("node-b") is None
+            # Converted when read, once per summary: a newer one is read as itself.
+            newer = TelemetrySummary.model_validate_json(good)
+            newer.gpu_power_w = [111.0, None]
+            await nc.publish("flexgate.telemetry.node-a", newer.model_dump_json().encode())
+            await nc.flush()
+            arrived = client.latest["node-a"].arrived
+            for _ in range(100):
+                if client.latest["node-a"].arrived != arrived:
+                    break
+                await asyncio.sleep(0.02)
+            report = await client.telemetry("node-a")
+            assert report is not None
+            assert [g.power_w for g in report.gpus] == [[111.0], []]
         finally:
             await nc.close()
             await client.close()
