@@ -211,9 +211,9 @@ class Targets:
             if tracking is not None:
                 doc["tracking"] = tracking
             row = self._store_plan(doc, event_id)
+            held = self.desired
             self.desired = {
-                c["node"]: [GpuCap(gpu=x["gpu"], cap_w=x["cap_w"]) for x in c["caps"]]
-                for c in doc["commands"]
+                c["node"]: _caps(c["caps"], held.get(c["node"])) for c in doc["commands"]
             }
             self.generation, self.plan_id = row.generation, row.id
             if not self.fleet.note_answers(await self._send()):
@@ -384,6 +384,16 @@ NO_ANSWER: dict[str, Any] = {
     "error": None,
     "enforced": [],
 }
+
+
+def _caps(planned: list[dict[str, Any]], held: list[GpuCap] | None) -> list[GpuCap]:
+    """A node's planned caps as commands carry them: the ones it holds when none moved (a
+    re-plan at 10,000 nodes moves a few thousand; the rest keep theirs, not 8 made anew)."""
+    if held is not None and [(c.gpu, c.cap_w) for c in held] == [
+        (x["gpu"], x["cap_w"]) for x in planned
+    ]:
+        return held
+    return [GpuCap(gpu=x["gpu"], cap_w=x["cap_w"]) for x in planned]
 
 
 def _substance(row: dict[str, Any]) -> tuple[Any, ...]:
