@@ -65,7 +65,7 @@ class Targets:
         self.generation: int | None = None
         self.plan_id: str | None = None
         self.fan_outs = 0  #: desired states sent to every node, since start
-        self.fan_outs_finished = 0  #: of those, the ones whose answers are all in and recorded
+        self.fan_outs_finished = 0  #: of those, the ones that ended (their answers recorded)
         self.last_plan: dict[str, Any] | None = None  #: the plan last sent
         #: (plan id, each node's answer to its last fan-out, as stored): what a read of the
         #: current plan shows, without scanning every answer of every reconciliation
@@ -253,12 +253,14 @@ class Targets:
             for node, address in sorted(self.fleet.nodes.items())
         ]
         self.fan_outs += 1
-        acks = await fan_out(self.client, targets)
+        try:
+            acks = await fan_out(self.client, targets)
+        finally:  # ended, answered or not: the answers are recorded below before another task runs
+            self.fan_outs_finished += 1
         try:
             self._store_acks(acks)
         except OperationalError as exc:  # the agents have their caps; only the record is missing
             log.warning("store unreachable: %d acks not recorded (%s)", len(acks), exc)
-        self.fan_outs_finished += 1
         return acks
 
     def _store_acks(self, acks: list[Ack]) -> None:

@@ -221,3 +221,34 @@ def test_a_renewal_that_says_nothing_new_is_not_stored_but_shows_in_the_plan(sit
         assert stored(replanned) == nodes
 
     asyncio.run(run())
+
+
+def test_a_re_plan_sends_each_node_its_planned_caps_and_counts_its_fan_outs(site):
+    """The caps of a node whose caps did not move are kept from the plan before; every node's
+    desired state is still exactly what the new plan says. A fan-out that fails still ends:
+    the count of those finished catches up with those sent."""
+
+    def planned() -> dict[str, list[tuple[int, float]]]:
+        commands = (site.targets.last_plan or {})["commands"]
+        return {c["node"]: [(x["gpu"], x["cap_w"]) for x in c["caps"]] for c in commands}
+
+    def desired() -> dict[str, list[tuple[int, float]]]:
+        return {n: [(c.gpu, c.cap_w) for c in caps] for n, caps in site.targets.desired.items()}
+
+    async def run():
+        await site.book.replace(site.jobs, "test")
+        await site.targets.hold(10.0, "ev-1")
+        first = desired()
+        await site.targets.hold(14.0, "ev-1")
+        assert desired() == planned() != first
+        assert site.targets.fan_outs == site.targets.fan_outs_finished == 2
+
+        async def broken(node, address, command):
+            raise RuntimeError("transport gone")
+
+        site.client.put_caps = broken
+        with pytest.raises(RuntimeError, match="transport gone"):
+            await site.targets.hold(12.0, "ev-1")
+        assert site.targets.fan_outs == site.targets.fan_outs_finished == 3
+
+    asyncio.run(run())
