@@ -38,7 +38,8 @@ NODES = {"agent-1": "node-01", "agent-2": "node-02"}
 JOBS = json.loads(SITE.read_text(encoding="utf-8"))["jobs"]
 #: Project names of their own, so that two runs on one engine (CI and a developer) never meet.
 RUN = uuid.uuid4().hex[:8]
-#: Operator events in the fault tests: what the scenario asks for, for 40 s.
+#: Operator events in the fault tests: what the scenario asks for, for 40 s (they watch caps
+#: and their release, not a settled mean).
 REDUCTION_KW = 3.1
 EVENT_S = 40.0
 

@@ -231,9 +231,10 @@ class SyncState(BaseModel):
         description="Rayleigh alarm held for three windows, per harmonic; below 8 jobs, each "
         "pair's phase-locking value"
     )
-    clocks: dict[str, dict[str, float] | None] = Field(
+    clocks: dict[str, dict[str, float | None] | None] = Field(
         default_factory=dict,
-        description="each agent's clock offset from the gateway's, and its bound [s]",
+        description="each agent's clock offset from the gateway's, and its bound [s] (null "
+        "over NATS: a published summary's one-way stamp leaves the error unbounded)",
     )
     loops: list[dict[str, Any]]
     verdict: str

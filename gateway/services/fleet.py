@@ -179,8 +179,7 @@ class Fleet:
             found = []
             for (node, _), one in zip(nodes, kept, strict=True):
                 if one is not None and one[1].agent_time_s is not None:
-                    # stamped as it was published, paired with when it arrived here
-                    self.clocks.observe(node, one[0], one[1].agent_time_s, one[0])
+                    self.clocks.observe_published(node, one[1].agent_time_s, one[0])
                 found.append(None if one is None else one[1])
         else:
             found = await asyncio.gather(*(self._ask_one(node, a) for node, a in nodes))

@@ -14,6 +14,7 @@ import math
 
 import pytest
 
+from agents.protocol import TelemetryResponse
 from agents.service import AgentNode
 from agents.simulated import SimulatedBackend
 from flexmodel.jobmix import parse_job_mix
@@ -136,3 +137,65 @@ def test_a_bad_timestamp_is_ignored():
     clocks.observe("n", 10.0, math.nan, 10.1)
     clocks.observe("n", 10.0, 50.0, 9.0)  # answered before asked
     assert clocks.offset("n") is None
+
+
+def test_a_published_summary_bounds_the_offset_and_the_quickest_gives_it():
+    """Over NATS nobody asks: a summary's stamp is at least the agent's offset short by its
+    way through the broker, so the quickest summary gives the offset; reading one summary
+    again (every telemetry round does, until the next arrives) counts it once."""
+    clocks = AgentClocks()
+    # The agent's clock is 100 s ahead: each summary arrives `way` after it was stamped.
+    for published, way in ((10.0, 0.030), (11.0, 0.0005), (12.0, 0.080)):
+        clocks.observe_published("n", 100.0 + published, published + way)
+    for _ in range(40):  # the slowest one, read at every round
+        clocks.observe_published("n", 112.0, 12.08)
+    found = clocks.offset("n")
+    assert found is not None
+    assert found.offset_s == pytest.approx(100.0 - 0.0005)
+    assert found.error_s is None  # a one-way stamp: no bound
+    clocks.observe_published("n", math.inf, 13.0)
+    assert clocks.offset("n") == found
+
+
+def test_the_fleet_takes_the_quickest_of_the_summaries_kept_for_it(tmp_path):
+    """The fleet's reading of kept (published) telemetry: a summary held up on its way, as a
+    busy gateway holds it up, does not move the agent's offset."""
+
+    class Published(InMemoryAgentClient):
+        def __init__(self, nodes, clock):
+            super().__init__(nodes, clock)
+            self.kept: tuple[float, TelemetryResponse] | None = None
+
+        def kept_telemetry(self, addresses):
+            return [self.kept for _ in addresses]
+
+    clock = SteppedClock()
+    node = AgentNode("node-01", SimulatedBackend(2), tmp_path / "node", sample_hz=0)
+    client = Published({"mem://node-01": node}, clock)
+    settings = GatewaySettings(
+        database_url=f"sqlite:///{tmp_path / 'gateway.db'}",
+        lab=True,
+        agents="mem://node-01",
+        telemetry_max_age_s=0.01,
+    )
+    store = Store(settings.database_url)
+    fleet = Fleet(settings, store, clock, client)
+
+    async def run():
+        await fleet.discover()
+        for way in (0.002, 0.060, 0.045):  # published every second, 37.3 s ahead
+            published = clock.monotonic()
+            clock.step(way)
+            summary = node.telemetry().model_copy(update={"agent_time_s": published + 37.3})
+            client.kept = (clock.monotonic(), summary)
+            for _ in range(3):
+                await fleet.telemetry()
+                clock.step(0.02)
+            clock.step(1.0 - way - 0.06)
+        return await fleet.phase_doc()
+
+    try:
+        doc = asyncio.run(run())
+    finally:
+        store.close()
+    assert doc["clocks"]["node-01"] == {"offset_s": pytest.approx(37.3 - 0.002), "error_s": None}
