@@ -19,12 +19,13 @@
   half-width; the target in force is re-planned at once. Outside events that is a plan of its
   own (no reduction, only the offsets), which ends a probe (safety before measurement), and is
   released when the spread goes back to 0.
+
+The nodes' answers to each plan are stored and shown by `gateway.services.answers`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from typing import Any
@@ -34,7 +35,7 @@ from sqlalchemy.exc import OperationalError
 from agents.protocol import CapCommand, GpuCap
 from gateway.agentclient import Ack, AgentClient, fan_out
 from gateway.clock import Clock
-from gateway.errors import NotFoundError
+from gateway.services.answers import PlanAnswers, dumps
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.planner import plan
@@ -42,7 +43,7 @@ from gateway.services.site import SitePower
 from gateway.settings import GatewaySettings
 from gateway.store import repo
 from gateway.store.db import Store
-from gateway.store.models import PlanRow, iso
+from gateway.store.models import PlanRow
 from gateway.units import rounded
 
 log = logging.getLogger("flexgate.gateway")
@@ -67,16 +68,7 @@ class Targets:
         self.fan_outs = 0  #: desired states sent to every node, since start
         self.fan_outs_finished = 0  #: of those, the ones that ended (their answers recorded)
         self.last_plan: dict[str, Any] | None = None  #: the plan last sent
-        #: (plan id, each node's answer to its last fan-out, as stored): what a read of the
-        #: current plan shows, without scanning every answer of every reconciliation
-        self._answers: tuple[str, list[dict[str, Any]]] | None = None
-        self._answers_version = 0  #: rises with every fan-out's answers
-        #: (plan id, node id -> what its last stored answer said): a renewal that says the
-        #: same again is not stored (10,000 nodes renewed every 15 s would add 58 million
-        #: rows a day); it shows in the current plan's answers all the same
-        self._stored: tuple[str, dict[str, tuple[Any, ...]]] | None = None
-        #: plan id -> (answers version, or FINAL once superseded; its JSON as answered)
-        self._plan_json: dict[str, tuple[int, str]] = {}
+        self.answers = PlanAnswers(store)
         self.recovering_from: str | None = None  #: the event whose caps are stepping back
         self.rate_spread = 0.0  #: half-width of the rate offsets every plan applies
         #: (facility kW, event id, the site loop's state) last planned
@@ -258,42 +250,10 @@ class Targets:
         finally:  # ended, answered or not: the answers are recorded below before another task runs
             self.fan_outs_finished += 1
         try:
-            self._store_acks(acks)
+            self.answers.record(self.plan_id, self.generation, acks)
         except OperationalError as exc:  # the agents have their caps; only the record is missing
             log.warning("store unreachable: %d acks not recorded (%s)", len(acks), exc)
         return acks
-
-    def _store_acks(self, acks: list[Ack]) -> None:
-        assert self.plan_id is not None
-        assert self.generation is not None
-        rows = self._rows(acks)
-        self._answers = (self.plan_id, rows)
-        self._answers_version += 1
-        if self._stored is None or self._stored[0] != self.plan_id:
-            self._stored = (self.plan_id, {})
-        said = self._stored[1]
-        new = [r for r in rows if said.get(r["node"]) != _substance(r)]
-        with self.store.session() as s:
-            repo.add_commands(s, commands=new)
-            s.commit()
-        said.update((r["node"], _substance(r)) for r in new)
-
-    def _rows(self, acks: list[Ack]) -> list[dict[str, Any]]:
-        return [
-            {
-                "plan_id": self.plan_id,
-                "node": ack.node,
-                "generation": self.generation,
-                "status": ack.status,
-                "attempts": ack.attempts,
-                "sent_at": ack.sent_at,
-                "acked_at": ack.acked_at,
-                "delay_s": ack.delay_s,
-                "error": ack.error,
-                "answer": ack.answer.model_dump() if ack.answer else None,
-            }
-            for ack in acks
-        ]
 
     async def reconcile(self) -> None:
         """Renew leases and put back what drifted: the desired state again, same generation;
@@ -307,85 +267,18 @@ class Targets:
 
     async def plan_doc(self, plan_id: str) -> dict[str, Any]:
         """A stored plan with each node's last answer; for the current plan, what is shed now."""
-        return {**self._stored_plan_doc(plan_id), "achieved_facility_kw": await self._shed(plan_id)}
+        return {**self.answers.doc(plan_id), "achieved_facility_kw": await self._shed(plan_id)}
 
     async def plan_json(self, plan_id: str) -> bytes:
-        """`plan_doc` as the API answers it: rounded, in JSON, built once per fan-out for the
-        current plan (thousands of nodes' caps and answers) and once for a superseded one
-        (its answers are final); only what is shed now is read anew at each call."""
-        version = self._answers_version if plan_id == self.plan_id else FINAL
-        kept = self._plan_json.get(plan_id)
-        if kept is None or kept[0] != version:
-            if len(self._plan_json) >= PLANS_KEPT:
-                self._plan_json.clear()
-            kept = (version, _json(rounded(self._stored_plan_doc(plan_id))))
-            self._plan_json[plan_id] = kept
+        """`plan_doc` as the API answers it (`PlanAnswers.json`, kept between fan-outs); only
+        what is shed now is read anew at each call."""
+        kept = self.answers.json(plan_id, current=plan_id == self.plan_id)
         shed = rounded({"achieved_facility_kw": await self._shed(plan_id)})
-        return (_json(shed)[:-1] + "," + kept[1][1:]).encode()
+        return (dumps(shed)[:-1] + "," + kept[1:]).encode()
 
     async def _shed(self, plan_id: str) -> float | None:
         """What the site sheds now, for the current plan; None for the others."""
         return (await self.site.doc())["shed_facility_kw"] if plan_id == self.plan_id else None
-
-    def _stored_plan_doc(self, plan_id: str) -> dict[str, Any]:
-        """The plan as stored (what it was expected to achieve is `expected_facility_kw`), with
-        each node's last answer."""
-        with self.store.session() as s:
-            row = repo.get_plan(s, plan_id=plan_id)
-            if row is None:
-                raise NotFoundError(f"no plan '{plan_id}'")
-            if self._answers is not None and self._answers[0] == plan_id:
-                commands = self._answers[1]
-            else:
-                commands = [c.model_dump() for c in repo.latest_commands(s, plan_id=plan_id)]
-        latest = {
-            c["node"]: {
-                "node": c["node"],
-                "status": c["status"],
-                "generation": c["generation"],
-                "attempts": c["attempts"],
-                "sent_at": iso(c["sent_at"]),
-                "acked_at": iso(c["acked_at"]),
-                "delay_s": c["delay_s"],
-                "error": c["error"],
-                "enforced": [
-                    {"gpu": r["gpu"], "enforced_w": r["enforced_w"], "clamped": r["clamped"]}
-                    for r in (c["answer"] or {}).get("results", [])
-                ],
-            }
-            for c in commands
-        }
-        stored = {k: v for k, v in row.doc.items() if k != "achieved_facility_kw"}
-        return {
-            **stored,
-            "id": row.id,
-            "event_id": row.event_id,
-            "generation": row.generation,
-            "expected_facility_kw": row.doc["achieved_facility_kw"],
-            # Per node: the caps sent, and the last answer (status, timings).
-            "commands": [
-                {**command, **latest.get(command["node"], NO_ANSWER)}
-                for command in row.doc["commands"]
-            ],
-            "created_at": iso(row.created_at),
-        }
-
-
-#: Plans kept as answered (`Targets.plan_json`) before the cache starts over.
-PLANS_KEPT = 8
-#: The answers version of a superseded plan: no fan-out changes them any more.
-FINAL = -1
-#: A node's answer before its first one.
-NO_ANSWER: dict[str, Any] = {
-    "status": "pending",
-    "generation": None,
-    "attempts": None,
-    "sent_at": None,
-    "acked_at": None,
-    "delay_s": None,
-    "error": None,
-    "enforced": [],
-}
 
 
 def _caps(planned: list[dict[str, Any]], held: list[GpuCap] | None) -> list[GpuCap]:
@@ -396,21 +289,3 @@ def _caps(planned: list[dict[str, Any]], held: list[GpuCap] | None) -> list[GpuC
     ]:
         return held
     return [GpuCap(gpu=x["gpu"], cap_w=x["cap_w"]) for x in planned]
-
-
-def _substance(row: dict[str, Any]) -> tuple[Any, ...]:
-    """What an answer says, without when: its generation, status, attempts, error and each
-    GPU's result (the limit read back, clamped, error)."""
-    results = (row["answer"] or {}).get("results", [])
-    return (
-        row["generation"],
-        row["status"],
-        row["attempts"],
-        row["error"],
-        tuple((r["gpu"], r["enforced_w"], r["clamped"], r["error"]) for r in results),
-    )
-
-
-def _json(doc: dict[str, Any]) -> str:
-    """JSON as the API answers it (no NaN or infinity)."""
-    return json.dumps(doc, separators=(",", ":"), allow_nan=False)
