@@ -99,7 +99,8 @@ def draw_truth(
 
 class SimulatedMeter:
     """The facility meter of a simulated site: static load + k * (the GPUs' true mean power,
-    through a first-order cooling lag) + noise; `fault` makes it stop, read NaN or jump."""
+    through a first-order cooling lag) + noise; `fault` makes it stop, read NaN or jump, and
+    `freeze` holds its reading (a stuck register: fresh timestamps, one value)."""
 
     source = "sim://facility"
 
@@ -119,7 +120,8 @@ class SimulatedMeter:
         self.time_constant_s, self.noise_kw = time_constant_s, noise_kw
         self.waveform, self.delay_s = waveform, delay_s
         self.rng = np.random.default_rng(seed)
-        self.fault: str | None = None  #: None, "stop", "nan" or "jump"
+        self.fault: str | None = None  #: None, "stop", "nan", "jump" or "freeze"
+        self._frozen_kw = 0.0
         self._lagged_kw = self.gpu_kw()
         self._at_s = clock.monotonic()
         self._history: list[tuple[float, float]] = []  #: (time, lagged kW) for the delay
@@ -134,6 +136,10 @@ class SimulatedMeter:
         """The facility power now, without the lag or the noise."""
         return self.truth.static_kw + self.truth.overhead_factor * self.gpu_kw()
 
+    def freeze(self, offset_kw: float = 0.0) -> None:
+        """From now on the meter reads the true facility power now, plus `offset_kw`, unchanged."""
+        self.fault, self._frozen_kw = "freeze", self.true_facility_kw() + offset_kw
+
     async def read_kw(self) -> float:
         now_s = self.clock.monotonic()
         dt_s, self._at_s = now_s - self._at_s, now_s
@@ -143,6 +149,8 @@ class SimulatedMeter:
             raise MeterError("the simulated meter does not answer")
         if self.fault == "nan":
             return math.nan
+        if self.fault == "freeze":
+            return self._frozen_kw
         self._history.append((now_s, self._lagged_kw))
         while len(self._history) > 1 and self._history[1][0] <= now_s - self.delay_s:
             self._history.pop(0)  # the first one left is the reading `delay_s` ago
@@ -211,7 +219,8 @@ class SimulatedSite:
             agents=",".join(self.nodes),
             overhead_factor=declared_overhead_factor,
             meter_period_s=meter_period_s,
-            meter_lag_s=time_constant_s + meter_delay_s,  # its whole lag, as calibrated
+            meter_dead_s=meter_delay_s,  # the meter's path, as a calibration identifies it
+            meter_lag_s=time_constant_s,
             calibrate=False,
             tracking=tracking,
             **settings,

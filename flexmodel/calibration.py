@@ -14,9 +14,9 @@ the line and biases `k` low; so the fit works on steps (cap changes, job starts 
 2. per step, (dG, dF) = the mean over `window_s` after it (starting `settle_s` after the
    step) minus the mean over `window_s` before it;
 3. the meter's response to a unit step, sample by sample: the cross-correlation of the GPU
-   steps with the meter's moves after them. Its half-way point is the meter's lag (`lag_s`);
-   it must be flat (within 1% of the step, beyond noise) across the post window, or the
-   cooling had not settled and the window misses part of the step;
+   steps with the meter's moves after them. Its dead time and time constant are fitted on it
+   (`flexmodel.meterpath`: `path`); it must be flat (within 1% of the step, beyond noise)
+   across the post window, or the cooling had not settled and the window misses part of it;
 4. k: Deming regression of dF on dG through the origin (the static load cancels), with the
    ratio of their error variances from the windows' own scatter (both series are measured);
    k_stderr from the residuals, on n - 1 degrees of freedom;
@@ -39,6 +39,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flexmodel.errors import FlexModelError
+from flexmodel.meterpath import MeterPath, fit_meter_path
 
 Array = NDArray[np.float64]
 
@@ -59,14 +60,14 @@ class OverheadCalibration:
     k_stderr: float
     static_kw: float  #: facility load that does not move with the GPUs [kW]
     static_stderr_kw: float  #: [kW]
-    lag_s: float  #: how late the meter shows half of a GPU step [s]
+    path: MeterPath  #: how a GPU step reaches the meter: dead time, lag, averaging
     points: int  #: steps the fit used
 
 
 @dataclass(frozen=True)
 class NotIdentifiable:
     reason: str
-    lag_s: float | None = None  #: [s], when it was estimated
+    path: MeterPath | None = None  #: when it was estimated
     points: int = 0  #: steps found
 
 
@@ -91,6 +92,7 @@ def fit_overhead(
     min_step_kw: float | None = None,
     min_points: int = 3,
     max_rel_stderr: float = 0.05,
+    averaging_s: float = 0.0,
 ) -> OverheadCalibration | NotIdentifiable:
     """Fit facility kW = static + k * GPU kW on two series sampled together every `period_s`.
 
@@ -102,6 +104,7 @@ def fit_overhead(
     min_step_kw : smaller GPU steps are ignored, whatever the noise; None: 2% of the median
         GPU power [kW]
     max_rel_stderr : k is identified only when k_stderr / k is below this
+    averaging_s : each meter reading's own averaging window, known from the meter [s]
     """
     gpu, facility = _series(gpu_kw, facility_kw)
     if not period_s > 0 or not window_s >= 2 * period_s or not settle_s >= 0:
@@ -128,14 +131,19 @@ def fit_overhead(
     final = float(np.mean(response[settle:]))
     if final <= 0:
         return NotIdentifiable("the meter does not move with the GPU steps", points=found)
-    lag_s = float(np.argmax(response >= final / 2)) * period_s
+    path = fit_meter_path(
+        response,
+        period_s=period_s,
+        averaging_s=averaging_s,
+        noise_sd=_response_sd(steps),
+    )
     k, k_stderr = _deming_fit(steps)
     if k_stderr > max_rel_stderr * k:
         return NotIdentifiable(
             f"k = {k:.3f} +/- {k_stderr:.3f} is not identified to {max_rel_stderr:.0%}: the GPU "
             f"steps (largest {np.max(np.abs(steps.d_gpu_kw)):.3g} kW) are too small against "
             "the noise",
-            lag_s,
+            path,
             found,
         )
     drift = settling_drift(steps, response[settle:])
@@ -143,14 +151,14 @@ def fit_overhead(
         return NotIdentifiable(
             f"the meter still moves {drift:.1%} of a step across the post window: the "
             f"cooling has not settled {settle_s:g} s after a step (raise settle_s)",
-            lag_s,
+            path,
             found,
         )
     if k < 1.0:
         return NotIdentifiable(
-            f"k = {k:.3f} is below 1: the meter does not see all of these GPUs", lag_s, found
+            f"k = {k:.3f} is below 1: the meter does not see all of these GPUs", path, found
         )
-    return OverheadCalibration(k, k_stderr, *_static_kw(steps, k, k_stderr), lag_s, found)
+    return OverheadCalibration(k, k_stderr, *_static_kw(steps, k, k_stderr), path, found)
 
 
 def step_response(steps: _Steps, *, settle: int, window: int) -> Array:
@@ -222,9 +230,13 @@ def settling_drift(steps: _Steps, post_response: Array) -> float:
     window, as a share of it, less three standard deviations of that difference's noise."""
     quarter = max(len(post_response) // 4, 1)
     moved = float(np.mean(post_response[-quarter:]) - np.mean(post_response[:quarter]))
-    response_sd = np.sqrt(steps.facility_var_kw2 / float(steps.d_gpu_kw @ steps.d_gpu_kw))
-    noise = 3.0 * response_sd * np.sqrt(2.0 / quarter)
+    noise = 3.0 * _response_sd(steps) * np.sqrt(2.0 / quarter)
     return float(max(abs(moved) - noise, 0.0) / np.mean(post_response))
+
+
+def _response_sd(steps: _Steps) -> float:
+    """One standard deviation of a unit-step response sample's noise [kW/kW]."""
+    return float(np.sqrt(steps.facility_var_kw2 / float(steps.d_gpu_kw @ steps.d_gpu_kw)))
 
 
 def _deming_fit(steps: _Steps) -> tuple[float, float]:

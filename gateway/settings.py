@@ -92,7 +92,15 @@ class GatewaySettings(BaseSettings):
     meter_timeout_s: float = Field(default=2.0, gt=0.0)
     meter_max_age_s: float | None = Field(default=None, gt=0.0)  #: None: three periods
     meter_max_step_kw: float | None = Field(default=None, gt=0.0)  #: None: no jump check
-    meter_lag_s: float = Field(default=0.0, ge=0.0)  #: until a calibration measures it
+    #: the meter path until a calibration identifies it (flexmodel.meterpath): the meter's own
+    #: transport delay, the first-order time constant after it, each reading's averaging [s]
+    meter_dead_s: float = Field(default=0.0, ge=0.0)
+    meter_lag_s: float = Field(default=0.0, ge=0.0)
+    meter_averaging_s: float = Field(default=0.0, ge=0.0)
+    #: silent faults (gateway.meter.watch): the meter's noise, one standard deviation [kW], and
+    #: the smallest predicted move it must answer (None: 2% of the site or six noise deviations)
+    meter_noise_kw: float = Field(default=0.0, ge=0.0)
+    meter_check_kw: float | None = Field(default=None, gt=0.0)
     meter_max_kw: float | None = Field(default=None, gt=0.0)  #: the site's physical maximum
     calibrate: bool = True  #: fit the overhead factor on the meter (a real meter only)
     calibration_window_s: float = Field(default=60.0, gt=0.0)
@@ -103,6 +111,8 @@ class GatewaySettings(BaseSettings):
     loop_window_s: float | None = Field(default=None, gt=0.0)  #: None: from the jobs' periods
     loop_gain: float = Field(default=0.5, gt=0.0, le=1.5)  #: share of the error taken per sample
     loop_max_correction: float = Field(default=1.0, gt=0.0, le=2.0)
+    #: the model's gain error the loop's gain must be robust to (flexmodel.looprobust)
+    loop_gain_error: float = Field(default=0.3, ge=0.0, lt=1.0)
     #: lab only: the site loop keeps a configuration the sync analysis rejects (the lock lab)
     loop_unsafe: bool = False
     scatter: Literal["auto", "off"] = "auto"  #: spread the jobs' rates when they lock

@@ -6,9 +6,12 @@ a finite number (`not_finite`), below zero (`negative`), above the site's physic
 (`above_max`), or when it moved from the last good reading by more than the largest step the
 site can make in one period (`jump`). A jump is believed once the next reading confirms the new
 level (within the same step of it): a spike is dropped, a real step costs one period. With no
-good reading for longer than `max_age_s` the feed is `stale`. While it is faulted the last good
-reading is still shown, with its age, but `believed_kw` and `filtered_kw` give None: the site
-loop then holds its last correction and the plan falls back to the model.
+good reading for longer than `max_age_s` the feed is `stale`. Readings that are well formed
+but do not answer the GPUs as the meter should (stuck, no response, implausible: the
+`gateway.meter.watch`) make the feed `suspect`: they are still kept, so the watch sees the
+meter answer again, but not believed until it does. While it is faulted the last good reading
+is still shown, with its age, but `believed_kw` and `filtered_kw` give None: the site loop then
+holds its correction and the plan falls back to the model.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from gateway.errors import MeterError
 from gateway.meter.sources import Meter
 
 REJECT_REASONS = ("error", "not_finite", "negative", "above_max", "jump")
+SUSPECT_REASONS = ("stuck", "no_response", "wrong_sign", "implausible")
 
 
 class MeterState(TypedDict):
@@ -74,8 +78,12 @@ class MeterFeed:
         #: /metrics counters: readings believed, and readings rejected by reason
         self.readings = 0
         self.rejected = dict.fromkeys(REJECT_REASONS, 0)
+        self.suspected = dict.fromkeys(SUSPECT_REASONS, 0)  #: suspicions raised, by reason
         self._history: deque[Reading] = deque()
         self._fault: str | None = "no reading yet"
+        self._suspicion: str | None = None
+        #: from when the readings are not believed (the start of the interval judged wrong)
+        self.suspect_since_s: float | None = None
         self._unconfirmed_kw: float | None = None  #: a jump waiting for the next reading
 
     async def run(self) -> None:
@@ -133,10 +141,28 @@ class MeterFeed:
         self.rejected[reason] += 1
         self._fault = f"{reason}: {detail}"
 
+    def suspect(self, reason: str, detail: str, since_s: float) -> None:
+        """Stop believing well-formed readings that do not answer the GPUs as they should."""
+        if self._suspicion is None:
+            self.suspected[reason] += 1
+            self.suspect_since_s = since_s
+        self._suspicion = f"{reason}: {detail}"
+
+    def clear_suspicion(self) -> None:
+        self._suspicion, self.suspect_since_s = None, None
+
+    @property
+    def suspicion(self) -> str | None:
+        return self._suspicion
+
+    def last(self) -> Reading | None:
+        """The last well-formed reading, believed or not."""
+        return self._history[-1] if self._history else None
+
     def state(self) -> MeterState:
         last = self._history[-1] if self._history else None
         age_s = None if last is None else self.clock.monotonic() - last.monotonic_s
-        fault = self._fault
+        fault = self._fault or self._suspicion
         if fault is None and age_s is not None and age_s > self.max_age_s:
             fault = f"stale: no good reading for {age_s:.1f} s (max age {self.max_age_s:g} s)"
         return {

@@ -58,6 +58,8 @@ class FleetPower:
     #: how long a stretch of samples each GPU's power is the mean of, averaged over the GPUs
     #: measured [s]: a step of the GPUs shows in `gpu_kw` over this long
     span_s: float = 0.0
+    #: when the telemetry round it comes from ended (monotonic) [s]: its samples end there
+    at_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -239,8 +241,14 @@ class Fleet:
                         measured_w += sum(gpu.power_w) / len(gpu.power_w)
                         spans_s.append(len(gpu.power_w) * gpu.sample_interval_s)
         span_s = sum(spans_s) / len(spans_s) if spans_s else 0.0
+        at_s = self._last_at if telemetry is self._last else self.clock.monotonic()
         power = FleetPower(
-            measured_w / 1000.0, baseline_w / 1000.0, max_w / 1000.0, len(telemetry), span_s
+            measured_w / 1000.0,
+            baseline_w / 1000.0,
+            max_w / 1000.0,
+            len(telemetry),
+            span_s,
+            at_s,
         )
         self._power = (telemetry, mix, power)
         return power

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from flexmodel.calibration import NotIdentifiable, OverheadCalibration, fit_overhead
+from flexmodel.meterpath import MeterPath
 from gateway.clock import Clock
 from gateway.settings import GatewaySettings
 from gateway.store import repo
@@ -37,7 +38,7 @@ class OverheadModel:
     source: str  #: configured or calibrated
     points: int | None = None  #: steps the calibration used
     calibrated_at: datetime | None = None
-    lag_s: float | None = None  #: how late the meter shows half of a GPU step [s]
+    path: MeterPath | None = None  #: how a GPU step reaches the meter, as last fitted
 
     def facility_kw(self, gpu_kw: float) -> float:
         return self.static_kw + self.k * gpu_kw
@@ -50,8 +51,20 @@ class OverheadModel:
             "points": self.points,
             "source": self.source,
             "calibrated_at": iso(self.calibrated_at),
-            "lag_s": self.lag_s,
+            "lag_s": None if self.path is None else self.path.half_rise_s,
         }
+
+
+def meter_path_doc(path: MeterPath) -> dict[str, Any]:
+    """The `meter_path` object of `GET /v1/site` `overhead`."""
+    return {
+        "dead_s": path.dead_s,
+        "dead_stderr_s": path.dead_stderr_s,
+        "tau_s": path.tau_s,
+        "tau_stderr_s": path.tau_stderr_s,
+        "averaging_s": path.averaging_s,
+        "source": path.source,
+    }
 
 
 class Overhead:
@@ -67,8 +80,18 @@ class Overhead:
         with store.session() as s:
             row = repo.latest_calibration(s)
         if row is not None:
+            path = None
+            if row.dead_s is not None and row.tau_s is not None:
+                path = MeterPath(
+                    row.dead_s,
+                    row.tau_s,
+                    row.averaging_s or 0.0,
+                    row.dead_stderr_s,
+                    row.tau_stderr_s,
+                    row.path_source or "identified",
+                )
             self._model = OverheadModel(
-                row.k, row.k_stderr, row.static_kw, "calibrated", row.points, row.at, row.lag_s
+                row.k, row.k_stderr, row.static_kw, "calibrated", row.points, row.at, path
             )
 
     def _configured(self) -> OverheadModel:
@@ -83,6 +106,26 @@ class Overhead:
 
     def current(self) -> OverheadModel:
         return self._model
+
+    def meter_path(self) -> MeterPath:
+        """The meter path the site loop plans with: the calibration's parts it identified,
+        the settings' (`FLEXGATE_METER_DEAD_S`, `_LAG_S`, `_AVERAGING_S`) for the rest, each
+        of those with no standard error (the loop then assumes the stated default error)."""
+        s = self.settings
+        fitted = self._model.path
+        configured = MeterPath(s.meter_dead_s, s.meter_lag_s, s.meter_averaging_s)
+        if fitted is None or fitted.source.startswith("not identified: dead_s, tau_s"):
+            return configured
+        dead_known = "dead_s" not in fitted.source
+        tau_known = "tau_s" not in fitted.source
+        return MeterPath(
+            fitted.dead_s if dead_known else configured.dead_s,
+            fitted.tau_s if tau_known else configured.tau_s,
+            s.meter_averaging_s,
+            fitted.dead_stderr_s if dead_known else None,
+            fitted.tau_stderr_s if tau_known else None,
+            fitted.source,
+        )
 
     def record(self, gpu_kw: float, facility_kw: float | None, meter_source: str) -> None:
         """One sample of the site, every meter period; a missing meter reading breaks the
@@ -106,6 +149,7 @@ class Overhead:
                 period_s=self.settings.meter_period_s,
                 window_s=self.settings.calibration_window_s,
                 settle_s=self.settings.calibration_settle_s,
+                averaging_s=self.settings.meter_averaging_s,
             )
             if len(gpu) >= 2
             else NotIdentifiable("no samples yet")
@@ -119,13 +163,17 @@ class Overhead:
             s.commit()
         self.last_attempt = None
         self._model = OverheadModel(
-            fit.k, fit.k_stderr, fit.static_kw, "calibrated", fit.points, now, fit.lag_s
+            fit.k, fit.k_stderr, fit.static_kw, "calibrated", fit.points, now, fit.path
         )
         log.info(
-            "overhead calibrated: k %.3f +- %.3f, static %.1f kW",
+            "overhead calibrated: k %.3f +- %.3f, static %.1f kW; meter path: dead %.1f s, "
+            "tau %.1f s (%s)",
             fit.k,
             fit.k_stderr,
             fit.static_kw,
+            fit.path.dead_s,
+            fit.path.tau_s,
+            fit.path.source,
         )
         for listener in self._listeners:
             listener()

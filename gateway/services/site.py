@@ -18,11 +18,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from flexmodel.meterpath import MeterPath
 from gateway.clock import Clock
 from gateway.meter import MeterFeed, open_meter
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
-from gateway.services.overhead import Overhead
+from gateway.services.overhead import Overhead, meter_path_doc
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger("flexgate.gateway")
@@ -52,6 +53,9 @@ class Sample:
     at_s: float  #: monotonic
     gpu_kw: float  #: the placed jobs' GPUs, measured by the agents
     facility_kw: float | None  #: at the meter (or the estimate); None while the meter faults
+    #: when what it reads was measured (monotonic) [s]: the meter's reading, or on the
+    #: estimate the end of the agents' samples (their telemetry round)
+    reading_at_s: float
 
 
 class SitePower:
@@ -69,7 +73,7 @@ class SitePower:
         self.history: deque[Sample] = deque(maxlen=4096)
         #: how long a stretch of the GPUs' power each facility reading averages before the
         #: site loop's own window [s]: the agents' samples on the estimate; at a meter, 0
-        #: (the meter's own lag is calibrated: the overhead's lag_s)
+        #: (the meter's own averaging is part of its path: `meter_path`)
         self.averaging_s = 0.0
         self._listeners: list[Callable[[], Awaitable[None]]] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -90,6 +94,13 @@ class SitePower:
     def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
+
+    def meter_path(self) -> MeterPath:
+        """How a GPU step reaches the facility figure the loop reads: the meter's path, or
+        on the estimate the agents' averaging alone."""
+        if self.feed is None:
+            return MeterPath(0.0, 0.0, self.averaging_s, 0.0, 0.0, "estimate")
+        return self.overhead.meter_path()
 
     def facility_kw(self, gpu_kw: float) -> float:
         """The facility power the overhead model puts on this GPU power [kW]."""
@@ -113,14 +124,17 @@ class SitePower:
     async def sample(self) -> Sample:
         """One sample of the site; the overhead calibration and the listeners see it."""
         power = await self.fleet.power(self.book.mix())
-        gpu_kw = power.gpu_kw
+        gpu_kw, now_s = power.gpu_kw, self.clock.monotonic()
         if self.feed is None:
             facility_kw: float | None = self.facility_kw(gpu_kw)
             self.averaging_s = power.span_s
+            reading_at_s = now_s if power.at_s is None else power.at_s
         else:
             facility_kw = self.feed.believed_kw()
             self.overhead.record(gpu_kw, facility_kw, self.source)
-        sample = Sample(self.clock.monotonic(), gpu_kw, facility_kw)
+            last = self.feed.last()
+            reading_at_s = now_s if last is None else last.monotonic_s
+        sample = Sample(now_s, gpu_kw, facility_kw, reading_at_s)
         self.history.append(sample)
         for listener in self._listeners:
             await listener()
@@ -131,13 +145,17 @@ class SitePower:
         measurement; None while the meter faults or before a whole window was seen."""
         if not self.history or self.history[-1].facility_kw is None:
             return None
-        since_s = self.clock.monotonic() - window_s
-        window = [s for s in self.history if s.at_s > since_s]
+        window = self.window(window_s)
         if not window or any(s.facility_kw is None for s in window):
             return None  # a window shorter than a period holds no sample
-        if self.history[0].at_s > since_s:
+        if self.history[0].at_s > self.clock.monotonic() - window_s:
             return None
         return sum(s.facility_kw for s in window if s.facility_kw is not None) / len(window)
+
+    def window(self, window_s: float) -> list[Sample]:
+        """The samples `filtered_kw` averages over the last `window_s`."""
+        since_s = self.clock.monotonic() - window_s
+        return [s for s in self.history if s.at_s > since_s]
 
     def meter_doc(self, gpu_kw: float) -> dict[str, Any]:
         """The `meter` object of `GET /v1/site`: the real meter's state, or the estimate."""
@@ -175,7 +193,7 @@ class SitePower:
             "overhead_factor_stderr": model.k_stderr,
             "nodes_reporting": power.nodes_reporting,
             "meter": meter,
-            "overhead": model.doc(),
+            "overhead": {**model.doc(), "meter_path": meter_path_doc(self.meter_path())},
             "basis": {
                 "gpu_power_kw": f"measured by the {power.nodes_reporting} agent(s) reporting: "
                 "the mean of each placed GPU's recent samples",

@@ -121,12 +121,18 @@ class Status:
             f'flexgate_meter_rejected_total{{reason="{reason}"}} {count}'
             for reason, count in feed.rejected.items()
         ]
+        suspected = [
+            f'flexgate_meter_suspected_total{{reason="{reason}"}} {count}'
+            for reason, count in feed.suspected.items()
+        ]
         reading = feed.state()["facility_power_kw"]
         return [
             f"# TYPE flexgate_meter_readings_total counter\nflexgate_meter_readings_total "
             f"{feed.readings}",
             "# TYPE flexgate_meter_rejected_total counter",
             *rejected,
+            "# TYPE flexgate_meter_suspected_total counter",
+            *suspected,
             f"# TYPE flexgate_meter_fault gauge\nflexgate_meter_fault "
             f"{int(self.power.meter_fault is not None)}",
             f"# TYPE flexgate_meter_power_kw gauge\nflexgate_meter_power_kw "

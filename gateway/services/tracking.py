@@ -47,9 +47,12 @@ from typing import Any
 import numpy as np
 
 from flexmodel.jobs import Job, JobMix
+from flexmodel.looprobust import parameter_error, robust_gain
 from flexmodel.loops import ControlLoop, combine_delays
+from flexmodel.meterpath import step_share
 from flexmodel.sync import LoopResponse, rate_coupling_per_s, worst_verdict
 from gateway.clock import Clock
+from gateway.meter.watch import MeterWatch
 from gateway.services.fleet import Fleet, job_readings
 from gateway.services.jobbook import JobBook
 from gateway.services.site import SitePower
@@ -82,6 +85,10 @@ class Pursuit:
     measured_kw: float | None = None
     target_kw: float | None = None
     reference_kw: float | None = None  #: the site without the event, at the meter [kW]
+    #: (when, correction kW) as it was taken: undone to before readings found wrong later
+    corrections: list[tuple[float, float]] = field(default_factory=list)
+    settled_kw: float = 0.0  #: the moves old enough to be wholly seen, summed [kW]
+    undone_for_s: float | None = None  #: the suspicion (its start) last undone
 
 
 class Tracker:
@@ -96,11 +103,20 @@ class Tracker:
     ) -> None:
         self.settings, self.clock, self.site = settings, clock, site
         self.targets, self.book, self.fleet = targets, book, fleet
+        self.watch = None
+        if site.feed is not None:
+            self.watch = MeterWatch(
+                site.feed, noise_kw=settings.meter_noise_kw, check_kw=settings.meter_check_kw
+            )
         self.pursuit: Pursuit | None = None
         self.window_s = settings.loop_window_s or 0.0
         self.gain = settings.loop_gain
         self.delay_s = 0.0  #: the loop's delay: dead time and the cooling's lag [s]
-        self.lag_s = 0.0  #: of which the cooling's first-order lag [s]
+        self.lag_s = 0.0  #: of which the meter path's first-order lag [s]
+        self.span_s = 0.0  #: each reading's own averaging [s]
+        self.dead_s = 0.0  #: from a planned move to the first reading that shows it [s]
+        self.dead_error_s = 0.0  #: the meter path's dead time's standard error, as planned [s]
+        self.gain_rule: str | None = None  #: why the gain is below the configured one
         self.delays_s: tuple[float, ...] = (0.0,)  #: its distribution (delay_s is the mean)
         self.verdict: str | None = None
         self.reason: str | None = None  #: why the loop was adjusted, held or refused
@@ -121,6 +137,7 @@ class Tracker:
         mix = self.book.mix()
         known = self.pursuit if self.pursuit and self.pursuit.event_id == event_id else None
         if known is None:
+            self._measure_delay()
             self._choose(mix)
             known = Pursuit(
                 event_id,
@@ -130,6 +147,8 @@ class Tracker:
                 mix.baseline_gpu_kw,
             )
             self.pursuit = known
+            if self.watch is not None:
+                self.watch.reset()
         known.reduction_kw, known.level_kw = reduction_kw, level_kw
         await self._plan(known)
 
@@ -175,6 +194,20 @@ class Tracker:
         if pursuit.baseline_kw is not None and baseline_kw != pursuit.baseline_kw:
             pursuit.moves.append((self.clock.monotonic(), baseline_kw - pursuit.baseline_kw))
         pursuit.baseline_kw = baseline_kw
+        if self.watch is not None:
+            self.watch.observe(
+                self.clock.monotonic(),
+                (
+                    self._predicted_kw(pursuit, -self.dead_error_s),
+                    self._predicted_kw(pursuit, self.dead_error_s),
+                ),
+                settle_s=self.delay_s
+                + self.dead_error_s
+                + 2 * self.lag_s
+                + self.span_s
+                + self.period_s,
+                period_s=self.period_s,
+            )
         measured = self.site.filtered_kw(self.window_s)
         reference = self._reference_kw(pursuit, mix)
         target = pursuit.level_kw
@@ -182,6 +215,8 @@ class Tracker:
             target = reference - pursuit.reduction_kw
         pursuit.measured_kw, pursuit.target_kw = measured, target
         pursuit.reference_kw = reference
+        if await self._undo_suspected(pursuit):
+            return
         if measured is None or target is None or self.verdict == "held":
             return  # a faulted meter: the correction is held, the plan is the model's
         if self.clock.monotonic() < self._ready_s:
@@ -197,38 +232,92 @@ class Tracker:
         most_kw = float(plan.get("max_facility_kw", math.inf))
         correction = min(correction, most_kw - pursuit.reduction_kw)
         pursuit.correction_kw = correction
+        now_s = self.clock.monotonic()
+        pursuit.corrections.append((now_s, correction))
+        horizon_s = now_s - 4 * (self.delay_s + self.window_s + self.span_s + self.period_s)
+        while len(pursuit.corrections) > 1 and pursuit.corrections[1][0] < horizon_s:
+            pursuit.corrections.pop(0)
         moved = abs(max(pursuit.reduction_kw + correction, 0.0) - pursuit.planned_kw)
         if moved > max(DEADBAND * pursuit.reduction_kw, 0.05):
             await self._plan(pursuit)
 
+    async def _undo_suspected(self, pursuit: Pursuit) -> bool:
+        """Readings the meter watch no longer believes (stuck, no response, implausible:
+        `gateway.meter.watch`) drove the correction since the suspicion's start: it goes back
+        to what it was then, once, and the plan with it. True when it re-planned."""
+        feed = self.site.feed
+        since_s = None if feed is None else feed.suspect_since_s
+        if since_s is None or pursuit.undone_for_s == since_s:
+            return False
+        pursuit.undone_for_s = since_s
+        before = [c for at_s, c in pursuit.corrections if at_s <= since_s]
+        correction = before[-1] if before else 0.0
+        if correction == pursuit.correction_kw:
+            return False
+        log.warning(
+            "site loop: the meter is not believed since %.0f s ago: correction %.2f -> %.2f kW",
+            self.clock.monotonic() - since_s,
+            pursuit.correction_kw,
+            correction,
+        )
+        pursuit.correction_kw = correction
+        pursuit.corrections = [(at_s, c) for at_s, c in pursuit.corrections if at_s <= since_s]
+        await self._plan(pursuit)
+        return True
+
     def _unseen_kw(self, pursuit: Pursuit) -> float:
-        """What the model's moves will still do to the window's average: each reaches the meter
-        after the loop's dead time, through the cooling's first-order lag, and enters the
-        average over the window (of samples, one a period: half a period ahead of the
-        continuous average)."""
-        now, width = self.clock.monotonic(), max(self.window_s, self.period_s)
-        dead_s = max(self.delay_s - self.lag_s, 0.0) - self.period_s / 2
-        span_s = self.site.averaging_s
-        unseen = 0.0
+        """What the model's moves will still do to the window's average: each reading in the
+        window shows a move after the loop's dead time (plan and dispatch, actuation, the
+        meter's own dead time), through the meter path's lag and averaging, from when it was
+        measured (the meter's reading, or on the estimate the agents' telemetry round). The
+        same readings the loop averages: no continuous approximation of a window of few
+        samples. Moves every reading shows whole are settled."""
+        readings = np.array([s.reading_at_s for s in self.site.window(self.window_s)])
+        if not readings.size:
+            readings = np.array([self.clock.monotonic()])
+        unseen, live = 0.0, []
         for at_s, move_kw in pursuit.moves:
-            seen = _seen_averaged(now - at_s - dead_s, width, self.lag_s, span_s)
+            seen = float(np.mean(step_share(readings - at_s - self.dead_s, 0.0, *self._path())))
+            if seen >= 1.0 - 1e-9:
+                pursuit.settled_kw += move_kw
+                continue
             unseen += move_kw * (1.0 - seen)
-        horizon_s = dead_s + width + 5.0 * self.lag_s + span_s
-        pursuit.moves = [m for m in pursuit.moves if now - m[0] < horizon_s]
+            live.append((at_s, move_kw))
+        pursuit.moves = live
         return unseen
+
+    def _predicted_kw(self, pursuit: Pursuit, dead_error_s: float) -> float:
+        """The meter's last reading by the model, but for a constant [kW]: each of the model's
+        moves through the loop's dead time (moved by `dead_error_s`) and the meter's path
+        (for the meter watch: `gateway.meter.watch`)."""
+        if not pursuit.moves:
+            return pursuit.settled_kw
+        read_s = self.site.history[-1].reading_at_s if self.site.history else 0.0
+        dead_s = max(self.dead_s + dead_error_s, 0.0)
+        since = read_s - dead_s - np.array([at_s for at_s, _ in pursuit.moves])
+        shares = step_share(since, 0.0, *self._path())
+        return pursuit.settled_kw + float(np.array([kw for _, kw in pursuit.moves]) @ shares)
+
+    def _path(self) -> tuple[float, float]:
+        """The meter path after its dead time: (time constant, averaging) [s]."""
+        return self.lag_s, self.span_s
 
     # --- the loop's configuration, checked ----------------------------------------------
 
     def _measure_delay(self) -> None:
-        """The loop's measured delay: meter age and lag, plan and dispatch, actuation."""
+        """The loop's measured delay: the meter's age and its path (dead time and lag), plan
+        and dispatch, actuation."""
         meter = self.site.meter_doc(0.0)
         age_s = float(meter["age_s"] or 0.0) if not meter["estimated"] else 0.0
-        lag_s = self.site.overhead.current().lag_s or self.settings.meter_lag_s
+        path = self.site.meter_path()
         measured = self.fleet.loop_measurements()
-        fixed_s = age_s + lag_s + self._plan_s
-        self.lag_s = lag_s
+        fixed_s = age_s + path.dead_s + path.tau_s + self._plan_s
+        self.lag_s, self.span_s = path.tau_s, path.averaging_s
         self.delays_s = tuple(fixed_s + d for d in combine_delays([measured.actuation_s]))
         self.delay_s = float(np.mean(self.delays_s))
+        # From a move to the reading that first shows it: the age is in the reading's time.
+        self.dead_s = max(self.delay_s - age_s - path.tau_s, 0.0)
+        self.dead_error_s = parameter_error(path.dead_s, path.dead_stderr_s, self.period_s)
 
     def _choose(self, mix: JobMix) -> None:
         """The window from the jobs' periods (unless set), and the gain configured."""
@@ -236,9 +325,40 @@ class Tracker:
         longest = float(periods.max()) if periods.size else 0.0
         chosen = max(WINDOW_PERIODS * longest, 2.0 * self.period_s)
         self.window_s = self.settings.loop_window_s or chosen
-        self.gain = self.settings.loop_gain
+        self.gain, self.gain_rule = self._robust_gain()
         self._checked, self.reason = None, None
         self._check(mix)
+
+    def _robust_gain(self) -> tuple[float, str | None]:
+        """The configured gain, or less where the meter path is not known well enough for it
+        (`flexmodel.looprobust`: stable with a modulus margin for the path wrong by its
+        standard errors and the model's gain by `FLEXGATE_LOOP_GAIN_ERROR`). The lab's lock
+        scenario keeps its configured loop."""
+        configured = self.settings.loop_gain
+        if self.settings.loop_unsafe:
+            return configured, None
+        path, period_s = self.site.meter_path(), self.period_s
+        dead_error_s = self.dead_error_s
+        tau_error_s = parameter_error(path.tau_s, path.tau_stderr_s, period_s)
+        gain = robust_gain(
+            configured,
+            period_s=period_s,
+            window_s=self.window_s,
+            tau_s=path.tau_s,
+            dead_error_s=dead_error_s,
+            tau_error_s=tau_error_s,
+            gain_error=self.settings.loop_gain_error,
+        )
+        if gain >= configured:
+            return configured, None
+        rule = (
+            f"gain {gain:.3g} (of {configured:g}): robust to the meter path's dead time "
+            f"{path.dead_s:.1f} +/- {dead_error_s:.1f} s, lag {path.tau_s:.1f} +/- "
+            f"{tau_error_s:.1f} s ({path.source}) and a model gain error of "
+            f"{self.settings.loop_gain_error:.0%}"
+        )
+        log.info("site loop: %s", rule)
+        return gain, rule
 
     def _check(self, mix: JobMix) -> None:
         """The sync analysis on the loop as it is; on a refusal, a safe configuration."""
@@ -338,33 +458,10 @@ class Tracker:
             "window_s": self.window_s,
             "delay_s": self.delay_s,
             "integral_gain_per_s": self.integral_gain_per_s,
+            "gain_rule": self.gain_rule,
             "verdict": self.verdict,
             "reason": self.reason,
         }
-
-
-def _seen(since_s: float, window_s: float, lag_s: float) -> float:
-    """The share of a unit step, `since_s` after it reached a first-order lag of `lag_s`,
-    that an average over the last `window_s` shows."""
-    if since_s <= 0.0:
-        return 0.0
-    start_s = max(since_s - window_s, 0.0)
-    if lag_s <= 0.0:
-        return (since_s - start_s) / window_s
-    rise = (since_s - start_s) + lag_s * (math.exp(-since_s / lag_s) - math.exp(-start_s / lag_s))
-    return rise / window_s
-
-
-def _seen_averaged(since_s: float, window_s: float, lag_s: float, span_s: float) -> float:
-    """`_seen` when each reading is itself the mean over the last `span_s` (the agents'
-    samples, on the estimate): its average over that span, at 16 midpoints."""
-    if span_s <= 0.0:
-        return _seen(since_s, window_s, lag_s)
-    points = 16
-    return (
-        sum(_seen(since_s - span_s * (k + 0.5) / points, window_s, lag_s) for k in range(points))
-        / points
-    )
 
 
 def _close(a: tuple[float, float], b: tuple[float, float]) -> bool:

@@ -15,7 +15,7 @@ from sqlmodel import Field, SQLModel
 
 #: Bump when a table changes, with its upgrade in `gateway.store.db.UPGRADES`; an older
 #: database is upgraded when opened, a newer one is refused with a clear error.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def as_utc(when: datetime) -> datetime:
@@ -124,8 +124,15 @@ class CalibrationRow(SQLModel, table=True):
     k_stderr: float
     static_kw: float
     static_stderr_kw: float
-    lag_s: float
+    lag_s: float  #: when the meter shows half of a step (dead time + tau ln 2) [s]
     points: int
+    #: the meter path (schema version 5; None in older rows): flexmodel.meterpath
+    dead_s: float | None = None
+    dead_stderr_s: float | None = None
+    tau_s: float | None = None
+    tau_stderr_s: float | None = None
+    averaging_s: float | None = None
+    path_source: str | None = None
 
 
 class DeliveryRow(SQLModel, table=True):

@@ -175,8 +175,14 @@ def add_calibration(
         k_stderr=fit.k_stderr,
         static_kw=fit.static_kw,
         static_stderr_kw=fit.static_stderr_kw,
-        lag_s=fit.lag_s,
+        lag_s=fit.path.half_rise_s,
         points=fit.points,
+        dead_s=fit.path.dead_s,
+        dead_stderr_s=fit.path.dead_stderr_s,
+        tau_s=fit.path.tau_s,
+        tau_stderr_s=fit.path.tau_stderr_s,
+        averaging_s=fit.path.averaging_s,
+        path_source=fit.path.source,
     )
     session.add(row)
     return row

@@ -60,11 +60,28 @@ def test_the_fit_recovers_k_and_the_static_load_where_a_level_regression_is_bias
     assert abs(fit.static_kw - STATIC_KW) < 4 * fit.static_stderr_kw
     assert (fit.k_stderr < 0.01, fit.static_stderr_kw < 5) == (True, True)  # useful errors
     assert fit.points >= 5
-    # the half-way point of a delay of 8 s and a 30 s first-order lag: 8 + 30 ln 2
-    assert fit.lag_s == pytest.approx(8 + 30 * np.log(2), abs=3)
+    # the meter's path: a delay of 8 samples (the step shows half a period after it on
+    # average: 7.5 s) and a 30 s first-order lag
+    assert fit.path.source == "identified"
+    assert fit.path.dead_s == pytest.approx(7.5, abs=max(3 * fit.path.dead_stderr_s, 1.0))
+    assert fit.path.tau_s == pytest.approx(30.0, abs=max(3 * fit.path.tau_stderr_s, 1.5))
     naive_k = np.polyfit(gpu, facility, 1)[0]  # facility levels on GPU levels
     assert naive_k < K - 0.05
     assert naive_k < fit.k - 20 * fit.k_stderr
+
+
+@pytest.mark.parametrize("tau_s", [3.0, 10.0, 30.0])
+@pytest.mark.parametrize("dead_s", [0, 20])
+def test_the_meter_path_is_dead_time_and_a_time_constant_not_a_half_rise(tau_s, dead_s):
+    """First-order meters of 3, 10 and 30 s, with and without 20 s of transport delay: the fit
+    gives the time constant itself (a half-rise time reads 2, 7 and 21 s) and the dead time
+    apart, each within three of its standard errors (and a period)."""
+    gpu, facility = site(7, delay_s=dead_s, cooling_s=tau_s)
+    path = fitted(gpu, facility).path
+    assert path.source == "identified"
+    assert path.tau_s == pytest.approx(tau_s, abs=3 * path.tau_stderr_s + 0.1 * tau_s)
+    assert path.dead_s == pytest.approx(max(dead_s - 0.5, 0), abs=3 * path.dead_stderr_s + 1.0)
+    assert path.tau_stderr_s < 0.2 * tau_s
 
 
 def test_noise_free_gpu_readings_make_the_fit_ordinary_least_squares():
@@ -151,7 +168,9 @@ def test_the_fit_moves_with_the_static_load_and_not_with_the_units(seed, shift_k
     assert isinstance(scaled, OverheadCalibration)
     for other in (shifted, scaled):
         assert (other.k, other.k_stderr) == pytest.approx((base.k, base.k_stderr), rel=1e-6)
-        assert (other.lag_s, other.points) == (base.lag_s, base.points)
+        assert other.points == base.points
+        assert other.path.dead_s == pytest.approx(base.path.dead_s, abs=1e-6)
+        assert other.path.tau_s == pytest.approx(base.path.tau_s, rel=1e-6)
     assert shifted.static_kw == pytest.approx(base.static_kw + shift_kw, rel=1e-9, abs=1e-6)
     assert shifted.static_stderr_kw == pytest.approx(base.static_stderr_kw, rel=1e-6)
     assert scaled.static_kw == pytest.approx(base.static_kw * scale, rel=1e-6)

@@ -1,5 +1,6 @@
 """The store: its schema version, and what it keeps."""
 
+import math
 from datetime import UTC, datetime
 
 import pytest
@@ -7,6 +8,7 @@ from sqlalchemy import text
 from sqlmodel import Session, create_engine
 
 from flexmodel.calibration import OverheadCalibration
+from flexmodel.meterpath import MeterPath
 from gateway.errors import StoreVersionError
 from gateway.store import repo
 from gateway.store.db import open_engine
@@ -55,15 +57,17 @@ def test_the_latest_calibration_is_the_newest_fit_and_survives_a_reopen(database
     fits = [
         (
             datetime(2026, 3, 1, 12, tzinfo=UTC),
-            OverheadCalibration(1.31, 0.01, 150.0, 2.0, 28.0, 7),
+            OverheadCalibration(1.31, 0.01, 150.0, 2.0, MeterPath(5.0, 28.0), 7),
         ),
         (
             datetime(2026, 3, 2, 12, tzinfo=UTC),
-            OverheadCalibration(1.27, 0.02, 160.0, 3.0, 30.0, 5),
+            OverheadCalibration(
+                1.27, 0.02, 160.0, 3.0, MeterPath(8.0, 30.0, 2.0, 0.5, 1.5, "identified"), 5
+            ),
         ),
         (
             datetime(2026, 3, 1, 18, tzinfo=UTC),
-            OverheadCalibration(1.40, 0.03, 140.0, 4.0, 25.0, 4),
+            OverheadCalibration(1.40, 0.03, 140.0, 4.0, MeterPath(5.0, 25.0), 4),
         ),
     ]
     for at, fit in fits:  # the last one saved is not the newest
@@ -77,18 +81,18 @@ def test_the_latest_calibration_is_the_newest_fit_and_survives_a_reopen(database
         assert latest is not None
         saved = (latest.k, latest.k_stderr, latest.static_kw, latest.static_stderr_kw)
         assert saved == (1.27, 0.02, 160.0, 3.0)
-        assert (latest.lag_s, latest.points, latest.meter_source) == (
-            30.0,
-            5,
-            "modbus://10.0.0.5:502",
-        )
+        assert (latest.points, latest.meter_source) == (5, "modbus://10.0.0.5:502")
+        path = (latest.dead_s, latest.dead_stderr_s, latest.tau_s, latest.tau_stderr_s)
+        assert path == (8.0, 0.5, 30.0, 1.5)
+        assert (latest.averaging_s, latest.path_source) == (2.0, "identified")
+        assert latest.lag_s == pytest.approx(8.0 + 30.0 * math.log(2))
         assert as_utc(latest.at) == fits[1][0]
     reopened.dispose()
 
 
 def test_a_database_of_the_previous_schema_is_upgraded_and_keeps_its_rows(database_url):
-    """A version 3 database (no deliveries table) opens: the table is made, the version
-    recorded, and its events are still there."""
+    """A version 3 database (no deliveries table, calibrations without the meter path) opens:
+    the table is made, the columns added, the version recorded, and its rows are still there."""
     engine = open_engine(database_url)
     with Session(engine) as s:
         s.add(
@@ -107,12 +111,24 @@ def test_a_database_of_the_previous_schema_is_upgraded_and_keeps_its_rows(databa
         s.commit()
     with engine.begin() as connection:
         connection.execute(text("drop table deliveries"))
+        for column in ("dead_s", "dead_stderr_s", "tau_s", "tau_stderr_s", "averaging_s"):
+            connection.execute(text(f"alter table calibrations drop column {column}"))
+        connection.execute(text("alter table calibrations drop column path_source"))
+        connection.execute(
+            text(
+                "insert into calibrations (at, meter_source, k, k_stderr, static_kw, "
+                "static_stderr_kw, lag_s, points) values "
+                "('2026-03-01 12:00:00', 'modbus://m', 1.3, 0.01, 150, 2, 20, 5)"
+            )
+        )
     engine.dispose()
     reopened = open_engine(database_url)
     with Session(reopened) as s:
         assert s.get(SchemaVersion, 1).version == SCHEMA_VERSION
         assert repo.get_event(s, event_id="ev-old").reduction_kw == 5.0
         assert repo.deliveries(s, event_ids=["ev-old"]) == {}
+        old = repo.latest_calibration(s)
+        assert (old.k, old.lag_s, old.tau_s, old.path_source) == (1.3, 20.0, None, None)
     reopened.dispose()
 
 

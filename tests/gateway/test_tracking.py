@@ -103,8 +103,9 @@ def test_a_meter_that_fails_mid_event_holds_the_loop_and_says_so(sites, fault):
 
 
 def test_a_loop_inside_the_attractive_window_is_refused_and_made_safe(sites):
-    """A one-second window and a high gain on 2-6 s jobs: the sync analysis refuses it, and
-    the loop runs a longer window at a lower gain, saying why."""
+    """A one-second window and a high gain on 2-6 s jobs: the gain is first brought within
+    what the meter path allows, the sync analysis then refuses the window, and the loop runs a
+    longer window at a lower gain, saying why."""
     site = sites(tracking=True, loop_window_s=1.0, loop_gain=1.5)
 
     async def run():
@@ -113,7 +114,8 @@ def test_a_loop_inside_the_attractive_window_is_refused_and_made_safe(sites):
         await site.tracker.pursue("ev-1", REDUCTION_KW, None)
         doc = site.tracker.doc()
         assert doc["verdict"] == "safe"
-        assert doc["reason"].startswith("refused window 1 s, gain 1.5")
+        assert doc["gain_rule"].startswith("gain 0.475 (of 1.5): robust to the meter path")
+        assert doc["reason"].startswith("refused window 1 s, gain 0.475")
         assert doc["window_s"] > 1.0
 
     asyncio.run(run())
