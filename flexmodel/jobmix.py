@@ -166,6 +166,7 @@ def parse_job(doc: Any, index: int = 0, tiers: TierTable = DEFAULT_TIERS) -> Job
         id=ident,
         gpus=gpus,
         power_w=power,
+        power_stderr_w=_optional(doc, "power_stderr_w", where, minimum=0.0, unit="W"),
         throughput=_number(doc, "throughput", where, minimum=0.0, strict=True, unit="tokens/s"),
         pfi=pfi,
         pfi_stderr=_optional(doc, "pfi_stderr", where, within=(0.0, PFI_RANGE[1])),

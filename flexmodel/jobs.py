@@ -76,6 +76,9 @@ class Job:
     #: the job's kind of model (dense, moe-pretrain, moe-finetune ...): the PFI predictor's
     #: group, for its leave-one-group-out error
     model_family: str | None = None
+    #: standard error of `power_w` when it was measured [W]; None: declared, and a quote gives
+    #: it the site's declared-power uncertainty (flexmodel.quote)
+    power_stderr_w: float | None = None
 
     @property
     def curve_source(self) -> str:

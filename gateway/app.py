@@ -89,7 +89,7 @@ def create_app(
         tracker = Tracker(settings, clock, power, targets, book, fleet)
         power.subscribe(tracker.step)
         power.subscribe(Deliveries(store, clock, power, tracker).sample)
-        quotes = Quotes(book, fleet)
+        quotes = Quotes(settings, store, book, fleet)
         events = Events(settings, store, clock, book, power, quotes, targets, tracker, ven)
         book.subscribe(events.apply_targets)
         scatterer = Scatterer(settings, clock, fleet, targets, tracker)

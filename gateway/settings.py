@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agents.protocol import LAB_TOKEN, MIN_TOKEN_CHARS, NATS_NODE_ID, PLACEHOLDER_TOKENS
 from flexmodel.errors import InvalidJobError
+from flexmodel.quote import DEFAULT_POWER_UNCERTAINTY
 from flexmodel.tiers import TierTable
 from gateway.meter.sources import DEFAULT_JSON_KEY, open_meter
 
@@ -85,6 +86,10 @@ class GatewaySettings(BaseSettings):
     ven_key: Path | None = None
     opt_policy: Literal["feasible", "always", "never"] = "feasible"
     opt_confidence: float = Field(default=0.9, gt=0.0, lt=1.0)
+    #: relative standard error of a declared job power, carried into firm kW (docs/model.md)
+    declared_power_uncertainty: float = Field(default=DEFAULT_POWER_UNCERTAINTY, ge=0.0, lt=1.0)
+    #: the last events whose delivery at the meter scales firm kW; 0: the model alone
+    quote_history_events: int = Field(default=10, ge=0)
     lab: bool = False
     meter_url: str = Field(default="", description="the facility meter; empty: the estimate")
     meter_json_key: str = DEFAULT_JSON_KEY

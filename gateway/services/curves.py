@@ -58,9 +58,13 @@ def fit_points(points: list[dict[str, Any]], *, name: str) -> dict[str, Any]:
         sweep = fit_sweep(rows, name=name, noise=min(noise, 0.5))
     except FlexModelError as exc:
         return {"error": str(exc), "pfi": None}
+    uncapped = max(points, key=lambda p: p["cap_w"])
     return {
         "pfi": sweep.pfi,
         "pfi_stderr": sweep.pfi_stderr,
+        # The uncapped power's own error: what firm kW carries for the job once the curve
+        # is in force, in place of the declared power's (flexmodel.quote).
+        "power_stderr_w": uncapped.get("power_stderr_w"),
         "pfi_measured": sweep.pfi_measured,
         "grid_w": list(sweep.grid_w),
         "noise_fraction": sweep.noise_fraction,
@@ -127,6 +131,7 @@ def fields_in_force(
         sweep = fit["sweep"]
         return {
             "power_w": sweep[-1]["power_w"],
+            "power_stderr_w": fit.get("power_stderr_w"),  # None in fits stored before it
             "pfi": fit["pfi"],
             "pfi_stderr": fit["pfi_stderr"],
             "sweep": sweep,

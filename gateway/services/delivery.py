@@ -7,12 +7,19 @@ asked for (the reference less the loop's target), are added to the event's recor
 each weighted by the time since the previous sample. A gap longer than `MAX_GAP_PERIODS` meter
 periods (a fault, a restart) counts as `MAX_GAP_PERIODS` periods, so the averages are over the
 time the meter was read. Nothing is recorded while the meter faults or the loop is off.
+
+The record feeds back into what the site promises: `recent` reads the last completed events'
+deliveries for the quotes (`flexmodel.quote.history_factor`), so a site that delivered less
+than planned quotes less. Only completed events the plan judged feasible: a cancelled one was
+stopped partway, an active one is still ramping, and one asked beyond what the model said
+the site could shed measures the request, not the model.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from flexmodel.quote import Delivered
 from gateway.clock import Clock
 from gateway.services.site import SitePower
 from gateway.services.tracking import Tracker
@@ -21,6 +28,8 @@ from gateway.store.db import Store
 from gateway.store.models import DeliveryRow, iso
 
 MAX_GAP_PERIODS = 3.0
+#: An event asked for less than this on average [kW] says nothing of the site's delivery.
+MIN_REQUESTED_KW = 0.1
 
 
 class Deliveries:
@@ -70,3 +79,18 @@ def delivery_doc(row: DeliveryRow) -> dict[str, Any]:
         "first_at": iso(row.first_at),
         "last_at": iso(row.last_at),
     }
+
+
+def recent(store: Store, last: int) -> list[Delivered]:
+    """What the last `last` completed events asked for and delivered at the meter, newest
+    first (their time averages, `delivery_doc`)."""
+    if last <= 0:
+        return []
+    with store.session() as s:
+        rows = repo.latest_deliveries(s, statuses=("completed",), limit=last)
+    out = []
+    for row in rows:
+        doc = delivery_doc(row)
+        if row.seconds > 0 and doc["requested_kw"] >= MIN_REQUESTED_KW:
+            out.append(Delivered(row.event_id, doc["requested_kw"], doc["delivered_kw"]))
+    return out

@@ -402,6 +402,8 @@ class Events:
             s.add(event)
             self._audit(s, actor, f"events.{target}", {"id": event_id})
             s.commit()
+        if target == "completed":  # its delivery at the meter is part of the record now
+            self.quotes.history_changed()
         return True
 
     def _audit(self, session: Any, actor: str, action: str, detail: dict[str, Any]) -> None:

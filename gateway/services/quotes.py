@@ -5,6 +5,11 @@ The others are left out, each with the reason (a job with no placement, one on a
 does not answer, one that ends before the window does). A quote is kept until the mix or
 the set of jobs left out changes, by its parameters and by the request's raw body, so a
 repeated request skips parsing too.
+
+Firm kW carries the declared jobs' power error (`FLEXGATE_DECLARED_POWER_UNCERTAINTY`; a
+measured curve's own) and the site's record at the meter: the deliveries of its last
+`FLEXGATE_QUOTE_HISTORY_EVENTS` completed events (`delivery.recent`), read again when an
+event ends (`history_changed`).
 """
 
 from __future__ import annotations
@@ -12,9 +17,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from flexmodel.quote import quote
+from flexmodel.quote import Delivered, quote
+from gateway.services import delivery
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
+from gateway.settings import GatewaySettings
+from gateway.store.db import Store
 from gateway.units import rounded
 
 #: Quotes kept at most (by parameters and by raw request body) before the cache starts over.
@@ -22,8 +30,11 @@ QUOTE_CACHE = 256
 
 
 class Quotes:
-    def __init__(self, book: JobBook, fleet: Fleet) -> None:
-        self.book, self.fleet = book, fleet
+    def __init__(
+        self, settings: GatewaySettings, store: Store, book: JobBook, fleet: Fleet
+    ) -> None:
+        self.settings, self.store, self.book, self.fleet = settings, store, book, fleet
+        self._history: list[Delivered] | None = None  #: read on first use after a change
         self._cache: dict[tuple[float | None, float, float] | bytes, bytes] = {}
         self._cached_for: tuple[int, int] | None = None  #: what the cache was made on
         self._firm: dict[tuple[float, float, bool], dict[str, Any]] = {}  #: `firm` answers
@@ -42,6 +53,27 @@ class Quotes:
             if silent and reachable_only:
                 out[job.id] = f"on {', '.join(silent)}, which does not answer"
         return out
+
+    def history(self) -> list[Delivered]:
+        """The last completed events' deliveries at the meter, newest first."""
+        if self._history is None:
+            self._history = delivery.recent(self.store, self.settings.quote_history_events)
+        return self._history
+
+    def history_changed(self) -> None:
+        """An event has ended: its delivery joins the record quotes read."""
+        self._history = None
+        self._cached_for = None
+
+    def _quote(self, window_s: float, confidence: float, **options: Any) -> dict[str, Any]:
+        return quote(
+            self.book.mix(),
+            window_s=window_s,
+            confidence=confidence,
+            power_uncertainty=self.settings.declared_power_uncertainty,
+            history=self.history(),
+            **options,
+        )
 
     def _fresh(self) -> dict[str, str]:
         """The jobs left out now; the cache starts over when the mix, the nodes known or the
@@ -63,13 +95,7 @@ class Quotes:
         if key not in self._cache:
             if len(self._cache) >= QUOTE_CACHE:
                 self._cache.clear()
-            doc = quote(
-                self.book.mix(),
-                window_s=window_s,
-                confidence=confidence,
-                reduction_kw=reduction_kw,
-                left_out=left_out,
-            )
+            doc = self._quote(window_s, confidence, reduction_kw=reduction_kw, left_out=left_out)
             self._cache[key] = json.dumps(rounded(doc), allow_nan=False).encode()
         if raw is not None:
             self._cache[raw] = self._cache[key]
@@ -91,13 +117,7 @@ class Quotes:
         if key not in self._firm:
             if len(self._firm) >= QUOTE_CACHE:
                 self._firm.clear()
-            doc = quote(
-                self.book.mix(),
-                window_s=key[0],
-                confidence=confidence,
-                per_job_curves=False,
-                left_out=left_out,
-            )
+            doc = self._quote(key[0], confidence, per_job_curves=False, left_out=left_out)
             self._firm[key] = {k: doc[k] for k in ("firm_kw", "achievable_kw", "left_out")}
         return self._firm[key]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert
+from sqlalchemy import insert, or_
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, delete, func, select
 
@@ -229,6 +229,22 @@ def add_delivery_sample(
 def deliveries(session: Session, *, event_ids: list[str]) -> dict[str, DeliveryRow]:
     rows = session.exec(select(DeliveryRow).where(col(DeliveryRow.event_id).in_(event_ids)))
     return {row.event_id: row for row in rows}
+
+
+def latest_deliveries(
+    session: Session, *, statuses: tuple[str, ...], limit: int
+) -> list[DeliveryRow]:
+    """The deliveries of the last `limit` events in `statuses` not judged infeasible when
+    planned, the last measured first."""
+    feasible = col(EventRow.feasible)
+    query = (
+        select(DeliveryRow)
+        .join(EventRow, col(EventRow.id) == col(DeliveryRow.event_id))
+        .where(col(EventRow.status).in_(statuses), or_(feasible.is_(None), feasible.is_(True)))
+        .order_by(col(DeliveryRow.last_at).desc(), col(DeliveryRow.event_id).desc())
+        .limit(limit)
+    )
+    return list(session.exec(query))
 
 
 def add_job_curve(session: Session, *, curve: JobCurveRow) -> None:

@@ -3,11 +3,13 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flexmodel.allocate import allocate_mix
 from flexmodel.errors import FlexModelError
 from flexmodel.jobmix import parse_job_mix
-from flexmodel.quote import quote
+from flexmodel.quote import Delivered, quote
 from tests.conftest import EXAMPLES
 
 SITE = json.loads((EXAMPLES / "site.json").read_text())
@@ -74,7 +76,7 @@ def test_without_uncertainty_firm_equals_achievable():
     doc["overhead_factor_stderr"] = 0.0
     for job in doc["jobs"]:
         job["pfi_stderr"] = 0.0
-    q = quote(parse_job_mix(doc), confidence=0.99)
+    q = quote(parse_job_mix(doc), confidence=0.99, power_uncertainty=0.0)
     assert q["firm_kw"] == pytest.approx(q["achievable_kw"])
 
 
@@ -86,7 +88,7 @@ def test_overhead_uncertainty_alone_gives_the_normal_bound():
             {"id": "a", "gpus": 8, "power_w": 600, "throughput": 1e4, "pfi": 1.5, "pfi_stderr": 0.0}
         ],
     }
-    q = quote(parse_job_mix(doc), confidence=0.9)
+    q = quote(parse_job_mix(doc), confidence=0.9, power_uncertainty=0.0)
     shed_gpu_kw = q["achievable_kw"] / 1.2
     assert q["firm_kw"] == pytest.approx((1.2 - 1.2815515655446004 * 0.1) * shed_gpu_kw)
 
@@ -132,3 +134,129 @@ def test_jobs_left_out_give_nothing_and_say_why():
         0.0,
         "on node-01, which does not answer",
     )
+
+
+def one_job_site(**job):
+    return {
+        "overhead_factor": 1.3,
+        "overhead_factor_stderr": 0.0,
+        "jobs": [
+            {
+                "id": "a",
+                "gpus": 16,
+                "power_w": 600,
+                "throughput": 1e4,
+                "pfi": 1.5,
+                "pfi_stderr": 0.0,
+            }
+            | job
+        ],
+    }
+
+
+def test_the_jobs_power_errors_add_linearly_as_one_common_mode_error():
+    """Every GPU off the same way: two jobs' sd of shed add, they do not add in quadrature;
+    each job's sd is its share of uncapped power times the uncertainty (its cap holds its
+    capped draw), and a measured power carries its own, smaller error."""
+    doc = one_job_site()
+    doc["jobs"].append(doc["jobs"][0] | {"id": "b"})
+    q = quote(parse_job_mix(doc), confidence=0.9, power_uncertainty=0.1)
+    sd_w = 0.1 * 16 * 600  # each job's: below its cut of about 16 * 400 W
+    assert [j["power_sd_w"] for j in q["jobs"]] == pytest.approx([sd_w, sd_w])
+    assert q["uncertainty_kw"]["job_power"] == pytest.approx(1.3 * 2 * sd_w / 1000)
+    assert q["firm_kw"] == pytest.approx(
+        q["achievable_kw"] - 1.2815515655446004 * 1.3 * 2 * sd_w / 1000
+    )
+    doc["jobs"][1]["power_stderr_w"] = 6.0  # measured: 1%
+    q = quote(parse_job_mix(doc), confidence=0.9, power_uncertainty=0.1)
+    assert q["jobs"][1]["power_sd_w"] == pytest.approx(16 * 6.0)
+    assert q["uncertainty_kw"]["job_power"] == pytest.approx(1.3 * (sd_w + 16 * 6.0) / 1000)
+
+
+def test_a_jobs_power_error_costs_at_most_its_whole_cut():
+    """A job held near its uncapped power by its QoS floor sheds little; drawing less than
+    believed, it sheds nothing, not less than nothing."""
+    q = quote(parse_job_mix(one_job_site(min_throughput_fraction=0.97)), power_uncertainty=0.5)
+    job = q["jobs"][0]
+    assert job["power_sd_w"] == pytest.approx(job["max_reduction_w"])
+
+
+def delivered(*ratios, requested_kw=10.0):
+    return [Delivered(f"ev-{i}", requested_kw, r * requested_kw) for i, r in enumerate(ratios)]
+
+
+def test_a_site_that_delivered_less_than_planned_quotes_less():
+    site = mix()
+    plain = quote(site, confidence=0.9)
+    history = delivered(1.0, 0.98, 0.7, 1.02, 0.99, 1.0, 0.97, 1.0, 1.01, 0.95)
+    q = quote(site, confidence=0.9, history=history)
+    factor = float(np.quantile([d.delivered_kw / d.requested_kw for d in history], 0.1))
+    assert 0.7 < factor < 0.95  # the worst event weighs, but does not set it alone
+    assert q["history"]["factor"] == pytest.approx(factor)
+    assert q["history"]["quantile"] == pytest.approx(0.1)
+    assert [e["event_id"] for e in q["history"]["events"]] == [d.event_id for d in history]
+    assert q["firm_kw"] == pytest.approx(factor * plain["firm_kw"])
+    assert q["achievable_kw"] == plain["achievable_kw"]  # the expectation stays the model's
+    # Delivering more than asked promises no more than the model; nothing asked, nothing read.
+    lucky = quote(site, history=delivered(1.2, 1.3) + delivered(0.5, requested_kw=0.0))
+    assert (lucky["firm_kw"], lucky["history"]["factor"]) == (plain["firm_kw"], 1.0)
+    assert len(lucky["history"]["events"]) == 2
+    assert plain["history"] == {"events": [], "quantile": pytest.approx(0.1), "factor": 1.0}
+
+
+def test_a_power_uncertainty_outside_0_to_1_is_refused():
+    with pytest.raises(FlexModelError, match="power uncertainty"):
+        quote(mix(), power_uncertainty=1.0)
+
+
+@st.composite
+def small_mixes(draw):
+    jobs = []
+    for i in range(draw(st.integers(1, 4))):
+        power_w = draw(st.floats(250.0, 690.0))
+        job = {
+            "id": f"j{i}",
+            "gpus": draw(st.sampled_from([1, 8, 16, 64])),
+            "power_w": power_w,
+            "throughput": 1e4,
+            "pfi": draw(st.floats(1.1, 2.7)),
+            "pfi_stderr": draw(st.floats(0.0, 0.3)),
+            "min_throughput_fraction": draw(st.floats(0.0, 0.95)),
+        }
+        if draw(st.booleans()):
+            job["power_stderr_w"] = draw(st.floats(0.0, 0.2)) * power_w
+        jobs.append(job)
+    return parse_job_mix(
+        {
+            "overhead_factor": draw(st.floats(1.0, 1.6)),
+            "overhead_factor_stderr": draw(st.floats(0.0, 0.2)),
+            "jobs": jobs,
+        }
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    site=small_mixes(),
+    uncertainty=st.lists(st.floats(0.0, 0.9), min_size=2, max_size=2).map(sorted),
+    confidence=st.lists(st.floats(0.5, 0.999), min_size=2, max_size=2).map(sorted),
+    ratios=st.lists(st.floats(0.0, 1.5), max_size=6),
+)
+def test_firm_never_rises_with_the_power_uncertainty_or_the_confidence(
+    site, uncertainty, confidence, ratios
+):
+    def firm(u, c):
+        q = quote(
+            site,
+            confidence=c,
+            power_uncertainty=u,
+            history=delivered(*ratios),
+            points=2,
+            per_job_curves=False,
+        )
+        assert 0.0 <= q["firm_kw"] <= q["achievable_kw"] * (1 + 1e-12)
+        return q["firm_kw"]
+
+    (u_low, u_high), (c_low, c_high) = uncertainty, confidence
+    assert firm(u_high, c_low) <= firm(u_low, c_low) + 1e-9
+    assert firm(u_low, c_high) <= firm(u_low, c_low) + 1e-9

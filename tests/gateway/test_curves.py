@@ -64,6 +64,8 @@ def test_the_fit_recovers_a_known_curve_within_its_stated_error(pfi, period_s, s
     assert fit["pfi"] is not None, fit
     truth = true_pfi(run, fit["grid_w"])  # the PFI on the measured grid: nothing extrapolated
     assert abs(fit["pfi"] - truth) <= 3.0 * fit["pfi_stderr"] + 0.01, (fit, truth)
+    # The uncapped level's own error, which firm kW carries once the curve is in force.
+    assert fit["power_stderr_w"] == points[-1]["power_stderr_w"]
 
 
 def test_a_job_with_no_clear_period_gives_no_points():
@@ -189,6 +191,13 @@ def test_a_fit_not_good_enough_is_weighed_with_the_pfi_it_would_replace():
     assert why is None
     assert good["sweep_interpolation"] == "pchip"
     assert good["sweep_extension"] == "family"
+    assert good["power_stderr_w"] is None  # a fit stored before it was kept: declared error
+    measured, _ = fields_in_force(
+        job,
+        fit | {"pfi_stderr": 0.1, "sweep": [{"power_w": 600.0}], "power_stderr_w": 2.5},
+        **rule,
+    )
+    assert measured["power_stderr_w"] == 2.5
 
 
 def _swept(job_id: str) -> dict:
