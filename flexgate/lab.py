@@ -233,8 +233,10 @@ def gateway_settings(agent_urls: list[str], meter_url: str) -> dict[str, Any]:
         "recovery_steps": 2,
         "meter_url": meter_url,
         "meter_period_s": METER_PERIOD_S,
-        # the meter's whole lag, as a calibration would measure it: its averaging too
-        "meter_lag_s": METER_TIME_CONSTANT_S + METER_INTEGRATION_S / 2,
+        # the meter's path, as a calibration would identify it, and its noise
+        "meter_lag_s": METER_TIME_CONSTANT_S,
+        "meter_averaging_s": METER_INTEGRATION_S,
+        "meter_noise_kw": METER_NOISE_KW,
         "calibrate": False,
     }
 
