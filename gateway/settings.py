@@ -116,6 +116,10 @@ class GatewaySettings(BaseSettings):
     loop_window_s: float | None = Field(default=None, gt=0.0)  #: None: from the jobs' periods
     loop_gain: float = Field(default=0.5, gt=0.0, le=1.5)  #: share of the error taken per sample
     loop_max_correction: float = Field(default=1.0, gt=0.0, le=2.0)
+    #: a ceiling (an import capacity limit) is judged on means over this interval, from this
+    #: long after it began (the ramp allowance) [s]
+    limit_interval_s: float = Field(default=60.0, gt=0.0)
+    limit_ramp_s: float = Field(default=60.0, ge=0.0)
     #: the model's gain error the loop's gain must be robust to (flexmodel.looprobust)
     loop_gain_error: float = Field(default=0.3, ge=0.0, lt=1.0)
     #: lab only: the site loop keeps a configuration the sync analysis rejects (the lock lab)

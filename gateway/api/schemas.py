@@ -109,6 +109,14 @@ class Interval(BaseModel):
     plan_id: str | None
 
 
+class LimitCompliance(BaseModel):
+    limit_kw: float = Field(description="the import capacity limit [kW]")
+    intervals: int | None = Field(description="averaging intervals judged after the ramp")
+    above: int | None = Field(description="of which averaged above the limit")
+    worst_kw: float | None = Field(description="the highest interval mean [kW]")
+    met: bool = Field(description="no interval above the limit")
+
+
 class Delivery(BaseModel):
     meter_source: str = Field(description="the meter read (or estimate)")
     requested_kw: float = Field(description="the reduction asked for, averaged [kW]")
@@ -118,6 +126,9 @@ class Delivery(BaseModel):
     samples: int
     first_at: str
     last_at: str
+    limit: LimitCompliance | None = Field(
+        default=None, description="a ceiling's averaging intervals against its limit"
+    )
 
 
 class Event(_Open):

@@ -11,7 +11,8 @@ so the VEN and the tests share it; the result is the core's `ExternalEvent`. The
 - LOAD_DISPATCH `delta`: -value when negative (the change from what the site would have
   used); a positive delta asks for more load: opt out;
 - LOAD_CONTROL `x-loadControlCapacity`: a level, value * max capacity (a fraction of the
-  site's maximum load); `x-loadControlPercentOffset`: -value % of the baseline the event
+  site's maximum load), and a ceiling (held below by the site loop's margin);
+  `x-loadControlPercentOffset`: -value % of the baseline the event
   began with when negative, opt out when positive; `x-loadControlSetpoint`: a level, as a
   setpoint;
 - anything else: not acted on, with the reason; if nothing is left, opt out.
@@ -143,10 +144,11 @@ class _Target:
     reduction_kw: float  #: at receipt
     level_kw: float | None = None
     baseline_share: float | None = None
+    ceiling: bool = False
 
 
-def _level(level_kw: float, base: float) -> _Target:
-    return _Target(max(base - level_kw, 0.0), level_kw=level_kw)
+def _level(level_kw: float, base: float, ceiling: bool = False) -> _Target:
+    return _Target(max(base - level_kw, 0.0), level_kw=level_kw, ceiling=ceiling)
 
 
 def _share(share: float, base: float) -> _Target:
@@ -174,7 +176,7 @@ def _signal(signal: Mapping[str, Any], site: SiteLoad) -> tuple[list[_Target], s
             return [], f"opt out: {label} asks for more load (a positive delta)"
         return [_Target(-v * scale) for v in raw], None
     if name == "LOAD_CONTROL" and kind == "x-loadControlCapacity":
-        return [_level(v * cap, base) for v in raw], None
+        return [_level(v * cap, base, ceiling=True) for v in raw], None
     if name == "LOAD_CONTROL" and kind == "x-loadControlPercentOffset":
         if any(v > 0 for v in raw):
             return [], f"opt out: {label} asks for more load (a positive offset)"
@@ -201,6 +203,7 @@ def _timed(
                 target.reduction_kw,
                 level_kw=target.level_kw,
                 baseline_share=target.baseline_share,
+                ceiling=target.ceiling,
             )
         )
         cursor = begin + length
@@ -227,10 +230,11 @@ def _strictest(pieces: list[Interval]) -> list[Interval]:
 
 
 def _same_target(a: Interval, b: Interval) -> bool:
-    return (a.reduction_kw, a.level_kw, a.baseline_share) == (
+    return (a.reduction_kw, a.level_kw, a.baseline_share, a.ceiling) == (
         b.reduction_kw,
         b.level_kw,
         b.baseline_share,
+        b.ceiling,
     )
 
 

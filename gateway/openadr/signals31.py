@@ -7,7 +7,8 @@ from the event's payloadDescriptors, else the program's, else kW:
 
 - SIMPLE 0-3: `level_shares` of the baseline the event began with (0, 10, 25, 40%), as 2.0b;
 - IMPORT_CAPACITY_LIMIT, IMPORT_CAPACITY_SUBSCRIPTION, DISPATCH_SETPOINT (KW): a facility
-  level to hold (baseline - value, at least 0), re-evaluated as the load changes;
+  level to hold (baseline - value, at least 0), re-evaluated as the load changes; the two
+  capacities are ceilings (`Interval.ceiling`: held below, by the site loop's margin);
 - CONTROL_SETPOINT in KW: a change from what the site would use: -value kW when negative (the
   User Guide's Example 8.9.3-2), more load (positive) is an opt-out; in PERCENT (-1 to 1):
   -value of the baseline;
@@ -46,6 +47,8 @@ from gateway.services.grid import ExternalEvent, Interval
 
 #: The payload types flexgate turns into a facility level [kW].
 LEVEL_TYPES = ("IMPORT_CAPACITY_LIMIT", "IMPORT_CAPACITY_SUBSCRIPTION", "DISPATCH_SETPOINT")
+#: Of those, the maxima (held below, judged over averaging intervals), not setpoints.
+CEILING_TYPES = ("IMPORT_CAPACITY_LIMIT", "IMPORT_CAPACITY_SUBSCRIPTION")
 ACTED_ON = ("SIMPLE", "CONTROL_SETPOINT", *LEVEL_TYPES)
 
 
@@ -184,6 +187,7 @@ class _Target:
     reduction_kw: float
     level_kw: float | None = None
     baseline_share: float | None = None
+    ceiling: bool = False
 
 
 def _target(
@@ -203,7 +207,7 @@ def _target(
             return None, f"refused: units {units}: a level is power (KW)"
         if v < 0:
             return None, f"refused: a level of {v:g} kW is negative"
-        return _Target(max(base - v, 0.0), level_kw=v), None
+        return _Target(max(base - v, 0.0), level_kw=v, ceiling=kind in CEILING_TYPES), None
     # CONTROL_SETPOINT: a change from normal operation
     if v > 0:
         return None, "opt out: asks for more load (a positive setpoint change)"
@@ -223,4 +227,5 @@ def _timed(target: _Target, begin: datetime, end: datetime) -> Interval:
         target.reduction_kw,
         level_kw=target.level_kw,
         baseline_share=target.baseline_share,
+        ceiling=target.ceiling,
     )

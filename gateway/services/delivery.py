@@ -8,6 +8,11 @@ each weighted by the time since the previous sample. A gap longer than `MAX_GAP_
 periods (a fault, a restart) counts as `MAX_GAP_PERIODS` periods, so the averages are over the
 time the meter was read. Nothing is recorded while the meter faults or the loop is off.
 
+A ceiling (an import capacity limit) is judged as a utility judges it: the metered power's mean
+over each averaging interval (`FLEXGATE_LIMIT_INTERVAL_S`, from `FLEXGATE_LIMIT_RAMP_S` after
+the limit began) against the limit; the record counts the intervals judged, those above, and
+the highest mean. A limit is met when none was above.
+
 The record feeds back into what the site promises: `recent` reads the last completed events'
 deliveries for the quotes (`flexmodel.quote.history_factor`), so a site that delivered less
 than planned quotes less. Only completed events the plan judged feasible: a cancelled one was
@@ -19,10 +24,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlmodel import Session
+
 from flexmodel.quote import Delivered
 from gateway.clock import Clock
-from gateway.services.site import SitePower
-from gateway.services.tracking import Tracker
+from gateway.services.site import Sample, SitePower
+from gateway.services.tracking import Pursuit, Tracker
 from gateway.store import repo
 from gateway.store.db import Store
 from gateway.store.models import DeliveryRow, iso
@@ -36,6 +43,8 @@ class Deliveries:
     def __init__(self, store: Store, clock: Clock, site: SitePower, tracker: Tracker) -> None:
         self.store, self.clock, self.site, self.tracker = store, clock, site, tracker
         self._last: tuple[str, float] | None = None  #: (event id, monotonic) of the last sample
+        #: the ceiling's averaging interval in progress: (event id, index, kW s, s)
+        self._interval: tuple[str, int, float, float] | None = None
 
     async def sample(self) -> None:
         """Add the site's latest sample to the pursued event's delivery (a `SitePower`
@@ -60,10 +69,35 @@ class Deliveries:
                 meter_source=self.site.source,
                 at=self.clock.now(),
                 seconds=seconds,
-                requested_kw=reference - target,
+                requested_kw=reference - (pursuit.level_kw if pursuit.ceiling else target),
                 delivered_kw=reference - latest.facility_kw,
             )
+            if pursuit.ceiling and pursuit.level_kw is not None:
+                self._judge_limit(s, pursuit, pursuit.level_kw, latest, seconds)
             s.commit()
+
+    def _judge_limit(
+        self, session: Session, pursuit: Pursuit, limit_kw: float, latest: Sample, seconds: float
+    ) -> None:
+        """Add the sample to its averaging interval; count an interval once it is whole."""
+        assert latest.facility_kw is not None
+        settings = self.tracker.settings
+        since_s = latest.at_s - pursuit.target_since_s - settings.limit_ramp_s
+        if since_s < 0:
+            return
+        index = int(since_s // settings.limit_interval_s)
+        known = self._interval
+        if known is not None and (known[0], known[1]) != (pursuit.event_id, index):
+            event_id, _, kws, measured_s = known
+            if event_id == pursuit.event_id and measured_s >= settings.limit_interval_s / 2:
+                repo.add_limit_interval(
+                    session, event_id=event_id, limit_kw=limit_kw, mean_kw=kws / measured_s
+                )
+            known = None
+        if known is None:
+            known = (pursuit.event_id, index, 0.0, 0.0)
+        kws = known[2] + latest.facility_kw * seconds
+        self._interval = (known[0], index, kws, known[3] + seconds)
 
 
 def delivery_doc(row: DeliveryRow) -> dict[str, Any]:
@@ -78,6 +112,15 @@ def delivery_doc(row: DeliveryRow) -> dict[str, Any]:
         "samples": row.samples,
         "first_at": iso(row.first_at),
         "last_at": iso(row.last_at),
+        "limit": None
+        if row.limit_kw is None
+        else {
+            "limit_kw": row.limit_kw,
+            "intervals": row.limit_intervals,
+            "above": row.limit_intervals_above,
+            "worst_kw": row.limit_worst_kw,
+            "met": not row.limit_intervals_above,
+        },
     }
 
 

@@ -434,7 +434,8 @@ class Events:
         strictest = self.strictest()
         if strictest is not None:
             event, target_kw = strictest
-            await self.tracker.pursue(event.id, target_kw, level_now(event, self.clock.now()))
+            level_kw, ceiling = level_now(event, self.clock.now())
+            await self.tracker.pursue(event.id, target_kw, level_kw, ceiling=ceiling)
         else:
             self.tracker.release()
             if self.targets.holding or resumed:

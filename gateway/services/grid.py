@@ -28,6 +28,9 @@ class Interval:
     level_kw: float | None = None  #: the facility level to hold [kW]
     baseline_share: float | None = None  #: the share of the baseline at the event's start
     fraction: float = 1.0  #: a ramp-up step's part of the target
+    #: the level is a maximum the utility judges over averaging intervals (an import
+    #: capacity limit), not a setpoint: the site loop plans below it by its margin
+    ceiling: bool = False
 
     def reduction_now_kw(self, baseline_now_kw: float, baseline_at_start_kw: float) -> float:
         """The reduction this interval asks for with the site's baseline as it is now, and as

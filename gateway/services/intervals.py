@@ -27,6 +27,8 @@ def stored_doc(interval: Interval) -> dict[str, Any]:
         doc["baseline_share"] = interval.baseline_share
     if interval.fraction != 1.0:
         doc["fraction"] = interval.fraction
+    if interval.ceiling:
+        doc["ceiling"] = True
     return doc
 
 
@@ -38,18 +40,21 @@ def from_doc(doc: dict[str, Any]) -> Interval:
         level_kw=doc.get("level_kw"),
         baseline_share=doc.get("baseline_share"),
         fraction=float(doc.get("fraction", 1.0)),
+        ceiling=bool(doc.get("ceiling", False)),
     )
 
 
-def level_now(event: EventRow, now: datetime) -> float | None:
-    """The facility level the event's interval now asks the meter to hold, if it is a level."""
+def level_now(event: EventRow, now: datetime) -> tuple[float | None, bool]:
+    """The facility level the event's interval now asks the meter to hold, if it is a level,
+    and whether it is a ceiling (a maximum) rather than a setpoint."""
     for doc in event.intervals:
         interval = from_doc(doc)
         if interval.start <= now < interval.end and interval.level_kw is not None:
-            return interval.fraction * interval.level_kw + (1 - interval.fraction) * float(
+            level_kw = interval.fraction * interval.level_kw + (1 - interval.fraction) * float(
                 event.baseline_kw or 0.0
             )
-    return None
+            return level_kw, interval.ceiling
+    return None, False
 
 
 def reduction_now(event: EventRow, now: datetime, baseline_kw: float) -> float:

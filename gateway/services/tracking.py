@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,12 @@ WINDOW_PERIODS = 4.0
 DEADBAND = 0.002
 #: Safe configurations tried, in order, when one is refused: the window doubled, the gain halved.
 ADJUSTMENTS = 4
+#: A ceiling's margin: the loop's settled errors kept, how many it needs before it trusts
+#: them, and the margin's floor and its default before then (shares of the limit).
+LIMIT_ERRORS = 2000
+LIMIT_MIN_SAMPLES = 30
+LIMIT_MARGIN_FLOOR = 0.005
+LIMIT_MARGIN_DEFAULT = 0.02
 
 
 @dataclass
@@ -89,6 +96,10 @@ class Pursuit:
     corrections: list[tuple[float, float]] = field(default_factory=list)
     settled_kw: float = 0.0  #: the moves old enough to be wholly seen, summed [kW]
     undone_for_s: float | None = None  #: the suspicion (its start) last undone
+    started_s: float = 0.0  #: when the loop took the event on (monotonic) [s]
+    ceiling: bool = False  #: the level is a maximum (an import capacity limit)
+    margin_kw: float = 0.0  #: planned below a ceiling by this [kW]
+    target_since_s: float = 0.0  #: when the target last changed (monotonic) [s]
 
 
 class Tracker:
@@ -117,6 +128,8 @@ class Tracker:
         self.dead_s = 0.0  #: from a planned move to the first reading that shows it [s]
         self.dead_error_s = 0.0  #: the meter path's dead time's standard error, as planned [s]
         self.gain_rule: str | None = None  #: why the gain is below the configured one
+        #: the error at the meter (measured - target) once each event had settled [kW]
+        self.settled_errors_kw: deque[float] = deque(maxlen=LIMIT_ERRORS)
         self.delays_s: tuple[float, ...] = (0.0,)  #: its distribution (delay_s is the mean)
         self.verdict: str | None = None
         self.reason: str | None = None  #: why the loop was adjusted, held or refused
@@ -132,8 +145,11 @@ class Tracker:
     def integral_gain_per_s(self) -> float:
         return self.gain / self.period_s
 
-    async def pursue(self, event_id: str, reduction_kw: float, level_kw: float | None) -> None:
-        """Deliver this event's target at the meter from now on (the open-loop plan first)."""
+    async def pursue(
+        self, event_id: str, reduction_kw: float, level_kw: float | None, *, ceiling: bool = False
+    ) -> None:
+        """Deliver this event's target at the meter from now on (the open-loop plan first).
+        A `ceiling` level is a maximum: held below it by the loop's margin (`limit_margin_kw`)."""
         mix = self.book.mix()
         known = self.pursuit if self.pursuit and self.pursuit.event_id == event_id else None
         if known is None:
@@ -145,12 +161,35 @@ class Tracker:
                 level_kw,
                 self.site.filtered_kw(self.window_s) if self.settings.tracking else None,
                 mix.baseline_gpu_kw,
+                started_s=self.clock.monotonic(),
+                target_since_s=self.clock.monotonic(),
             )
             self.pursuit = known
             if self.watch is not None:
                 self.watch.reset()
-        known.reduction_kw, known.level_kw = reduction_kw, level_kw
+        moved = (
+            reduction_kw != known.reduction_kw if level_kw is None else level_kw != known.level_kw
+        )
+        if moved or ceiling != known.ceiling:
+            known.target_since_s = self.clock.monotonic()
+        known.reduction_kw, known.level_kw, known.ceiling = reduction_kw, level_kw, ceiling
+        margin_kw = self.limit_margin_kw(level_kw) if ceiling and level_kw else 0.0
+        if known.target_since_s == self.clock.monotonic():
+            # A new target: the open-loop plan takes the margin at once; after that the loop
+            # follows it (it moves the target, which the loop's error sees).
+            known.correction_kw += margin_kw - known.margin_kw
+        known.margin_kw = margin_kw
         await self._plan(known)
+
+    def limit_margin_kw(self, limit_kw: float) -> float:
+        """How far below a ceiling the loop plans [kW]: the 95th percentile of its settled error
+        at the meter over its recent events (`LIMIT_ERRORS` samples), at least
+        `LIMIT_MARGIN_FLOOR` of the limit; `LIMIT_MARGIN_DEFAULT` of it before it has
+        `LIMIT_MIN_SAMPLES` of its own."""
+        if len(self.settled_errors_kw) < LIMIT_MIN_SAMPLES:
+            return LIMIT_MARGIN_DEFAULT * limit_kw
+        p95_kw = float(np.percentile(np.abs(np.array(self.settled_errors_kw)), 95))
+        return max(p95_kw, LIMIT_MARGIN_FLOOR * limit_kw)
 
     def release(self) -> None:
         self.pursuit = None
@@ -210,7 +249,7 @@ class Tracker:
             )
         measured = self.site.filtered_kw(self.window_s)
         reference = self._reference_kw(pursuit, mix)
-        target = pursuit.level_kw
+        target = None if pursuit.level_kw is None else pursuit.level_kw - pursuit.margin_kw
         if target is None and reference is not None:
             target = reference - pursuit.reduction_kw
         pursuit.measured_kw, pursuit.target_kw = measured, target
@@ -221,6 +260,12 @@ class Tracker:
             return  # a faulted meter: the correction is held, the plan is the model's
         if self.clock.monotonic() < self._ready_s:
             return  # the last re-plan took longer than a period: this sample is skipped
+        if self.clock.monotonic() - pursuit.target_since_s >= self._settle_s():
+            self.settled_errors_kw.append(measured - target)
+        if pursuit.ceiling and pursuit.level_kw:
+            pursuit.margin_kw = self.limit_margin_kw(pursuit.level_kw)
+            target = pursuit.level_kw - pursuit.margin_kw
+            pursuit.target_kw = target
         error_kw = measured + self._unseen_kw(pursuit) - target
         plan = self.targets.last_plan or {}
         short = float(plan.get("shortfall_kw", 0.0)) > 1e-6
@@ -297,6 +342,11 @@ class Tracker:
         since = read_s - dead_s - np.array([at_s for at_s, _ in pursuit.moves])
         shares = step_share(since, 0.0, *self._path())
         return pursuit.settled_kw + float(np.array([kw for _, kw in pursuit.moves]) @ shares)
+
+    def _settle_s(self) -> float:
+        """From a move to the window's showing it whole: the loop's delay, three time
+        constants, the averaging and the window [s]."""
+        return self.delay_s + 2 * self.lag_s + self.span_s + self.window_s + self.period_s
 
     def _path(self) -> tuple[float, float]:
         """The meter path after its dead time: (time constant, averaging) [s]."""
@@ -453,6 +503,8 @@ class Tracker:
             "measured_facility_kw": measured,
             "error_kw": None if measured is None or target is None else measured - target,
             "requested_reduction_kw": pursuit.reduction_kw if pursuit else None,
+            "ceiling": pursuit.ceiling if pursuit else False,
+            "limit_margin_kw": pursuit.margin_kw if pursuit else 0.0,
             "correction_kw": pursuit.correction_kw if pursuit else 0.0,
             "period_s": self.period_s,
             "window_s": self.window_s,

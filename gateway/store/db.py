@@ -21,16 +21,27 @@ log = logging.getLogger("flexgate.gateway")
 #: listed here less one is refused.
 UPGRADES: dict[int, tuple[str, ...]] = {
     4: (),  # the tables deliveries, job_curves and pfi_records
-    5: tuple(  # the meter path beside each calibration
-        f"ALTER TABLE calibrations ADD COLUMN {column}"
-        for column in (
-            "dead_s FLOAT",
-            "dead_stderr_s FLOAT",
-            "tau_s FLOAT",
-            "tau_stderr_s FLOAT",
-            "averaging_s FLOAT",
-            "path_source VARCHAR",
-        )
+    5: (  # the meter path beside each calibration, a ceiling's compliance in its delivery
+        *(
+            f"ALTER TABLE calibrations ADD COLUMN {column}"
+            for column in (
+                "dead_s FLOAT",
+                "dead_stderr_s FLOAT",
+                "tau_s FLOAT",
+                "tau_stderr_s FLOAT",
+                "averaging_s FLOAT",
+                "path_source VARCHAR",
+            )
+        ),
+        *(
+            f"ALTER TABLE deliveries ADD COLUMN {column}"
+            for column in (
+                "limit_kw FLOAT",
+                "limit_intervals INTEGER",
+                "limit_intervals_above INTEGER",
+                "limit_worst_kw FLOAT",
+            )
+        ),
     ),
 }
 

@@ -150,6 +150,12 @@ class DeliveryRow(SQLModel, table=True):
     seconds: float  #: the time the meter was read during the event [s]
     requested_kws: float  #: the reduction asked for, integrated over that time [kW s]
     delivered_kws: float  #: the reduction seen at the meter, integrated over that time [kW s]
+    #: a ceiling's compliance (schema version 5): the limit, the averaging intervals judged
+    #: after the ramp allowance, how many averaged above it, and the highest average [kW]
+    limit_kw: float | None = None
+    limit_intervals: int | None = None
+    limit_intervals_above: int | None = None
+    limit_worst_kw: float | None = None
 
 
 class JobCurveRow(SQLModel, table=True):

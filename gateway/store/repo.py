@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any
 
@@ -223,6 +224,18 @@ def add_delivery_sample(
     row.seconds += seconds
     row.requested_kws += requested_kw * seconds
     row.delivered_kws += delivered_kw * seconds
+    session.add(row)
+
+
+def add_limit_interval(session: Session, *, event_id: str, limit_kw: float, mean_kw: float) -> None:
+    """Count one averaging interval of a ceiling event, judged against its limit."""
+    row = session.get(DeliveryRow, event_id)
+    if row is None:
+        return  # no sample yet: nothing was measured
+    row.limit_kw = limit_kw
+    row.limit_intervals = (row.limit_intervals or 0) + 1
+    row.limit_intervals_above = (row.limit_intervals_above or 0) + int(mean_kw > limit_kw)
+    row.limit_worst_kw = max(row.limit_worst_kw or -math.inf, mean_kw)
     session.add(row)
 
 
