@@ -71,6 +71,9 @@ ADJUSTMENTS = 4
 #: A ceiling's margin: the loop's settled errors kept, how many it needs before it trusts
 #: them, and the margin's floor and its default before then (shares of the limit).
 LIMIT_ERRORS = 2000
+#: An error within this many standard deviations of the window's noise is not corrected.
+NOISE_SIGMAS = 2.0
+_MAD_TO_SD = 1.4826
 LIMIT_MIN_SAMPLES = 30
 LIMIT_MARGIN_FLOOR = 0.005
 LIMIT_MARGIN_DEFAULT = 0.02
@@ -267,6 +270,8 @@ class Tracker:
             target = pursuit.level_kw - pursuit.margin_kw
             pursuit.target_kw = target
         error_kw = measured + self._unseen_kw(pursuit) - target
+        if abs(error_kw) < NOISE_SIGMAS * self._window_noise_kw():
+            return  # within what the window's own noise makes: no phantom correction
         plan = self.targets.last_plan or {}
         short = float(plan.get("shortfall_kw", 0.0)) > 1e-6
         if (error_kw > 0 and short) or (error_kw < 0 and pursuit.planned_kw <= 0.0):
@@ -342,6 +347,19 @@ class Tracker:
         since = read_s - dead_s - np.array([at_s for at_s, _ in pursuit.moves])
         shares = step_share(since, 0.0, *self._path())
         return pursuit.settled_kw + float(np.array([kw for _, kw in pursuit.moves]) @ shares)
+
+    def _window_noise_kw(self) -> float:
+        """One standard deviation of the window's average from the readings' own noise [kW]:
+        the scatter of successive readings (robust: the median of their changes, so the loop's
+        own steps do not count), or the meter's declared noise if larger."""
+        readings = [s.facility_kw for s in self.site.window(self.window_s)]
+        values = np.array([kw for kw in readings if kw is not None])
+        if values.size < 3:
+            return 0.0
+        changes = np.diff(values)
+        spread_kw = _MAD_TO_SD * float(np.median(np.abs(changes - np.median(changes))))
+        noise_kw = max(spread_kw / math.sqrt(2.0), self.settings.meter_noise_kw)
+        return noise_kw / math.sqrt(values.size)
 
     def _settle_s(self) -> float:
         """From a move to the window's showing it whole: the loop's delay, three time
