@@ -160,6 +160,17 @@ class Targets:
             self._ramp = asyncio.create_task(self._recover(self._last_target_kw()))
 
     @property
+    def held_reduction_kw(self) -> float | None:
+        """What the plan held now sheds by the model [kW]: 0 with no target, None while caps
+        step back (somewhere between)."""
+        if self.recovering:
+            return None
+        if self._target is None:
+            return 0.0
+        short_kw = float((self.last_plan or {}).get("shortfall_kw", 0.0))
+        return max(self._target[0] - short_kw, 0.0)
+
+    @property
     def holding(self) -> bool:
         """Some node has been sent caps that still need renewing or undoing."""
         return bool(self.desired)

@@ -71,6 +71,12 @@ ADJUSTMENTS = 4
 #: A ceiling's margin: the loop's settled errors kept, how many it needs before it trusts
 #: them, and the margin's floor and its default before then (shares of the limit).
 LIMIT_ERRORS = 2000
+#: The correction's bound from past events' model error: how many it needs, how many it keeps,
+#: the factor on the largest, and the least share of the reduction it allows.
+BOUND_EVENTS = 3
+BOUND_EVENTS_KEPT = 20
+BOUND_FACTOR = 2.0
+BOUND_FLOOR = 0.25
 #: An error within this many standard deviations of the window's noise is not corrected.
 NOISE_SIGMAS = 2.0
 _MAD_TO_SD = 1.4826
@@ -103,6 +109,9 @@ class Pursuit:
     ceiling: bool = False  #: the level is a maximum (an import capacity limit)
     margin_kw: float = 0.0  #: planned below a ceiling by this [kW]
     target_since_s: float = 0.0  #: when the target last changed (monotonic) [s]
+    watch_from_s: float = 0.0  #: the meter watch judges this event's moves from then on
+    #: the correction once settled, as a share of the reduction: the model's error here
+    settled_share: float | None = None
 
 
 class Tracker:
@@ -133,6 +142,8 @@ class Tracker:
         self.gain_rule: str | None = None  #: why the gain is below the configured one
         #: the error at the meter (measured - target) once each event had settled [kW]
         self.settled_errors_kw: deque[float] = deque(maxlen=LIMIT_ERRORS)
+        #: each past event's settled correction, as a share of its reduction
+        self.model_errors: deque[float] = deque(maxlen=BOUND_EVENTS_KEPT)
         self.delays_s: tuple[float, ...] = (0.0,)  #: its distribution (delay_s is the mean)
         self.verdict: str | None = None
         self.reason: str | None = None  #: why the loop was adjusted, held or refused
@@ -167,7 +178,14 @@ class Tracker:
                 started_s=self.clock.monotonic(),
                 target_since_s=self.clock.monotonic(),
             )
+            held_kw = self.targets.held_reduction_kw
+            # The first plan moves the site from what is held now (another event's caps).
+            known.achieved_kw = known.planned_kw = held_kw or 0.0
             self.pursuit = known
+            if held_kw is None:
+                # Caps stepping back: where the first move starts from is not known, so the
+                # meter watch starts once it has settled.
+                known.watch_from_s = self.clock.monotonic() + self._settle_s()
             if self.watch is not None:
                 self.watch.reset()
         moved = (
@@ -195,7 +213,21 @@ class Tracker:
         return max(p95_kw, LIMIT_MARGIN_FLOOR * limit_kw)
 
     def release(self) -> None:
+        pursuit = self.pursuit
+        if pursuit is not None and pursuit.settled_share is not None:
+            self.model_errors.append(pursuit.settled_share)
         self.pursuit = None
+
+    def correction_bound_kw(self, reduction_kw: float) -> float:
+        """The most the correction may take, either way [kW]: `FLEXGATE_LOOP_MAX_CORRECTION` of
+        the reduction, and once `BOUND_EVENTS` events have settled, no more than
+        `BOUND_FACTOR` times the largest model error they needed at the meter (their settled
+        correction, as a share of their reduction), nor less than `BOUND_FLOOR` of it."""
+        share = self.settings.loop_max_correction
+        if len(self.model_errors) >= BOUND_EVENTS:
+            measured = BOUND_FACTOR * max(abs(e) for e in self.model_errors)
+            share = min(share, max(measured, BOUND_FLOOR))
+        return share * max(reduction_kw, 1.0)
 
     async def _plan(self, pursuit: Pursuit) -> None:
         requested = max(pursuit.reduction_kw + pursuit.correction_kw, 0.0)
@@ -236,7 +268,7 @@ class Tracker:
         if pursuit.baseline_kw is not None and baseline_kw != pursuit.baseline_kw:
             pursuit.moves.append((self.clock.monotonic(), baseline_kw - pursuit.baseline_kw))
         pursuit.baseline_kw = baseline_kw
-        if self.watch is not None:
+        if self.watch is not None and self.clock.monotonic() >= pursuit.watch_from_s:
             self.watch.observe(
                 self.clock.monotonic(),
                 (
@@ -265,6 +297,7 @@ class Tracker:
             return  # the last re-plan took longer than a period: this sample is skipped
         if self.clock.monotonic() - pursuit.target_since_s >= self._settle_s():
             self.settled_errors_kw.append(measured - target)
+            pursuit.settled_share = pursuit.correction_kw / max(pursuit.reduction_kw, 1.0)
         if pursuit.ceiling and pursuit.level_kw:
             pursuit.margin_kw = self.limit_margin_kw(pursuit.level_kw)
             target = pursuit.level_kw - pursuit.margin_kw
@@ -276,7 +309,7 @@ class Tracker:
         short = float(plan.get("shortfall_kw", 0.0)) > 1e-6
         if (error_kw > 0 and short) or (error_kw < 0 and pursuit.planned_kw <= 0.0):
             return  # anti-windup: at the fleet's limit the correction does not grow
-        bound_kw = self.settings.loop_max_correction * max(pursuit.reduction_kw, 1.0)
+        bound_kw = self.correction_bound_kw(pursuit.reduction_kw)
         correction = pursuit.correction_kw + self.integral_gain_per_s * self.period_s * error_kw
         correction = min(max(correction, -bound_kw), bound_kw)
         most_kw = float(plan.get("max_facility_kw", math.inf))
@@ -524,6 +557,9 @@ class Tracker:
             "ceiling": pursuit.ceiling if pursuit else False,
             "limit_margin_kw": pursuit.margin_kw if pursuit else 0.0,
             "correction_kw": pursuit.correction_kw if pursuit else 0.0,
+            "correction_bound_kw": (
+                self.correction_bound_kw(pursuit.reduction_kw) if pursuit else None
+            ),
             "period_s": self.period_s,
             "window_s": self.window_s,
             "delay_s": self.delay_s,

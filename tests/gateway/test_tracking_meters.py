@@ -210,3 +210,34 @@ def test_on_the_estimate_the_loop_takes_no_phantom_correction(tmp_path, period_s
         site.close()
     assert max(abs(c) for c in corrections) < 0.04 * reduction_kw, corrections
     assert all(abs(kw - reduction_kw) < 0.03 * reduction_kw for kw in sheds), sheds
+
+
+def test_the_correction_s_bound_follows_the_model_error_past_events_needed(tmp_path):
+    """Before any event the correction may take the configured share of the reduction (100%);
+    after three events that each needed about a third of their reduction at the meter, no
+    more than twice that: a meter gone wrong can no longer drive the site to its floor."""
+    site = make_site(tmp_path)
+
+    async def run() -> list[float | None]:
+        await site.start()
+        await site.run_for(WARM_UP_S)
+        bounds = []
+        for n in range(4):
+            await site.tracker.pursue(f"ev-{n}", REDUCTION_KW, None)
+            bounds.append(site.tracker.doc()["correction_bound_kw"])
+            await site.run_for(120.0)
+            site.tracker.release()
+            site.targets.release()  # the caps step back, as when an event ends
+            await site.run_for(120.0)
+        return bounds
+
+    try:
+        bounds = asyncio.run(run())
+    finally:
+        site.close()
+    assert bounds[:3] == [REDUCTION_KW] * 3
+    errors = list(site.tracker.model_errors)
+    assert len(errors) == 4
+    assert all(0.2 < e < 0.5 for e in errors), errors  # the mismatched site: about a third
+    assert bounds[3] == pytest.approx(2 * max(errors[:3]) * REDUCTION_KW)
+    assert bounds[3] < 0.99 * REDUCTION_KW
