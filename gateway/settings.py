@@ -70,6 +70,9 @@ class GatewaySettings(BaseSettings):
     vtn_client_id: str = ""  #: OpenADR 3.1: the OAuth2 client the VTN's operator issued
     vtn_client_secret: SecretStr = SecretStr("")  #: OpenADR 3.1: its secret
     vtn_token_url: str = ""  #: OpenADR 3.1: the token service; empty: `GET /auth/server`
+    #: OpenADR 3.1: how the client credentials reach the token service: in the form body (the
+    #: 3.1.0 schema's clientCredentialRequest) or as HTTP Basic (RFC 6749 2.3.1)
+    vtn_client_auth: Literal["body", "basic"] = "body"
     vtn_allow_http: bool = False  #: OpenADR 3.1: plain HTTP to a VTN on loopback
     vtn_poll_s: float = Field(default=10.0, gt=0.0)  #: OpenADR 3.1: events are read this often
     ven_callback_url: str = ""  #: OpenADR 3.1: where the VTN posts notifications; empty: poll

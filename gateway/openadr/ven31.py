@@ -3,8 +3,18 @@
 `FLEXGATE_OPENADR=3.1`. With an OAuth2 token (`oauth`), it finds or creates its ven object
 (`venName` = FLEXGATE_VEN_NAME) and its resources (FLEXGATE_VEN_RESOURCES), subscribes to event
 notifications when FLEXGATE_VEN_CALLBACK_URL is set (the gateway serves the callback, `router`:
+it answers the VTN's echo challenge, `GET <callbackUrl>?echo=` and `GET <callbackUrl>/echo?echo=`;
 a notification must carry the subscription's bearer token), and reads programs and events every
 FLEXGATE_VTN_POLL_S whatever the webhook does (the fallback, and the check on what it missed).
+
+A subscription the VTN refuses is asked for again with backoff (`SUBSCRIBE_RETRY_S`), not at
+every poll; before each, the VEN deletes its own left on the VTN (`GET /subscriptions`, matched
+on clientName and callback URL): a VTN may store one and still answer an error, and one left by
+a previous run carries a bearer token nobody holds any more. A notification is answered as soon
+as it is read, and acted on after (`_inbox`): a VTN that posts notifications synchronously and
+serves one request at a time would otherwise wait for the VEN's own requests (a refusal
+report) to time out. A malformed notification is refused with the reason, logged, and the VEN
+polls at once.
 When the VTN's `GET /notifiers` offers MQTT (and FLEXGATE_VTN_MQTT is on), it also connects to
 the broker (`notifiers31`, `mqtt31`) and follows the event topics of each program it reads
 (`GET /notifiers/mqtt/topics/programs/{programID}/events`); a message is read exactly as a
@@ -35,7 +45,7 @@ from typing import Any
 
 import httpx
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import ValidationError
 
 from gateway.clock import Clock
@@ -70,8 +80,12 @@ from gateway.store.models import EventRow
 log = logging.getLogger("flexgate.ven31")
 
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+#: Waits between refused subscription attempts [s]: each may leave one stored on the VTN.
+SUBSCRIBE_RETRY_S = (1.0, 2.0, 5.0, 15.0, 60.0, 300.0)
 #: The path the gateway serves the VTN's notifications on.
 CALLBACK_PATH = "/openadr3/notifications"
+#: Notifications read and waiting to be acted on; more are answered 503 (the poll reads them).
+INBOX_MAX = 1000
 
 
 class Ven31:
@@ -93,6 +107,7 @@ class Ven31:
             client_secret=settings.vtn_client_secret,
             token_url=settings.vtn_token_url,
             allow_http=settings.lab or settings.vtn_allow_http,
+            client_auth=settings.vtn_client_auth,
         )
         self.vtn = VtnClient(http, self.tokens, settings.vtn_url)
         self.reports = Reporter(self.vtn, clock, settings.ven_name)
@@ -105,6 +120,11 @@ class Ven31:
         self.resources: list[Resource] = []
         self.subscription_id: str | None = None
         self._subscribe_error: str | None = None
+        self._subscribe_failures = 0
+        self._subscribe_at = 0.0  #: no subscription attempt before this [s, monotonic]
+        self._inbox: asyncio.Queue[Notification] = asyncio.Queue(INBOX_MAX)
+        self._inbox_task: asyncio.Task[None] | None = None
+        self._malformed_said: set[str] = set()  #: reasons for refused notifications logged
         self.programs: dict[str, Program] = {}
         self.reachable = False
         self._handled: dict[str, int] = {}  #: event id -> the modification read
@@ -144,10 +164,12 @@ class Ven31:
     async def start(self, events: Events, power: SitePower) -> None:
         self._events, self._power = events, power
         self._task = asyncio.create_task(self._run())
+        self._inbox_task = asyncio.create_task(self._work_inbox())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in (self._task, self._inbox_task):
+            if task is not None:
+                task.cancel()
         self.reports.stop_all()
         await self.notifications.stop()
         if self.subscription_id is not None:
@@ -237,21 +259,49 @@ class Ven31:
         log.info("registered with the VTN as ven %s (%s)", ven.id, self.name)
 
     async def _try_subscribe(self) -> None:
-        """Subscribe; a VTN that refuses is polled meanwhile, and asked again at each poll
-        (the reason logged when it changes)."""
+        """Subscribe; a VTN that refuses is polled meanwhile, and asked again after a wait
+        that grows (SUBSCRIBE_RETRY_S; the reason logged when it changes)."""
+        if self.clock.monotonic() < self._subscribe_at:
+            return
         try:
             await self._subscribe()
-            self._subscribe_error = None
+            self._subscribe_error, self._subscribe_failures = None, 0
         except (VtnError, VtnAuthError) as exc:
+            wait_s = SUBSCRIBE_RETRY_S[min(self._subscribe_failures, len(SUBSCRIBE_RETRY_S) - 1)]
+            self._subscribe_failures += 1
+            self._subscribe_at = self.clock.monotonic() + wait_s
             if str(exc) != self._subscribe_error:
                 log.warning(
-                    "no webhook subscription (%s): polling every %g s meanwhile",
+                    "no webhook subscription (%s): polling every %g s meanwhile; asking "
+                    "again in %g s, then less often",
                     exc,
                     self.settings.vtn_poll_s,
+                    wait_s,
                 )
             self._subscribe_error = str(exc)
 
+    async def _delete_own_subscriptions(self) -> None:
+        """Delete this VEN's subscriptions to its callback URL that the VTN holds (left by a
+        refused attempt or a previous run). A VTN that does not list them is not asked."""
+        try:
+            listed = await self.vtn.list("/subscriptions", {"clientName": self.name})
+        except VtnError as exc:
+            log.info("the VTN's subscriptions not listed (%s): none deleted", exc)
+            return
+        for raw in listed:
+            if not isinstance(raw, dict) or raw.get("clientName") != self.name:
+                continue
+            urls = {
+                op.get("callbackUrl")
+                for op in raw.get("objectOperations") or []
+                if isinstance(op, dict)
+            }
+            if self.settings.ven_callback_url in urls and raw.get("id"):
+                await self.vtn.call("DELETE", f"/subscriptions/{raw['id']}")
+                log.info("deleted subscription %s, left on the VTN before this one", raw["id"])
+
     async def _subscribe(self) -> None:
+        await self._delete_own_subscriptions()
         body = {
             "clientName": self.name,
             "objectOperations": [
@@ -400,6 +450,15 @@ class Ven31:
         """The callback the VTN posts notifications to (FLEXGATE_VEN_CALLBACK_URL)."""
         router = APIRouter()
 
+        # The Definition's challenge is `GET <callbackUrl>?echo=`; the Alliance's reference VTN
+        # asks `GET <callbackUrl>/echo?echo=`. Only the value comes back, so no token is asked.
+        @router.get(CALLBACK_PATH, include_in_schema=False)
+        @router.get(f"{CALLBACK_PATH}/echo", include_in_schema=False)
+        async def echo(echo: str = "") -> PlainTextResponse:
+            if not echo:
+                return PlainTextResponse("no echo challenge given", status_code=400)
+            return PlainTextResponse(echo)
+
         @router.post(CALLBACK_PATH, include_in_schema=False)
         async def notification(request: Request) -> JSONResponse:
             given = request.headers.get("authorization", "")
@@ -412,19 +471,37 @@ class Ven31:
             try:
                 note = Notification.model_validate(await request.json())
             except ValueError as exc:  # ValidationError and bad JSON
+                return self._malformed(f"not an OpenADR 3.1 notification: {_why_malformed(exc)}")
+            try:
+                self._inbox.put_nowait(note)
+            except asyncio.QueueFull:
                 return JSONResponse(
-                    {"detail": f"not an OpenADR 3.1 notification: {first_error(exc)}"},
-                    status_code=400,
-                )
-            if not await self.notified(note):
-                return JSONResponse(
-                    {"detail": "the event could not be stored: send it again"},
+                    {"detail": "too many notifications waiting: the next poll reads it"},
                     status_code=503,
                     headers={"Retry-After": "5"},
                 )
             return JSONResponse({"detail": "received"})
 
         return router
+
+    def _malformed(self, why: str) -> JSONResponse:
+        """Refused, and said once per reason: the VTN may send every notification so. A
+        notification says something changed: polling reads it now."""
+        if why not in self._malformed_said:
+            self._malformed_said.add(why)
+            log.warning("a notification refused (%s); polling reads what it was about", why)
+        self._poll_now.set()
+        return JSONResponse({"detail": why}, status_code=400)
+
+    async def _work_inbox(self) -> None:
+        """Act on the notifications answered, in the order they came."""
+        while True:
+            note = await self._inbox.get()
+            try:
+                if not await self.notified(note):
+                    log.warning("a notified event could not be stored; the next poll reads it")
+            except Exception:  # a bug must not end the inbox: say so, and go on
+                log.exception("a notification could not be acted on")
 
     async def notified(self, note: Notification) -> bool:
         """Act on a notification; False when its event could not be stored."""
@@ -442,6 +519,16 @@ class Ven31:
             if program.id and operation != "DELETE":
                 self.programs[program.id] = program
         return True
+
+
+def _why_malformed(exc: ValueError) -> str:
+    """The reason, naming the reference VTN's double encoding (a JSON string of the JSON)."""
+    if isinstance(exc, ValidationError):
+        errors = exc.errors()
+        if errors and not errors[0].get("loc") and isinstance(errors[0].get("input"), str):
+            return "the body is a JSON string, not an object (JSON encoded twice?)"
+        return first_error(exc)
+    return "the body is not JSON"
 
 
 def _modification_or_none(raw: Any) -> int:
