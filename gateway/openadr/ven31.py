@@ -237,7 +237,7 @@ class Ven31:
                 ).wire(),
             )
         )
-        ven = valid(Ven, raw, "ven")
+        ven = _own_ven(raw)
         assert ven.id is not None
         have = [
             valid(Resource, r, "resource")
@@ -519,6 +519,22 @@ class Ven31:
             if program.id and operation != "DELETE":
                 self.programs[program.id] = program
         return True
+
+
+def _own_ven(raw: Any) -> Ven:
+    """The VEN's own ven object. Malformed targets (the reference VTN turns them into a list
+    of lists each time its VEN is read) are left out, said in the log: the VEN then answers
+    events for its name, groups and resources only, and never loops on registration."""
+    try:
+        return Ven.model_validate(raw)
+    except ValidationError as exc:
+        if not isinstance(raw, dict) or any(e["loc"][:1] != ("targets",) for e in exc.errors()):
+            raise VtnError(f"the VTN's ven is not an OpenADR 3.1 ven: {first_error(exc)}") from None
+        log.warning(
+            "the VTN's ven object has malformed targets (%s): read without them",
+            first_error(exc),
+        )
+        return valid(Ven, {k: v for k, v in raw.items() if k != "targets"}, "ven")
 
 
 def _why_malformed(exc: ValueError) -> str:
