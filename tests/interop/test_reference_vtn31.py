@@ -21,6 +21,9 @@ from gateway.openadr.ven31 import CALLBACK_PATH
 from tests.gateway.conftest import running_site
 from tests.interop import refvtn
 
+# The first run builds the VTN's venv from PyPI inside the first test's setup.
+pytestmark = pytest.mark.timeout(refvtn.BUILD_S + 120)
+
 #: The reference VTN holds one ven object per client: every gateway here is this VEN.
 VEN_NAME = "flexgate-interop"
 #: Polls this far apart: a refused notification, not the timer, makes the VEN read the change.
