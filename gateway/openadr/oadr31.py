@@ -144,8 +144,8 @@ class Model(BaseModel):
 
 
 class Point(Model):
-    x: float | None = None
-    y: float | None = None
+    x: float  # both required by the specification's schema
+    y: float
 
 
 class ValuesMap(Model):

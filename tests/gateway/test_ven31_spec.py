@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from flexgate import specschema31
 from gateway.openadr.oadr31 import Event, ReportDescriptor
@@ -177,3 +178,34 @@ def simple_event_body(now: datetime) -> dict:
         "intervalPeriod": {"start": now.isoformat(), "duration": "PT5M"},
         "intervals": [{"id": 0, "payloads": [{"type": "SIMPLE", "values": [1]}]}],
     }
+
+
+# --- what the VEN reads: never acted on when its payload does not validate ----------------
+
+BAD_PAYLOADS = {
+    "no type": {"values": [1]},
+    "an empty type": {"type": "", "values": [1]},
+    "a type too long": {"type": "X" * 129, "values": [1]},
+    "no values": {"type": "SIMPLE"},
+    "values not a list": {"type": "SIMPLE", "values": 1},
+    "a null value": {"type": "SIMPLE", "values": [None]},
+    "a list in the values": {"type": "SIMPLE", "values": [[1]]},
+    "a point without y": {"type": "SIMPLE", "values": [{"x": 1.0}]},
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PAYLOADS))
+def test_an_event_payload_the_specification_refuses_is_refused_by_the_ven(spec, case):
+    body = {
+        **simple_event_body(datetime.now(UTC)),
+        "objectType": "EVENT",
+        "createdDateTime": "2025-01-01T00:00:00Z",
+        "modificationDateTime": "2025-01-01T00:00:00Z",
+    }
+    good = {"type": "SIMPLE", "values": [1]}
+    assert spec.problems("event", body) == []
+    assert Event.model_validate(body).intervals[0].payloads[0].values == [1]
+    body["intervals"][0]["payloads"] = [good, BAD_PAYLOADS[case]]
+    assert spec.problems("event", body)
+    with pytest.raises(ValidationError, match=r"intervals\.0\.payloads\.1"):
+        Event.model_validate(body)
