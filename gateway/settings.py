@@ -75,6 +75,11 @@ class GatewaySettings(BaseSettings):
     vtn_client_auth: Literal["body", "basic"] = "body"
     vtn_allow_http: bool = False  #: OpenADR 3.1: plain HTTP to a VTN on loopback
     vtn_poll_s: float = Field(default=10.0, gt=0.0)  #: OpenADR 3.1: events are read this often
+    #: OpenADR 3.1 safe mode: `programName=kW,...`, each program's import limit held while the
+    #: VTN is unreachable; FALLBACK_EVENT names events that set it; FALLBACK_AFTER_S the wait
+    vtn_fallback_limits: str = ""
+    vtn_fallback_event: str = ""
+    vtn_fallback_after_s: float = Field(default=300.0, gt=0.0)
     ven_callback_url: str = ""  #: OpenADR 3.1: where the VTN posts notifications; empty: poll
     vtn_mqtt: bool = True  #: OpenADR 3.1: use the VTN's MQTT notifier when it offers one
     vtn_mqtt_username: str = ""  #: OpenADR 3.1: the broker's username; empty: as the VTN says
@@ -222,6 +227,12 @@ class GatewaySettings(BaseSettings):
                 "FLEXGATE_VTN_MQTT_PASSWORD is set without FLEXGATE_VTN_MQTT_USERNAME: set both, "
                 "or neither to use the credentials the VTN's MQTT notifier names"
             )
+        from gateway.openadr.safemode31 import parse_limits  # the format is safe mode's
+
+        try:
+            parse_limits(self.vtn_fallback_limits)
+        except ValueError as exc:
+            raise ValueError(f"FLEXGATE_VTN_FALLBACK_LIMITS: {exc}") from None
         secret = self.vtn_client_secret.get_secret_value()
         if not self.vtn_client_id or not secret:
             raise ValueError(

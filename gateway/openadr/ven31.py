@@ -64,6 +64,10 @@ from gateway.openadr.oadr31 import (
 from gateway.openadr.oauth import TokenSource, VtnAuthError
 from gateway.openadr.reporter31 import Reporter
 from gateway.openadr.reports31 import refusal_report
+from gateway.openadr.safemode31 import ID_PREFIX as FALLBACK_PREFIX
+from gateway.openadr.safemode31 import RENEW_BEFORE_S as FALLBACK_RENEW_BEFORE_S
+from gateway.openadr.safemode31 import SafeMode, parse_limits
+from gateway.openadr.safemode31 import event_id as fallback_id
 from gateway.openadr.signals import SiteLoad
 from gateway.openadr.signals31 import (
     Party31,
@@ -75,7 +79,7 @@ from gateway.openadr.vtn31 import VtnClient, VtnError, valid
 from gateway.services.events import Events
 from gateway.services.site import SitePower
 from gateway.settings import GatewaySettings
-from gateway.store.models import EventRow
+from gateway.store.models import EventRow, as_utc
 
 log = logging.getLogger("flexgate.ven31")
 
@@ -111,6 +115,11 @@ class Ven31:
         )
         self.vtn = VtnClient(http, self.tokens, settings.vtn_url)
         self.reports = Reporter(self.vtn, clock, settings.ven_name)
+        self.safe_mode = SafeMode(
+            parse_limits(settings.vtn_fallback_limits),
+            settings.vtn_fallback_event,
+            settings.vtn_fallback_after_s,
+        )
         self.notifications = MqttFollower(
             settings, self.vtn, self.tokens, self.notified, self._poll_soon
         )
@@ -147,6 +156,8 @@ class Ven31:
     async def opt_out(self, event: EventRow) -> None:
         """An event cancelled on the site: the VTN hears it in a report with the reason."""
         assert event.external_id is not None
+        if self._fallback(event):  # flexgate's own, unknown to the VTN
+            return
         self.reports.stop(event.external_id)
         await self.reports.post(refusal_report(event.external_id, self.name, event.reason or ""))
 
@@ -190,6 +201,7 @@ class Ven31:
                 if self.settings.vtn_mqtt and not self.notifications.asked:
                     await self.notifications.connect()
                 await self.poll()
+                await self._lift_safe_mode()
                 await self.notifications.follow(set(self.programs))
                 self.reachable, attempt = True, 0
                 await self.reports.send_undelivered()
@@ -199,6 +211,7 @@ class Ven31:
                 delay = RETRY_S[min(attempt, len(RETRY_S) - 1)]
                 log.warning("VTN: %s; the stored events run on; retrying in %g s", exc, delay)
                 attempt += 1
+                await self._hold_safe_mode()
                 await self.clock.sleep(delay)
             except Exception:  # a bug must not end the VEN: say so, and go on
                 log.exception("the VEN's poll failed")
@@ -343,7 +356,9 @@ class Ven31:
                     event.external_id not in ids
                     and self._read_at.get(str(event.external_id), asked_at) <= asked_at
                 )
-                if not (event.id.startswith(f"{self.id_prefix}-") and gone):
+                if not (event.id.startswith(f"{self.id_prefix}-") and gone) or self._fallback(
+                    event
+                ):
                     continue
                 self.reports.stop(str(event.external_id))
                 try:
@@ -392,6 +407,10 @@ class Ven31:
         modification = modification_of(event)
         if self._handled.get(event.id) == modification:
             return  # read already
+        program = self.programs.get(event.program_id)
+        if self.safe_mode.learn(event, program.program_name if program else None):
+            self._handled[event.id] = modification  # a definition, not a request
+            return
         assert self._power is not None
         baseline, maximum = self._power.envelope()
         try:
@@ -435,6 +454,70 @@ class Ven31:
             except ConflictError:  # it ended meanwhile
                 return
             log.info("event %s: deleted by the VTN, cancelled", event_id)
+
+    # --- safe mode ---------------------------------------------------------------------------
+
+    def _fallback(self, event: EventRow) -> bool:
+        return event.id.startswith(f"{self.id_prefix}-{FALLBACK_PREFIX}")
+
+    async def _hold_safe_mode(self) -> None:
+        """The VTN unreachable longer than FLEXGATE_VTN_FALLBACK_AFTER_S: each program's
+        fallback limit held, as an event of its own (again if it ended meanwhile)."""
+        if not self.safe_mode.lost_contact(self.clock.monotonic()) or self._power is None:
+            return
+        live = {e.id for e in self.events.live()}
+        for name, limit_kw in self.safe_mode.limits_kw().items():
+            stored = self.events.external_id(fallback_id(name))
+            if name in self.safe_mode.holding and self._held_on(stored, live):
+                continue
+            try:
+                baseline, maximum = self._power.envelope()
+                event = self.safe_mode.fallback_event(name, limit_kw, self.clock.now())
+                external = read_event31(
+                    event,
+                    SiteLoad(baseline_facility_kw=baseline, max_capacity_kw=maximum),
+                    self.clock.now(),
+                )
+                async with self._lock:
+                    opt, reason = await self.events.accept(external)
+            except Exception:  # the VEN goes on; tried again at the next failed poll
+                log.exception("safe mode: program %s's fallback limit not held", name)
+                continue
+            self.safe_mode.holding.add(name)
+            if opt == "out":
+                log.warning("safe mode: program %s's fallback limit not held: %s", name, reason)
+                continue
+            assert self.safe_mode.unreachable_since is not None
+            log.warning(
+                "safe mode: the VTN unreachable for %.0f s: holding program %s's fallback "
+                "limit of %g kW (%s)",
+                self.clock.monotonic() - self.safe_mode.unreachable_since,
+                name,
+                limit_kw,
+                stored,
+            )
+
+    def _held_on(self, stored: str, live: set[str]) -> bool:
+        """A fallback event that needs no renewal yet (or the site cannot hold it: said when
+        it was opted out)."""
+        row = self.events.get(stored)
+        if row.status == "opted_out":
+            return True
+        left_s = (as_utc(row.end) - self.clock.now()).total_seconds()
+        return stored in live and left_s > FALLBACK_RENEW_BEFORE_S
+
+    async def _lift_safe_mode(self) -> None:
+        """Contact again: every fallback limit held is lifted (one from before a restart too)."""
+        self.safe_mode.unreachable_since = None
+        self.safe_mode.holding.clear()
+        for event in self.events.live():
+            if not self._fallback(event):
+                continue
+            try:
+                await self.events.cancel(event.id, "vtn")
+            except ConflictError:  # it ended meanwhile
+                continue
+            log.info("safe mode: the VTN answers again: %s lifted", event.id)
 
     def _party(self) -> Party31:
         names = set(_names(self.settings.ven_groups))
