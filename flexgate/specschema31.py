@@ -12,6 +12,7 @@ alone, and the tests that need the schema skip, saying why (`why_unavailable`).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -63,11 +64,9 @@ def why_unavailable() -> str | None:
     """Why the schema cannot be used here, or None."""
     if not spec_path().exists():
         return f"the OpenADR 3.1.0 specification is not at {spec_path()} (../shared absent)"
-    try:
-        import openapi_schema_validator  # noqa: F401
-        import yaml  # noqa: F401
-    except ImportError as exc:
-        return f"{exc.name} is not installed (pip install -e '.[test]')"
+    for module in ("openapi_schema_validator", "yaml"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed (pip install -e '.[test]')"
     return None
 
 

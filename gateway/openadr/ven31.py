@@ -617,7 +617,8 @@ def _own_ven(raw: Any) -> Ven:
             "the VTN's ven object has malformed targets (%s): read without them",
             first_error(exc),
         )
-        return valid(Ven, {k: v for k, v in raw.items() if k != "targets"}, "ven")
+        ven: Ven = valid(Ven, {k: v for k, v in raw.items() if k != "targets"}, "ven")
+        return ven
 
 
 def _why_malformed(exc: ValueError) -> str:
