@@ -227,10 +227,8 @@ class GatewaySettings(BaseSettings):
                 "FLEXGATE_VTN_MQTT_PASSWORD is set without FLEXGATE_VTN_MQTT_USERNAME: set both, "
                 "or neither to use the credentials the VTN's MQTT notifier names"
             )
-        from gateway.openadr.safemode31 import parse_limits  # the format is safe mode's
-
         try:
-            parse_limits(self.vtn_fallback_limits)
+            parse_fallback_limits(self.vtn_fallback_limits)
         except ValueError as exc:
             raise ValueError(f"FLEXGATE_VTN_FALLBACK_LIMITS: {exc}") from None
         secret = self.vtn_client_secret.get_secret_value()
@@ -319,3 +317,20 @@ def is_loopback(host: str) -> bool:
 @lru_cache
 def get_settings() -> GatewaySettings:
     return GatewaySettings()
+
+
+def parse_fallback_limits(text: str) -> dict[str, float]:
+    """`name=kW,name=kW` -> {program name: limit [kW]}; ValueError naming what is wrong."""
+    limits: dict[str, float] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, value = item.rpartition("=")
+        try:
+            limit_kw = float(value)
+        except ValueError:
+            limit_kw = -1.0
+        if not sep or not name.strip() or not limit_kw >= 0:
+            raise ValueError(f"{item!r} is not programName=kW (a limit of 0 kW or more)")
+        limits[name.strip()] = limit_kw
+    return limits

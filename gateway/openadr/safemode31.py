@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gateway.openadr.oadr31 import Event
+from gateway.settings import parse_fallback_limits as parse_limits
+
+__all__ = ["ID_PREFIX", "SafeMode", "event_id", "parse_limits"]
 
 log = logging.getLogger("flexgate.ven31")
 
@@ -32,23 +35,6 @@ KIND = "IMPORT_CAPACITY_LIMIT"
 ID_PREFIX = "fallback-"
 PIECE_S = 600.0  #: a fallback event's length [s]
 RENEW_BEFORE_S = 120.0  #: renewed once less than this is left (the VEN retries every <= 30 s)
-
-
-def parse_limits(text: str) -> dict[str, float]:
-    """`name=kW,name=kW` -> {program name: limit [kW]}; ValueError naming what is wrong."""
-    limits: dict[str, float] = {}
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        name, sep, value = item.rpartition("=")
-        try:
-            limit_kw = float(value)
-        except ValueError:
-            limit_kw = -1.0
-        if not sep or not name.strip() or not limit_kw >= 0:
-            raise ValueError(f"{item!r} is not programName=kW (a limit of 0 kW or more)")
-        limits[name.strip()] = limit_kw
-    return limits
 
 
 def event_id(program_name: str) -> str:
