@@ -15,9 +15,20 @@
   default so VTNs can share a broker), and every PROGRAM and EVENT change is published
   (QoS 1, not retained) to each topic it belongs to: all objects of its kind, its program's,
   and each VEN's (the mock has no object privacy). The message is the webhook's notification.
-- **Validation**: every object a VEN sends is read with the 3.1 models
-  (`gateway.openadr.oadr31`) and refused with a 400 problem naming the field, recorded in
-  `refused`; every object this VTN sends is built through the same models.
+- **Validation**: every object a VEN sends is checked against the specification's own schema
+  (`openadr3.yaml`, `flexgate.specschema31`) where `../shared` is beside the clone, and read
+  with the 3.1 models (`gateway.openadr.oadr31`); one either refuses is answered with a 400
+  problem naming the field, recorded in `refused`. The token request is checked too
+  (`clientCredentialRequest` when the credentials are in the form body; `client_auth` names
+  the ways this VTN accepts, and one request using both is refused, RFC 6749 2.3). Every
+  object this VTN sends is built through the models.
+- **Subscriptions** as the Definition asks: the callback URL must answer the echo challenge
+  (`GET <callbackUrl>?echo=<value>`: 200 and the value in the body) before one is stored.
+  `subscription_failure` (a status) makes it behave like the Alliance's reference VTN when
+  its echo test fails: the subscription is stored, and the VEN is answered that status.
+  `double_encoded` posts notifications as the reference VTN does (a JSON string of JSON), and
+  `one_at_a_time` serves no request while a notification is being posted (as the reference
+  VTN, which posts them synchronously from the request that caused them).
 
 Every VEN reads every event (no object privacy): the VEN's own target check decides. The
 VTN can be taken down and brought back (`down`): it then answers 503 to everything. For the
@@ -27,12 +38,14 @@ default `shed_event`) one second after the first VEN creates its ven object, by 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import itertools
 import json
 import re
 import secrets
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, timedelta
@@ -46,6 +59,7 @@ from fastapi.responses import JSONResponse
 from paho.mqtt.enums import CallbackAPIVersion
 from pydantic import ValidationError
 
+from flexgate.specschema31 import load as load_schema
 from gateway.clock import Clock, SystemClock
 from gateway.openadr.oadr31 import (
     Event,
@@ -95,6 +109,7 @@ class MockVtn31:
         mqtt_broker: str | None = None,
         topic_root: str | None = None,
         mqtt_authentication: dict[str, str] | None = None,
+        client_auth: frozenset[str] = frozenset({"body", "basic"}),
     ) -> None:
         self.clients = clients or {LAB_CLIENT_ID: LAB_CLIENT_SECRET}
         self.token_lifetime_s = token_lifetime_s
@@ -112,6 +127,18 @@ class MockVtn31:
         self.rejected_tokens = 0  #: requests with an unknown or expired token
         self.down = False
         self.subscribable = True  #: False: POST /subscriptions is refused (a poll-only VTN)
+        #: A status: POST /subscriptions stores the subscription, then answers this.
+        self.subscription_failure: int | None = None
+        self.subscription_posts = 0  #: POST /subscriptions asked for
+        #: True: notifications are posted as a JSON string of the JSON (the reference VTN's).
+        self.double_encoded = False
+        self.one_at_a_time = False  #: True: no request served while a notification is posted
+        self.delivery_s: list[float] = []  #: how long each notification took to be answered
+        self._notifying = threading.Event()
+        #: How a client may send its credentials to `/auth/token`: "body", "basic".
+        self.client_auth = client_auth
+        self.token_requests: list[str] = []  #: how each token request authenticated
+        self.schema = load_schema()  #: the specification's schema, None without ../shared
         self._tokens: dict[str, tuple[str, float]] = {}  #: token -> (client, expires at)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -237,15 +264,26 @@ class MockVtn31:
             ]
         note = {"objectType": kind, "operation": operation, "object": obj}
         self._publish(kind, operation, obj, note)
-        for hook in hooks:
-            headers = {"Authorization": f"Bearer {hook.get('bearerToken') or ''}"}
-            try:
-                answer = httpx.post(hook["callbackUrl"], json=note, headers=headers, timeout=10)
-                status = answer.status_code
-            except httpx.HTTPError:
-                status = 0
-            self.delivered.append((hook["callbackUrl"], status))
-            self.say(f"VTN: notified {hook['callbackUrl']} of {kind} {operation}: {status}")
+        body = json.dumps(note) if self.double_encoded else note
+        if self.one_at_a_time:
+            self._notifying.set()
+        try:
+            for hook in hooks:
+                self._post_notification(hook, body, kind, operation)
+        finally:
+            self._notifying.clear()
+
+    def _post_notification(self, hook: dict[str, Any], body: Any, kind: str, op: str) -> None:
+        headers = {"Authorization": f"Bearer {hook.get('bearerToken') or ''}"}
+        began = time.monotonic()
+        try:
+            answer = httpx.post(hook["callbackUrl"], json=body, headers=headers, timeout=10)
+            status = answer.status_code
+        except httpx.HTTPError:
+            status = 0
+        self.delivery_s.append(time.monotonic() - began)
+        self.delivered.append((hook["callbackUrl"], status))
+        self.say(f"VTN: notified {hook['callbackUrl']} of {kind} {op}: {status}")
 
     def _publish(self, kind: str, operation: str, obj: dict[str, Any], note: Any) -> None:
         """The notification on every MQTT topic the change belongs to."""
@@ -276,6 +314,8 @@ class MockVtn31:
         async def gate(request: Request, call_next: Any) -> Any:
             if self.down:
                 return _problem(503, "the VTN is down")
+            while self._notifying.is_set():  # one_at_a_time: busy posting a notification
+                await asyncio.sleep(0.01)
             path = request.url.path
             if path in ("/auth/server", "/auth/token"):
                 return await call_next(request)
@@ -295,6 +335,16 @@ class MockVtn31:
         async def token(request: Request) -> JSONResponse:
             # The form by hand: FastAPI's form parsing needs python-multipart.
             form = {k: v[0] for k, v in parse_qs((await request.body()).decode()).items()}
+            basic = request.headers.get("authorization", "").startswith("Basic ")
+            in_body = "client_id" in form or "client_secret" in form
+            how = "both" if basic and in_body else "basic" if basic else "body"
+            self.token_requests.append(how)
+            if how == "both":  # RFC 6749 2.3: "MUST NOT use more than one authentication method"
+                return self._auth_refusal("invalid_request", "credentials sent two ways")
+            if how not in self.client_auth:
+                return self._auth_refusal("invalid_request", f"credentials by {how} refused")
+            if how == "body" and (why := self._schema_problem("clientCredentialRequest", form)):
+                return self._auth_refusal("invalid_request", why)
             client, secret = _basic(request.headers.get("authorization", ""))
             client = client or str(form.get("client_id", ""))
             secret = secret or str(form.get("client_secret", ""))
@@ -365,7 +415,7 @@ class MockVtn31:
 
         @app.post("/vens")
         async def create_ven(request: Request) -> JSONResponse:
-            ven = await self._read(request, Ven)
+            ven = await self._read(request, Ven, "venRequest")
             if isinstance(ven, JSONResponse):
                 return ven
             if ven.object_type != "VEN_VEN_REQUEST":
@@ -392,7 +442,7 @@ class MockVtn31:
 
         @app.post("/resources")
         async def create_resource(request: Request) -> JSONResponse:
-            resource = await self._read(request, Resource)
+            resource = await self._read(request, Resource, "resourceRequest")
             if isinstance(resource, JSONResponse):
                 return resource
             if resource.ven_id not in self.vens:
@@ -402,15 +452,39 @@ class MockVtn31:
 
         @app.post("/subscriptions")
         async def subscribe(request: Request) -> JSONResponse:
+            self.subscription_posts += 1
             if not self.subscribable:
                 return _problem(403, "subscriptions are not offered by this VTN")
-            subscription = await self._read(request, Subscription)
+            subscription = await self._read(request, Subscription, "subscriptionRequest")
             if isinstance(subscription, JSONResponse):
                 return subscription
+            if self.subscription_failure is None:
+                for operation in subscription.object_operations:
+                    if why := await _echo_problem(operation.callback_url):
+                        return self._refuse(400, f"callbackUrl: {why}")
             stored = self._store(
                 Subscription, subscription.wire(), "SUBSCRIPTION", self.subscriptions
             )
+            stored["clientID"] = request.state.client
+            if self.subscription_failure is not None:
+                return _problem(self.subscription_failure, "Echo issue")
             return JSONResponse(stored, status_code=201)
+
+        @app.get("/subscriptions")
+        async def subscriptions(
+            request: Request,
+            clientName: str | None = None,
+            skip: int = 0,
+            limit: int = 50,
+        ) -> list[dict[str, Any]]:
+            with self._lock:
+                mine = [
+                    s
+                    for s in self.subscriptions.values()
+                    if s.get("clientID") == request.state.client
+                    and clientName in (None, s["clientName"])
+                ]
+            return mine[skip : skip + limit]
 
         @app.delete("/subscriptions/{subscription_id}")
         async def unsubscribe(subscription_id: str) -> JSONResponse:
@@ -422,7 +496,7 @@ class MockVtn31:
 
         @app.post("/reports")
         async def report(request: Request) -> JSONResponse:
-            report = await self._read(request, Report)
+            report = await self._read(request, Report, "reportRequest")
             if isinstance(report, JSONResponse):
                 return report
             if report.event_id not in self.events:
@@ -439,13 +513,27 @@ class MockVtn31:
 
         return app
 
-    async def _read(self, request: Request, model: type[Model]) -> Any:
+    async def _read(self, request: Request, model: type[Model], schema_name: str) -> Any:
+        """The body as `model`, once the specification's `schema_name` and the model take it;
+        else the 400 problem that says why."""
         try:
-            return model.model_validate(await request.json())
-        except ValidationError as exc:
-            return self._refuse(400, f"not a 3.1 {model.__name__}: {first_error(exc)}")
+            body = await request.json()
         except ValueError:
             return self._refuse(400, "the body is not JSON")
+        if why := self._schema_problem(schema_name, body):
+            return self._refuse(400, f"not a 3.1 {schema_name} (the specification): {why}")
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            return self._refuse(400, f"not a 3.1 {model.__name__}: {first_error(exc)}")
+
+    def _schema_problem(self, name: str, obj: Any) -> str | None:
+        return self.schema.check(name, obj) if self.schema is not None else None
+
+    def _auth_refusal(self, error: str, why: str) -> JSONResponse:
+        self.refused.append(f"/auth/token: {why}")
+        self.say(f"VTN: refused a token request: {why}")
+        return JSONResponse({"error": error, "error_description": why}, status_code=400)
 
     def _refuse(self, status: int, detail: str) -> JSONResponse:
         self.refused.append(detail)
@@ -491,6 +579,19 @@ def _publisher(broker: str) -> paho.Client:
         client.loop_stop()
         raise ConnectionError(f"the MQTT broker {broker} did not accept the connection")
     return client
+
+
+async def _echo_problem(callback_url: str) -> str | None:
+    """Why the callback fails the Definition's echo challenge, or None when it answers it."""
+    challenge = secrets.token_urlsafe(12)
+    try:
+        async with httpx.AsyncClient(timeout=10) as http:
+            answer = await http.get(callback_url, params={"echo": challenge})
+    except httpx.HTTPError as exc:
+        return f"the echo challenge got no answer ({type(exc).__name__})"
+    if answer.status_code != 200 or challenge not in answer.text:
+        return f"the echo challenge was answered {answer.status_code} without the value"
+    return None
 
 
 def _problem(status: int, detail: str) -> JSONResponse:

@@ -71,8 +71,16 @@ class GatewaySettings(BaseSettings):
     vtn_client_id: str = ""  #: OpenADR 3.1: the OAuth2 client the VTN's operator issued
     vtn_client_secret: SecretStr = SecretStr("")  #: OpenADR 3.1: its secret
     vtn_token_url: str = ""  #: OpenADR 3.1: the token service; empty: `GET /auth/server`
+    #: OpenADR 3.1: how the client credentials reach the token service: in the form body (the
+    #: 3.1.0 schema's clientCredentialRequest) or as HTTP Basic (RFC 6749 2.3.1)
+    vtn_client_auth: Literal["body", "basic"] = "body"
     vtn_allow_http: bool = False  #: OpenADR 3.1: plain HTTP to a VTN on loopback
     vtn_poll_s: float = Field(default=10.0, gt=0.0)  #: OpenADR 3.1: events are read this often
+    #: OpenADR 3.1 safe mode: `programName=kW,...`, each program's import limit held while the
+    #: VTN is unreachable; FALLBACK_EVENT names events that set it; FALLBACK_AFTER_S the wait
+    vtn_fallback_limits: str = ""
+    vtn_fallback_event: str = ""
+    vtn_fallback_after_s: float = Field(default=300.0, gt=0.0)
     ven_callback_url: str = ""  #: OpenADR 3.1: where the VTN posts notifications; empty: poll
     vtn_mqtt: bool = True  #: OpenADR 3.1: use the VTN's MQTT notifier when it offers one
     vtn_mqtt_username: str = ""  #: OpenADR 3.1: the broker's username; empty: as the VTN says
@@ -238,6 +246,10 @@ class GatewaySettings(BaseSettings):
                 "FLEXGATE_VTN_MQTT_PASSWORD is set without FLEXGATE_VTN_MQTT_USERNAME: set both, "
                 "or neither to use the credentials the VTN's MQTT notifier names"
             )
+        try:
+            parse_fallback_limits(self.vtn_fallback_limits)
+        except ValueError as exc:
+            raise ValueError(f"FLEXGATE_VTN_FALLBACK_LIMITS: {exc}") from None
         secret = self.vtn_client_secret.get_secret_value()
         if not self.vtn_client_id or not secret:
             raise ValueError(
@@ -324,3 +336,20 @@ def is_loopback(host: str) -> bool:
 @lru_cache
 def get_settings() -> GatewaySettings:
     return GatewaySettings()
+
+
+def parse_fallback_limits(text: str) -> dict[str, float]:
+    """`name=kW,name=kW` -> {program name: limit [kW]}; ValueError naming what is wrong."""
+    limits: dict[str, float] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, value = item.rpartition("=")
+        try:
+            limit_kw = float(value)
+        except ValueError:
+            limit_kw = -1.0
+        if not sep or not name.strip() or not limit_kw >= 0:
+            raise ValueError(f"{item!r} is not programName=kW (a limit of 0 kW or more)")
+        limits[name.strip()] = limit_kw
+    return limits

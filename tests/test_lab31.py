@@ -85,8 +85,10 @@ def test_mock_vtn_31_issues_an_event_to_a_31_gateway_and_prints_both_sides(tmp_p
         while time.monotonic() < deadline:
             line = vtn.stdout.readline()
             lines.append(line.strip())
-            # The VEN reports while it answers the notification: the VTN prints that first.
-            if "issued event" in line and any("report 'not acted on" in x for x in lines):
+            # The VEN answers the notification first and reports after: either may print first.
+            if any("issued event" in x for x in lines) and any(
+                "report 'not acted on" in x for x in lines
+            ):
                 break
     finally:
         for process in (gateway, vtn):

@@ -17,6 +17,10 @@ subscribes and hands every message, as it came, to the asyncio loop, in order:
   Once the topics are subscribed again after a reconnection, `resubscribed` is called on the
   loop: what was published meanwhile was missed, and the VEN polls at once (the notifier
   document's 16.2: the current state from the REST API, not from the broker).
+- A retained message is dropped, and said once per topic: the broker replays it at each
+  subscription however old it is (a VTN may retain, the notifier document's 16.1), so it can
+  tell of an event since deleted; the state comes from the REST API (16.2), which the VEN
+  polls.
 """
 
 from __future__ import annotations
@@ -99,6 +103,8 @@ class MqttNotifications:
         self.connected = False
         self._stopping = False
         self._pending: dict[int, list[str]] = {}  #: subscribe mid -> its topics
+        self.retained_dropped = 0  #: retained messages not handed on
+        self._retained_said: set[str] = set()  #: topics whose retained message was logged
         #: Held from a SUBSCRIBE's sending until its mid is noted: its SUBACK may come first.
         self._sending = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -215,7 +221,20 @@ class MqttNotifications:
             self._to_loop(self._resubscribed)
 
     def _on_message(self, _client: paho.Client, _userdata: Any, message: paho.MQTTMessage) -> None:
+        if message.retain:
+            self._to_loop(self._drop_retained, message.topic)
+            return
         self._to_loop(self._put, message.topic, bytes(message.payload))
+
+    def _drop_retained(self, topic: str) -> None:
+        self.retained_dropped += 1
+        if topic not in self._retained_said:
+            self._retained_said.add(topic)
+            log.info(
+                "MQTT: a retained message on %s ignored (it may be stale); the poll reads the "
+                "current state",
+                topic,
+            )
 
     def _to_loop(self, call: Callable[..., None], *args: Any) -> None:
         """Run `call` on the loop; nothing once the loop has closed (the gateway stopping)."""

@@ -28,10 +28,13 @@ decided:
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
+
+log = logging.getLogger("flexgate.ven31")
 
 #: "The beginning of time": an event or interval that starts now (User Guide 7.3).
 DO_IT_NOW = datetime(1, 1, 1, tzinfo=UTC)
@@ -68,14 +71,33 @@ Unit = Literal[
 
 def _when(value: Any) -> Any:
     """A dateTime; a bare date (as "0001-01-01" in the User Guide) is midnight UTC, and a
-    time without a zone is UTC (RFC 3339 asks for one; the User Guide's examples omit it)."""
+    time without a zone is UTC (RFC 3339 asks for one; the User Guide's examples omit it, and
+    the Alliance's reference VTN stamps `YYYY-MM-DD HH:MM:SS`), said once in the log."""
     if isinstance(value, str):
         text = value.strip()
         if len(text) == 10:
             text += "T00:00:00"
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        if parsed.tzinfo:
+            return parsed
+        if len(value.strip()) > 10:
+            _say_zoneless(value)
+        return parsed.replace(tzinfo=UTC)
     return value
+
+
+_zoneless_said = False
+
+
+def _say_zoneless(value: str) -> None:
+    global _zoneless_said
+    if not _zoneless_said:
+        _zoneless_said = True
+        log.warning(
+            "a VTN timestamp without a time zone (%r): read as UTC (RFC 3339 asks for a zone); "
+            "said once",
+            value,
+        )
 
 
 def _duration(value: Any) -> Any:
@@ -122,8 +144,8 @@ class Model(BaseModel):
 
 
 class Point(Model):
-    x: float | None = None
-    y: float | None = None
+    x: float  # both required by the specification's schema
+    y: float
 
 
 class ValuesMap(Model):
@@ -168,9 +190,8 @@ class ReportDescriptor(Model):
 
 
 class ReportPayloadDescriptor(Model):
-    object_type: Literal["REPORT_PAYLOAD_DESCRIPTOR"] | None = Field(
-        default=None, alias="objectType"
-    )
+    # Required (the schema's discriminator): the reference VTN refuses a report without it.
+    object_type: Literal["REPORT_PAYLOAD_DESCRIPTOR"] = Field(alias="objectType")
     payload_type: Name = Field(alias="payloadType")
     reading_type: str | None = Field(default=None, alias="readingType")
     units: str | None = None
@@ -193,7 +214,8 @@ class Program(Stamped):
     program_descriptions: list[dict[str, Any]] | None = Field(
         default=None, alias="programDescriptions"
     )
-    payload_descriptors: list[EventPayloadDescriptor] | None = Field(
+    # The schema lets a program describe its reports' payloads too (anyOf).
+    payload_descriptors: list[EventPayloadDescriptor | ReportPayloadDescriptor] | None = Field(
         default=None, alias="payloadDescriptors"
     )
     attributes: list[ValuesMap] | None = None

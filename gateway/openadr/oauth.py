@@ -3,13 +3,18 @@ fetched again before it expires.
 
 The token service is the one `FLEXGATE_VTN_TOKEN_URL` names, else the one the VTN names at
 `GET /auth/server` (OpenADR 3.1.0, issue 226); it must pass the same HTTPS rule as the VTN.
-The client authenticates with HTTP Basic (RFC 6749 2.3.1). A token is refreshed once
-REFRESH_SHARE of its lifetime has passed (on the clock passed in), so a request never carries
-one about to expire; a VTN that still answers 401 makes the caller `invalidate` it and retry
-once. The secret and the token are never logged or put in an error message.
+The client credentials go in the form body by default (`client_id`, `client_secret`: the 3.1.0
+schema's clientCredentialRequest requires them there, and the Alliance's reference VTN refuses a
+request without them), or as HTTP Basic when FLEXGATE_VTN_CLIENT_AUTH=basic (RFC 6749 2.3.1
+allows either, and a server may refuse a request that uses both, so never both). A token is
+refreshed once REFRESH_SHARE of its lifetime has passed (on the clock passed in), so a request
+never carries one about to expire; a VTN that still answers 401 makes the caller `invalidate`
+it and retry once. The secret and the token are never logged or put in an error message.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import httpx
 from pydantic import SecretStr, ValidationError
@@ -39,11 +44,13 @@ class TokenSource:
         client_secret: SecretStr,
         token_url: str = "",
         allow_http: bool = False,
+        client_auth: str = "body",
     ) -> None:
         self.http, self.clock = http, clock
         self.vtn_url = vtn_url.rstrip("/")
         self.client_id, self._secret = client_id, client_secret
         self.token_url, self.allow_http = token_url, allow_http
+        self.client_auth = client_auth  #: "body" or "basic"
         self._token: str | None = None
         self._renew_at = 0.0
         self.fetched = 0  #: tokens fetched so far
@@ -62,11 +69,7 @@ class TokenSource:
     async def _fetch(self) -> None:
         url = self.token_url or await self._discover()
         try:
-            answer = await self.http.post(
-                url,
-                data={"grant_type": "client_credentials"},
-                auth=(self.client_id, self._secret.get_secret_value()),
-            )
+            answer = await self.http.post(url, **self._credentials())
         except httpx.HTTPError as exc:
             raise VtnAuthError(f"token service {url} unreachable: {type(exc).__name__}") from None
         if answer.status_code != 200:
@@ -85,6 +88,14 @@ class TokenSource:
         self._token = token
         self._renew_at = self.clock.monotonic() + REFRESH_SHARE * lifetime
         self.fetched += 1
+
+    def _credentials(self) -> dict[str, Any]:
+        """The token request's form and authentication, as FLEXGATE_VTN_CLIENT_AUTH says."""
+        form = {"grant_type": "client_credentials"}
+        secret = self._secret.get_secret_value()
+        if self.client_auth == "basic":
+            return {"data": form, "auth": (self.client_id, secret)}
+        return {"data": {**form, "client_id": self.client_id, "client_secret": secret}}
 
     async def _discover(self) -> str:
         where = f"{self.vtn_url}/auth/server"

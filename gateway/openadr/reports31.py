@@ -67,7 +67,13 @@ def interval_report(
         "clientName": client_name,
         "reportName": f"flexgate {event.id} interval {interval_id}",
         "payloadDescriptors": [
-            {"payloadType": t, "readingType": "DIRECT_READ", "units": REPORTED[t]} for t in types
+            {
+                "objectType": "REPORT_PAYLOAD_DESCRIPTOR",  # required by the specification
+                "payloadType": t,
+                "readingType": "DIRECT_READ",
+                "units": REPORTED[t],
+            }
+            for t in types
         ],
         "resources": resources,
     }

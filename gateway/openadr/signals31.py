@@ -107,9 +107,12 @@ def read_event31(
     if not event.intervals:
         raise RefusedEventError("the event has no intervals")
     # The event's own descriptors win over the program's defaults.
-    units = _units(program.payload_descriptors if program else None) | _units(
-        event.payload_descriptors
-    )
+    from_program = [
+        d
+        for d in (program.payload_descriptors or [] if program else [])
+        if isinstance(d, EventPayloadDescriptor)
+    ]
+    units = _units(from_program) | _units(event.payload_descriptors)
     pieces: list[Interval] = []
     for begin, end, interval in periods(event, now, timedelta(seconds=offset)):
         for payload in interval.payloads:

@@ -3,8 +3,18 @@
 `FLEXGATE_OPENADR=3.1`. With an OAuth2 token (`oauth`), it finds or creates its ven object
 (`venName` = FLEXGATE_VEN_NAME) and its resources (FLEXGATE_VEN_RESOURCES), subscribes to event
 notifications when FLEXGATE_VEN_CALLBACK_URL is set (the gateway serves the callback, `router`:
+it answers the VTN's echo challenge, `GET <callbackUrl>?echo=` and `GET <callbackUrl>/echo?echo=`;
 a notification must carry the subscription's bearer token), and reads programs and events every
 FLEXGATE_VTN_POLL_S whatever the webhook does (the fallback, and the check on what it missed).
+
+A subscription the VTN refuses is asked for again with backoff (`SUBSCRIBE_RETRY_S`), not at
+every poll; before each, the VEN deletes its own left on the VTN (`GET /subscriptions`, matched
+on clientName and callback URL): a VTN may store one and still answer an error, and one left by
+a previous run carries a bearer token nobody holds any more. A notification is answered as soon
+as it is read, and acted on after (`_inbox`): a VTN that posts notifications synchronously and
+serves one request at a time would otherwise wait for the VEN's own requests (a refusal
+report) to time out. A malformed notification is refused with the reason, logged, and the VEN
+polls at once.
 When the VTN's `GET /notifiers` offers MQTT (and FLEXGATE_VTN_MQTT is on), it also connects to
 the broker (`notifiers31`, `mqtt31`) and follows the event topics of each program it reads
 (`GET /notifiers/mqtt/topics/programs/{programID}/events`); a message is read exactly as a
@@ -35,7 +45,7 @@ from typing import Any
 
 import httpx
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import ValidationError
 
 from gateway.clock import Clock
@@ -54,6 +64,10 @@ from gateway.openadr.oadr31 import (
 from gateway.openadr.oauth import TokenSource, VtnAuthError
 from gateway.openadr.reporter31 import Reporter
 from gateway.openadr.reports31 import refusal_report
+from gateway.openadr.safemode31 import ID_PREFIX as FALLBACK_PREFIX
+from gateway.openadr.safemode31 import RENEW_BEFORE_S as FALLBACK_RENEW_BEFORE_S
+from gateway.openadr.safemode31 import SafeMode, parse_limits
+from gateway.openadr.safemode31 import event_id as fallback_id
 from gateway.openadr.signals import SiteLoad
 from gateway.openadr.signals31 import (
     Party31,
@@ -65,13 +79,17 @@ from gateway.openadr.vtn31 import VtnClient, VtnError, valid
 from gateway.services.events import Events
 from gateway.services.site import SitePower
 from gateway.settings import GatewaySettings
-from gateway.store.models import EventRow
+from gateway.store.models import EventRow, as_utc
 
 log = logging.getLogger("flexgate.ven31")
 
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+#: Waits between refused subscription attempts [s]: each may leave one stored on the VTN.
+SUBSCRIBE_RETRY_S = (1.0, 2.0, 5.0, 15.0, 60.0, 300.0)
 #: The path the gateway serves the VTN's notifications on.
 CALLBACK_PATH = "/openadr3/notifications"
+#: Notifications read and waiting to be acted on; more are answered 503 (the poll reads them).
+INBOX_MAX = 1000
 
 
 class Ven31:
@@ -93,9 +111,15 @@ class Ven31:
             client_secret=settings.vtn_client_secret,
             token_url=settings.vtn_token_url,
             allow_http=settings.lab or settings.vtn_allow_http,
+            client_auth=settings.vtn_client_auth,
         )
         self.vtn = VtnClient(http, self.tokens, settings.vtn_url)
         self.reports = Reporter(self.vtn, clock, settings.ven_name)
+        self.safe_mode = SafeMode(
+            parse_limits(settings.vtn_fallback_limits),
+            settings.vtn_fallback_event,
+            settings.vtn_fallback_after_s,
+        )
         self.notifications = MqttFollower(
             settings, self.vtn, self.tokens, self.notified, self._poll_soon
         )
@@ -105,6 +129,11 @@ class Ven31:
         self.resources: list[Resource] = []
         self.subscription_id: str | None = None
         self._subscribe_error: str | None = None
+        self._subscribe_failures = 0
+        self._subscribe_at = 0.0  #: no subscription attempt before this [s, monotonic]
+        self._inbox: asyncio.Queue[Notification] = asyncio.Queue(INBOX_MAX)
+        self._inbox_task: asyncio.Task[None] | None = None
+        self._malformed_said: set[str] = set()  #: reasons for refused notifications logged
         self.programs: dict[str, Program] = {}
         self.reachable = False
         self._handled: dict[str, int] = {}  #: event id -> the modification read
@@ -127,6 +156,8 @@ class Ven31:
     async def opt_out(self, event: EventRow) -> None:
         """An event cancelled on the site: the VTN hears it in a report with the reason."""
         assert event.external_id is not None
+        if self._fallback(event):  # flexgate's own, unknown to the VTN
+            return
         self.reports.stop(event.external_id)
         await self.reports.post(refusal_report(event.external_id, self.name, event.reason or ""))
 
@@ -144,10 +175,12 @@ class Ven31:
     async def start(self, events: Events, power: SitePower) -> None:
         self._events, self._power = events, power
         self._task = asyncio.create_task(self._run())
+        self._inbox_task = asyncio.create_task(self._work_inbox())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in (self._task, self._inbox_task):
+            if task is not None:
+                task.cancel()
         self.reports.stop_all()
         await self.notifications.stop()
         if self.subscription_id is not None:
@@ -168,6 +201,7 @@ class Ven31:
                 if self.settings.vtn_mqtt and not self.notifications.asked:
                     await self.notifications.connect()
                 await self.poll()
+                await self._lift_safe_mode()
                 await self.notifications.follow(set(self.programs))
                 self.reachable, attempt = True, 0
                 await self.reports.send_undelivered()
@@ -177,6 +211,7 @@ class Ven31:
                 delay = RETRY_S[min(attempt, len(RETRY_S) - 1)]
                 log.warning("VTN: %s; the stored events run on; retrying in %g s", exc, delay)
                 attempt += 1
+                await self._hold_safe_mode()
                 await self.clock.sleep(delay)
             except Exception:  # a bug must not end the VEN: say so, and go on
                 log.exception("the VEN's poll failed")
@@ -215,7 +250,7 @@ class Ven31:
                 ).wire(),
             )
         )
-        ven = valid(Ven, raw, "ven")
+        ven = _own_ven(raw)
         assert ven.id is not None
         have = [
             valid(Resource, r, "resource")
@@ -237,21 +272,49 @@ class Ven31:
         log.info("registered with the VTN as ven %s (%s)", ven.id, self.name)
 
     async def _try_subscribe(self) -> None:
-        """Subscribe; a VTN that refuses is polled meanwhile, and asked again at each poll
-        (the reason logged when it changes)."""
+        """Subscribe; a VTN that refuses is polled meanwhile, and asked again after a wait
+        that grows (SUBSCRIBE_RETRY_S; the reason logged when it changes)."""
+        if self.clock.monotonic() < self._subscribe_at:
+            return
         try:
             await self._subscribe()
-            self._subscribe_error = None
+            self._subscribe_error, self._subscribe_failures = None, 0
         except (VtnError, VtnAuthError) as exc:
+            wait_s = SUBSCRIBE_RETRY_S[min(self._subscribe_failures, len(SUBSCRIBE_RETRY_S) - 1)]
+            self._subscribe_failures += 1
+            self._subscribe_at = self.clock.monotonic() + wait_s
             if str(exc) != self._subscribe_error:
                 log.warning(
-                    "no webhook subscription (%s): polling every %g s meanwhile",
+                    "no webhook subscription (%s): polling every %g s meanwhile; asking "
+                    "again in %g s, then less often",
                     exc,
                     self.settings.vtn_poll_s,
+                    wait_s,
                 )
             self._subscribe_error = str(exc)
 
+    async def _delete_own_subscriptions(self) -> None:
+        """Delete this VEN's subscriptions to its callback URL that the VTN holds (left by a
+        refused attempt or a previous run). A VTN that does not list them is not asked."""
+        try:
+            listed = await self.vtn.list("/subscriptions", {"clientName": self.name})
+        except VtnError as exc:
+            log.info("the VTN's subscriptions not listed (%s): none deleted", exc)
+            return
+        for raw in listed:
+            if not isinstance(raw, dict) or raw.get("clientName") != self.name:
+                continue
+            urls = {
+                op.get("callbackUrl")
+                for op in raw.get("objectOperations") or []
+                if isinstance(op, dict)
+            }
+            if self.settings.ven_callback_url in urls and raw.get("id"):
+                await self.vtn.call("DELETE", f"/subscriptions/{raw['id']}")
+                log.info("deleted subscription %s, left on the VTN before this one", raw["id"])
+
     async def _subscribe(self) -> None:
+        await self._delete_own_subscriptions()
         body = {
             "clientName": self.name,
             "objectOperations": [
@@ -293,7 +356,9 @@ class Ven31:
                     event.external_id not in ids
                     and self._read_at.get(str(event.external_id), asked_at) <= asked_at
                 )
-                if not (event.id.startswith(f"{self.id_prefix}-") and gone):
+                if not (event.id.startswith(f"{self.id_prefix}-") and gone) or self._fallback(
+                    event
+                ):
                     continue
                 self.reports.stop(str(event.external_id))
                 try:
@@ -342,6 +407,10 @@ class Ven31:
         modification = modification_of(event)
         if self._handled.get(event.id) == modification:
             return  # read already
+        program = self.programs.get(event.program_id)
+        if self.safe_mode.learn(event, program.program_name if program else None):
+            self._handled[event.id] = modification  # a definition, not a request
+            return
         assert self._power is not None
         baseline, maximum = self._power.envelope()
         try:
@@ -386,6 +455,70 @@ class Ven31:
                 return
             log.info("event %s: deleted by the VTN, cancelled", event_id)
 
+    # --- safe mode ---------------------------------------------------------------------------
+
+    def _fallback(self, event: EventRow) -> bool:
+        return event.id.startswith(f"{self.id_prefix}-{FALLBACK_PREFIX}")
+
+    async def _hold_safe_mode(self) -> None:
+        """The VTN unreachable longer than FLEXGATE_VTN_FALLBACK_AFTER_S: each program's
+        fallback limit held, as an event of its own (again if it ended meanwhile)."""
+        if not self.safe_mode.lost_contact(self.clock.monotonic()) or self._power is None:
+            return
+        live = {e.id for e in self.events.live()}
+        for name, limit_kw in self.safe_mode.limits_kw().items():
+            stored = self.events.external_id(fallback_id(name))
+            if name in self.safe_mode.holding and self._held_on(stored, live):
+                continue
+            try:
+                baseline, maximum = self._power.envelope()
+                event = self.safe_mode.fallback_event(name, limit_kw, self.clock.now())
+                external = read_event31(
+                    event,
+                    SiteLoad(baseline_facility_kw=baseline, max_capacity_kw=maximum),
+                    self.clock.now(),
+                )
+                async with self._lock:
+                    opt, reason = await self.events.accept(external)
+            except Exception:  # the VEN goes on; tried again at the next failed poll
+                log.exception("safe mode: program %s's fallback limit not held", name)
+                continue
+            self.safe_mode.holding.add(name)
+            if opt == "out":
+                log.warning("safe mode: program %s's fallback limit not held: %s", name, reason)
+                continue
+            assert self.safe_mode.unreachable_since is not None
+            log.warning(
+                "safe mode: the VTN unreachable for %.0f s: holding program %s's fallback "
+                "limit of %g kW (%s)",
+                self.clock.monotonic() - self.safe_mode.unreachable_since,
+                name,
+                limit_kw,
+                stored,
+            )
+
+    def _held_on(self, stored: str, live: set[str]) -> bool:
+        """A fallback event that needs no renewal yet (or the site cannot hold it: said when
+        it was opted out)."""
+        row = self.events.get(stored)
+        if row.status == "opted_out":
+            return True
+        left_s = (as_utc(row.end) - self.clock.now()).total_seconds()
+        return stored in live and left_s > FALLBACK_RENEW_BEFORE_S
+
+    async def _lift_safe_mode(self) -> None:
+        """Contact again: every fallback limit held is lifted (one from before a restart too)."""
+        self.safe_mode.unreachable_since = None
+        self.safe_mode.holding.clear()
+        for event in self.events.live():
+            if not self._fallback(event):
+                continue
+            try:
+                await self.events.cancel(event.id, "vtn")
+            except ConflictError:  # it ended meanwhile
+                continue
+            log.info("safe mode: the VTN answers again: %s lifted", event.id)
+
     def _party(self) -> Party31:
         names = set(_names(self.settings.ven_groups))
         for obj in [self.ven, *self.resources]:
@@ -400,6 +533,15 @@ class Ven31:
         """The callback the VTN posts notifications to (FLEXGATE_VEN_CALLBACK_URL)."""
         router = APIRouter()
 
+        # The Definition's challenge is `GET <callbackUrl>?echo=`; the Alliance's reference VTN
+        # asks `GET <callbackUrl>/echo?echo=`. Only the value comes back, so no token is asked.
+        @router.get(CALLBACK_PATH, include_in_schema=False)
+        @router.get(f"{CALLBACK_PATH}/echo", include_in_schema=False)
+        async def echo(echo: str = "") -> PlainTextResponse:
+            if not echo:
+                return PlainTextResponse("no echo challenge given", status_code=400)
+            return PlainTextResponse(echo)
+
         @router.post(CALLBACK_PATH, include_in_schema=False)
         async def notification(request: Request) -> JSONResponse:
             given = request.headers.get("authorization", "")
@@ -412,19 +554,37 @@ class Ven31:
             try:
                 note = Notification.model_validate(await request.json())
             except ValueError as exc:  # ValidationError and bad JSON
+                return self._malformed(f"not an OpenADR 3.1 notification: {_why_malformed(exc)}")
+            try:
+                self._inbox.put_nowait(note)
+            except asyncio.QueueFull:
                 return JSONResponse(
-                    {"detail": f"not an OpenADR 3.1 notification: {first_error(exc)}"},
-                    status_code=400,
-                )
-            if not await self.notified(note):
-                return JSONResponse(
-                    {"detail": "the event could not be stored: send it again"},
+                    {"detail": "too many notifications waiting: the next poll reads it"},
                     status_code=503,
                     headers={"Retry-After": "5"},
                 )
             return JSONResponse({"detail": "received"})
 
         return router
+
+    def _malformed(self, why: str) -> JSONResponse:
+        """Refused, and said once per reason: the VTN may send every notification so. A
+        notification says something changed: polling reads it now."""
+        if why not in self._malformed_said:
+            self._malformed_said.add(why)
+            log.warning("a notification refused (%s); polling reads what it was about", why)
+        self._poll_now.set()
+        return JSONResponse({"detail": why}, status_code=400)
+
+    async def _work_inbox(self) -> None:
+        """Act on the notifications answered, in the order they came."""
+        while True:
+            note = await self._inbox.get()
+            try:
+                if not await self.notified(note):
+                    log.warning("a notified event could not be stored; the next poll reads it")
+            except Exception:  # a bug must not end the inbox: say so, and go on
+                log.exception("a notification could not be acted on")
 
     async def notified(self, note: Notification) -> bool:
         """Act on a notification; False when its event could not be stored."""
@@ -442,6 +602,33 @@ class Ven31:
             if program.id and operation != "DELETE":
                 self.programs[program.id] = program
         return True
+
+
+def _own_ven(raw: Any) -> Ven:
+    """The VEN's own ven object. Malformed targets (the reference VTN turns them into a list
+    of lists each time its VEN is read) are left out, said in the log: the VEN then answers
+    events for its name, groups and resources only, and never loops on registration."""
+    try:
+        return Ven.model_validate(raw)
+    except ValidationError as exc:
+        if not isinstance(raw, dict) or any(e["loc"][:1] != ("targets",) for e in exc.errors()):
+            raise VtnError(f"the VTN's ven is not an OpenADR 3.1 ven: {first_error(exc)}") from None
+        log.warning(
+            "the VTN's ven object has malformed targets (%s): read without them",
+            first_error(exc),
+        )
+        ven: Ven = valid(Ven, {k: v for k, v in raw.items() if k != "targets"}, "ven")
+        return ven
+
+
+def _why_malformed(exc: ValueError) -> str:
+    """The reason, naming the reference VTN's double encoding (a JSON string of the JSON)."""
+    if isinstance(exc, ValidationError):
+        errors = exc.errors()
+        if errors and not errors[0].get("loc") and isinstance(errors[0].get("input"), str):
+            return "the body is a JSON string, not an object (JSON encoded twice?)"
+        return first_error(exc)
+    return "the body is not JSON"
 
 
 def _modification_or_none(raw: Any) -> int:

@@ -99,7 +99,7 @@ def site(tmp_path, database_url, vtn, logs):
         yield site
 
 
-def publish(topic, payload: bytes) -> None:
+def publish(topic, payload: bytes, retain: bool = False) -> None:
     """One message on the broker, as a VTN (or anyone on it) would send it."""
     done = threading.Event()
     client = paho.Client(CallbackAPIVersion.VERSION2)
@@ -108,7 +108,7 @@ def publish(topic, payload: bytes) -> None:
     client.loop_start()
     try:
         assert done.wait(10), "the broker did not accept the test's connection"
-        client.publish(topic, payload, qos=1).wait_for_publish(10)
+        client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(10)
     finally:
         client.disconnect()
         client.loop_stop()
@@ -137,6 +137,24 @@ def test_an_event_by_mqtt_becomes_caps(site, vtn, logs):
     site.wait(lambda: capped(site), what="caps")
     assert vtn.delivered == []  # no webhook: MQTT brought it
     assert vtn.refused == []
+
+
+def test_a_retained_message_is_not_acted_on(tmp_path, database_url, vtn, logs):
+    """The reference VTN retains: after a restart the broker replays an event created and
+    deleted meanwhile. The state comes from the REST API, which no longer lists it."""
+    gone = {**simple_event(vtn, start_s=0.5, interval_s=60, intervals=1), "id": "deleted-meanwhile"}
+    note = {"objectType": "EVENT", "operation": "CREATE", "object": gone}
+    topic = event_topics(vtn)["CREATE"]
+    publish(topic, json.dumps(note).encode(), retain=True)
+    try:
+        with mqtt_site(tmp_path, database_url, vtn, logs) as site:
+            site.wait(lambda: "retained message" in logs.text, what="the retained message seen")
+            event = vtn.add_event(simple_event(vtn, start_s=30, interval_s=60, intervals=1))
+            site.wait(lambda: stored(site, event["id"]), what="a live message after it")
+            assert stored(site, "deleted-meanwhile") is None
+            assert uncapped(site)
+    finally:
+        publish(topic, b"", retain=True)  # an empty retained message clears it
 
 
 def test_an_event_deleted_at_the_vtn_is_cancelled_over_mqtt(site, vtn):
