@@ -1,4 +1,6 @@
-"""The site loop's gain, from the meter path it has and how well that path is known (MODEL.md 4c).
+"""The site loop's gain, from the meter path it has and how well that path is known.
+
+docs/model.md, section 3, "The site loop's gain".
 
 The site loop (`gateway.services.tracking`) integrates the meter's error once a period `h`,
 with a Smith predictor that removes the response its own plans should have had by its model

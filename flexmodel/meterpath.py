@@ -1,4 +1,6 @@
-"""The meter's path: how a step of the GPUs' power reaches the facility meter (MODEL.md 4b).
+"""The meter's path: how a step of the GPUs' power reaches the facility meter.
+
+docs/model.md, section 3, "The meter's path".
 
 A facility meter reads a GPU step late and smoothed, in three parts kept apart:
 

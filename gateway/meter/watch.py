@@ -12,9 +12,12 @@ period) with the predicted one, when that is at least `check_kw`:
 - `wrong_sign`: against it by more than a quarter;
 - `implausible`: more than three times it.
 
-Two such verdicts in a row make the feed `suspect` (`MeterFeed.suspect`), from the start of the
-first interval judged: the site loop undoes what it took from those readings and holds, and the
-site's figures fall back to the estimate. The suspicion is lifted when the meter answers
+Two `stuck` verdicts in a row make the feed `suspect` (`MeterFeed.suspect`); the others must
+hold for two whole settling times, since a disturbance the loop answers (a cooling step, a job
+that ended before the scheduler said so) makes the meter's move differ from the loop's own for
+up to one. The suspicion dates from a settling time before the first interval judged wrong:
+the site loop undoes what it took from those readings and holds, and the site's figures fall
+back to the estimate. The suspicion is lifted when the meter answers
 plausibly again: its level back within `check_kw` of the prediction, offset as it was before the
 fault (the model's error then), with readings that move (not for `stuck`) or a predicted move
 answered within a factor of two.
@@ -91,7 +94,7 @@ class MeterWatch:
         meter = np.array([p.meter_kw for p in points])
         check_kw = self.check_kw or max(CHECK_SIGMAS * self.noise_kw, CHECK_SHARE * meter[-1])
         if self.feed.suspicion is None:
-            self._judge(points, meter, then, check_kw, settle_s)
+            self._judge(points, meter, then, check_kw, settle_s, period_s)
         else:
             self._recheck(points, meter, then, check_kw)
 
@@ -112,6 +115,7 @@ class MeterWatch:
         then: int,
         check_kw: float,
         settle_s: float,
+        period_s: float,
     ) -> None:
         small_kw, large_kw = self._expected(points, then)
         if abs(small_kw) < check_kw:
@@ -133,11 +137,12 @@ class MeterWatch:
         else:
             reason, detail = "no_response", f"it moved {moved_kw:+.2f} kW"
         self._bad += 1
+        needed = CONFIRM if reason == "stuck" else max(CONFIRM, round(2 * settle_s / period_s))
         if self._bad == 1:
             # The readings that made the loop move were already wrong: the fault began up to
             # a settling time before the first move that went unanswered.
             self._first_bad_s = points[then].at_s - settle_s
-        if self._bad < CONFIRM:
+        if self._bad < needed:
             return
         # The model's error at the meter while it still answered: what the level must return to.
         trusted = [p for p in points if p.at_s <= self._first_bad_s] or points[:1]

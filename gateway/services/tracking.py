@@ -297,7 +297,7 @@ class Tracker:
             return  # the last re-plan took longer than a period: this sample is skipped
         if self.clock.monotonic() - pursuit.target_since_s >= self._settle_s():
             self.settled_errors_kw.append(measured - target)
-            pursuit.settled_share = pursuit.correction_kw / max(pursuit.reduction_kw, 1.0)
+            pursuit.settled_share = pursuit.correction_kw / max(_asked_kw(pursuit), 1.0)
         if pursuit.ceiling and pursuit.level_kw:
             pursuit.margin_kw = self.limit_margin_kw(pursuit.level_kw)
             target = pursuit.level_kw - pursuit.margin_kw
@@ -309,7 +309,7 @@ class Tracker:
         short = float(plan.get("shortfall_kw", 0.0)) > 1e-6
         if (error_kw > 0 and short) or (error_kw < 0 and pursuit.planned_kw <= 0.0):
             return  # anti-windup: at the fleet's limit the correction does not grow
-        bound_kw = self.correction_bound_kw(pursuit.reduction_kw)
+        bound_kw = self.correction_bound_kw(_asked_kw(pursuit))
         correction = pursuit.correction_kw + self.integral_gain_per_s * self.period_s * error_kw
         correction = min(max(correction, -bound_kw), bound_kw)
         most_kw = float(plan.get("max_facility_kw", math.inf))
@@ -558,7 +558,7 @@ class Tracker:
             "limit_margin_kw": pursuit.margin_kw if pursuit else 0.0,
             "correction_kw": pursuit.correction_kw if pursuit else 0.0,
             "correction_bound_kw": (
-                self.correction_bound_kw(pursuit.reduction_kw) if pursuit else None
+                self.correction_bound_kw(_asked_kw(pursuit)) if pursuit else None
             ),
             "period_s": self.period_s,
             "window_s": self.window_s,
@@ -568,6 +568,15 @@ class Tracker:
             "verdict": self.verdict,
             "reason": self.reason,
         }
+
+
+def _asked_kw(pursuit: Pursuit) -> float:
+    """The reduction the event asks at the meter [kW]: the model's, or for a level the meter's
+    own distance to it when that is more (a model whose baseline is low asks too little, and
+    a correction bounded by that could never reach the level)."""
+    if pursuit.reference_kw is None or pursuit.target_kw is None or pursuit.level_kw is None:
+        return pursuit.reduction_kw
+    return max(pursuit.reduction_kw, pursuit.reference_kw - pursuit.target_kw)
 
 
 def _close(a: tuple[float, float], b: tuple[float, float]) -> bool:

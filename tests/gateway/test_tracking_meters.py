@@ -241,3 +241,38 @@ def test_the_correction_s_bound_follows_the_model_error_past_events_needed(tmp_p
     assert all(0.2 < e < 0.5 for e in errors), errors  # the mismatched site: about a third
     assert bounds[3] == pytest.approx(2 * max(errors[:3]) * REDUCTION_KW)
     assert bounds[3] < 0.99 * REDUCTION_KW
+
+
+def test_a_level_is_reached_where_the_model_puts_the_site_below_it(tmp_path):
+    """GPUs drawing 15% more than declared, through a larger overhead factor and a static load
+    nobody declared: the model's baseline is under the level asked for, so by the model the
+    event asks for nothing. The correction is bounded by what the meter says is asked (the
+    reference less the level), not by the model's reduction, and the site reaches the level
+    (bounded by the model's, the correction stopped at 1 kW and the meter stayed far above)."""
+    declared, truth = mismatched()
+    truth = Truth(
+        [
+            {**job, "power_w": min(round(job["power_w"] / 0.85 * 1.15, 1), 686.0)}
+            for job in truth.jobs
+        ],
+        overhead_factor=1.45,
+        static_kw=20.0,
+    )
+    site = SimulatedSite(declared, truth, declared_overhead_factor=1.3, folder=tmp_path / "s")
+
+    async def run() -> tuple[float, float, float]:
+        await site.start()
+        await site.run_for(WARM_UP_S)
+        level_kw = site.meter.true_facility_kw() - REDUCTION_KW
+        model_kw = site.power.facility_kw(site.book.mix().baseline_gpu_kw)
+        reduction_kw = max(model_kw - level_kw, 0.0)
+        await site.tracker.pursue("ev-1", reduction_kw, level_kw)
+        await site.run_for(300.0)
+        return level_kw, model_kw, site.meter.true_facility_kw()
+
+    try:
+        level_kw, model_kw, reached_kw = asyncio.run(run())
+    finally:
+        site.close()
+    assert model_kw < level_kw  # by the model there is nothing to shed
+    assert reached_kw == pytest.approx(level_kw, abs=0.03 * REDUCTION_KW)
