@@ -1,0 +1,474 @@
+"""Benchmark: a campaign of unannounced events on realistic sites (issue 31, item 9).
+
+Random sites of 2-8 nodes (`flexgate.realsite.draw_site`: meter dead time 0-60 s, lag 1-60 s,
+averaging 0-60 s, noise, quantisation; the overhead factor off by up to 30%, job power off by
+up to 15% and drifting, cooling cycling) each take a series of events, one after another over
+simulated days, on a stepped clock. Each event: a target type (a delta `reduction_kw`, a
+setpoint `level_kw`, or an import limit `level_kw` scored as a ceiling), a depth of 5-40% of
+the site's power, a duration log-uniform from 15 minutes to 10 hours, a notice of 0-60 s
+(recorded only: the loop is handed the target when it starts, as the events service does),
+jobs that end and restart mid-event (the scheduler's report 5-60 s late), a job's power
+drifting, and in at least a fifth of events a meter fault (frozen, a dropout, an offset).
+
+Strides: every meter period is simulated while the loop ramps and settles, and for a while
+after anything changes (a job, the cooling, a drift, a fault); in between, a steady hold is
+stepped through in one stride of the clock (the truth held as it was). Scores weigh each
+sample by the time it stands for.
+
+Scored on the site's true power (before the meter): deltas against the oracle's uncapped power
+now, setpoints and limits against their level; fault-free events within +-5% of the request
+by their settled mean; limits by the share of 1-minute intervals above the limit after the
+ramp allowance; time to 90% of the request on the true power and at the meter; the largest
+overshoot. Faulted events apart.
+
+    python bench/campaign_bench.py [--events 200] [--loop-root /work/base] [--out campaign]
+
+`--loop-root` runs the same events against another tree's gateway and loop (its `gateway`,
+`flexmodel`, `agents` and `flexgate.simsite`), with this tree's site model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import math
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+TYPES = ("delta", "setpoint", "limit")
+FAULTS = ("freeze", "dropout", "offset")
+EVENTS_PER_SITE = 10
+METER_PERIOD_S = 5.0
+INTERVAL_S = 60.0  #: the program's averaging interval for limits
+WITHIN = 0.05
+
+
+@dataclass
+class Plan:
+    """One event as drawn: when things happen are seconds from its start."""
+
+    kind: str
+    depth: float
+    duration_s: float
+    notice_s: float
+    gap_s: float  #: idle time before it
+    churn: list[tuple[float, str]] = field(default_factory=list)  #: (at, "end"/"start")
+    report_s: float = 30.0  #: the scheduler's report lag
+    drift_at_s: float | None = None
+    drift_to: float = 1.0
+    fault: str | None = None
+    fault_at_s: float = 0.0
+    fault_for_s: float = 0.0
+    fault_kw: float = 0.0  #: a freeze's or an offset's kW off the truth
+
+
+def draw_plans(rng: Any, count: int) -> list[Plan]:
+    plans = []
+    for k in range(count):
+        duration_s = float(math.exp(rng.uniform(math.log(900.0), math.log(36000.0))))
+        plan = Plan(
+            kind=TYPES[k % 3],
+            depth=float(rng.uniform(0.05, 0.40)),
+            duration_s=duration_s,
+            notice_s=float(rng.uniform(0.0, 60.0)),
+            gap_s=float(rng.uniform(600.0, 4 * 3600.0)),
+            report_s=float(rng.uniform(5.0, 60.0)),
+        )
+        if rng.random() < 0.4:
+            end_s = float(rng.uniform(0.2, 0.8)) * duration_s
+            plan.churn.append((end_s, "end"))
+            if rng.random() < 0.6:
+                plan.churn.append((end_s + float(rng.uniform(120.0, 1200.0)), "start"))
+        if rng.random() < 0.5:
+            plan.drift_at_s = float(rng.uniform(0.1, 0.9)) * duration_s
+            plan.drift_to = float(rng.uniform(0.85, 1.15))
+        if rng.random() < 0.3:
+            plan.fault = FAULTS[int(rng.integers(len(FAULTS)))]
+            plan.fault_at_s = float(rng.uniform(0.15, 0.6)) * duration_s
+            plan.fault_for_s = float(rng.uniform(300.0, 3600.0))
+            plan.fault_kw = float(rng.choice([-1, 1]) * rng.uniform(0.03, 0.10))
+        plans.append(plan)
+    return plans
+
+
+class Trace:
+    """Samples of one event: time, true kW, oracle uncapped kW, meter kW (None: no reading),
+    feed fault; each stands until the next."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[float, float, float, float | None, str | None]] = []
+
+    def add(self, site: Any, start_s: float, reading: float | None) -> None:
+        fault = site.sim.feed.state().get("fault")
+        t = site.clock.monotonic() - start_s
+        self.rows.append((t, site.true_facility_kw(), site.oracle_uncapped_kw(), reading, fault))
+
+
+async def tick(site: Any, trace: Trace, start_s: float) -> None:
+    reading = await site.sim.tick()
+    trace.add(site, start_s, reading)
+
+
+async def run_event(site: Any, plan: Plan, name: str) -> dict[str, Any]:
+    from flexgate.realsite import DRIFT
+
+    sim, meter = site.sim, site.meter
+    oracle0 = site.oracle_uncapped_kw()
+    # An event deeper than the site can truly shed would be refused: at most 85% of that.
+    depth_kw = min(plan.depth * oracle0, 0.85 * (oracle0 - site.oracle_floor_kw()))
+    level_kw = None if plan.kind == "delta" else oracle0 - depth_kw
+
+    def reduction_kw() -> float:
+        if level_kw is None:
+            return depth_kw
+        modelled = sim.power.facility_kw(site.book.mix().baseline_gpu_kw)
+        return max(modelled - level_kw, 0.0)
+
+    settle_s = site.draw.path.dead_s + 3 * site.draw.path.lag_s + site.draw.path.averaging_s
+    allowance_s = 300.0 + settle_s
+    watch_s = 60.0 + 1.5 * settle_s
+    # (at, action): everything that changes during the event, in order
+    actions: list[tuple[float, str]] = []
+    running = sorted({j for _, _, j in site._gpu_jobs() if j is not None})
+    churn_job = running[len(running) // 2] if running else None
+    for at_s, what in plan.churn:
+        if churn_job and at_s < plan.duration_s:
+            actions += [(at_s, f"{what}"), (at_s + plan.report_s, "report")]
+    if plan.drift_at_s is not None:
+        actions.append((plan.drift_at_s, "drift"))
+    if plan.fault:
+        actions.append((plan.fault_at_s, "fault"))
+        actions.append((plan.fault_at_s + plan.fault_for_s, "clear"))
+    start_s = site.clock.monotonic()
+    cooling = site.draw.cooling
+    at_s = cooling.next_step_s(start_s)
+    while at_s < start_s + plan.duration_s:
+        actions.append((at_s - start_s, "cooling"))
+        at_s = cooling.next_step_s(at_s + 1.0)
+    actions = sorted(a for a in actions if a[0] < plan.duration_s)
+    trace = Trace()
+    await site.tracker.pursue(name, reduction_kw(), level_kw)
+    dense_until_s = allowance_s + 120.0
+    fault_s: float | None = None
+    while True:
+        now_s = site.clock.monotonic() - start_s
+        if now_s >= plan.duration_s:
+            break
+        while actions and actions[0][0] <= now_s:
+            _, what = actions.pop(0)
+            dense_until_s = max(dense_until_s, now_s + watch_s)
+            if what == "end" and churn_job:
+                site.end_job(churn_job)
+            elif what == "start" and churn_job:
+                site.start_job(churn_job)
+            elif what == "report":
+                await site.report_jobs()
+                await site.tracker.pursue(name, reduction_kw(), level_kw)
+            elif what == "drift" and running:
+                job = running[0]
+                site.draw.drift[job] = min(max(plan.drift_to, 1 - DRIFT), 1 + DRIFT)
+            elif what == "fault":
+                fault_s = now_s
+                if plan.fault == "freeze":
+                    meter.freeze(plan.fault_kw * oracle0)
+                elif plan.fault == "dropout":
+                    meter.fault = "stop"
+                else:
+                    meter.fault, meter.offset_kw = "offset", plan.fault_kw * oracle0
+            elif what == "clear" and plan.fault != "offset":
+                meter.fault = None
+        if now_s < dense_until_s:
+            await tick(site, trace, start_s)
+            continue
+        next_s = min([actions[0][0] if actions else plan.duration_s, plan.duration_s])
+        stride_s = math.floor((next_s - now_s) / METER_PERIOD_S) * METER_PERIOD_S
+        if stride_s >= METER_PERIOD_S:
+            site.clock.step(stride_s)
+        await tick(site, trace, start_s)
+    site.tracker.release()
+    meter.fault, meter.offset_kw = None, 0.0
+    site.draw.drift.clear()
+    for job in list(site.ended):
+        site.start_job(job)
+    await site.report_jobs()
+    await sim.targets.hold(0.0, "idle")
+    return score(plan, trace, depth_kw, level_kw, allowance_s, fault_s)
+
+
+def score(
+    plan: Plan,
+    trace: Trace,
+    depth_kw: float,
+    level_kw: float | None,
+    allowance_s: float,
+    fault_s: float | None,
+) -> dict[str, Any]:
+    import numpy as np
+
+    t = np.array([r[0] for r in trace.rows])
+    true_kw = np.array([r[1] for r in trace.rows])
+    oracle_kw = np.array([r[2] for r in trace.rows])
+    meter_kw = np.array([np.nan if r[3] is None else r[3] for r in trace.rows])
+    dt = np.diff(np.append(t, plan.duration_s))
+    if level_kw is None:
+        asked_kw = np.full_like(t, depth_kw)
+        delivered = oracle_kw - true_kw
+        at_meter = oracle_kw - meter_kw
+    else:
+        # Against the depth asked at the start: below the level is over-delivery, unless
+        # the site would draw less than the level anyway (a job ended), where nothing is asked.
+        asked_kw = np.full_like(t, depth_kw)
+        needed_kw = np.minimum(level_kw, oracle_kw)
+        delivered = depth_kw + needed_kw - true_kw
+        at_meter = depth_kw + needed_kw - meter_kw
+    ratio = delivered / asked_kw
+    settled = t >= allowance_s
+    if fault_s is not None:
+        settled &= t < fault_s  # the fault-free part, scored as such; the rest apart
+    weights = dt * settled
+    error = float(np.sum((ratio - 1) * weights) / np.sum(weights)) if np.sum(weights) > 0 else None
+
+    def first(series: np.ndarray) -> float | None:
+        hit = np.nonzero(series >= 0.9)[0]
+        return float(t[hit[0]]) if hit.size else None
+
+    out: dict[str, Any] = {
+        **{k: v for k, v in asdict(plan).items() if k not in ("churn",)},
+        "churn": [list(c) for c in plan.churn],
+        "requested_kw": depth_kw,
+        "clipped": depth_kw < plan.depth * trace.rows[0][2] * 0.999,
+        "level_kw": level_kw,
+        "settled_error": error,
+        "within": error is not None and abs(error) <= WITHIN,
+        "t90_true_s": first(ratio),
+        "t90_meter_s": first(at_meter / asked_kw),
+        "overshoot": float(max(np.max(ratio[t < (fault_s or math.inf)]) - 1.0, 0.0)),
+        "allowance_s": allowance_s,
+        "samples": len(t),
+    }
+    if level_kw is not None:
+        out["intervals_above"], out["intervals"] = intervals_above(
+            t, true_kw, dt, level_kw, allowance_s, fault_s or plan.duration_s
+        )
+    if fault_s is not None:
+        faulted = [r for r in trace.rows if r[0] >= fault_s and r[4]]
+        out["fault_detected_s"] = faulted[0][0] - fault_s if faulted else None
+        out["fault_reason"] = faulted[0][4] if faulted else None
+        after = (t >= fault_s) & (t < fault_s + plan.fault_for_s)
+        w = dt * after
+        out["fault_error"] = float(np.sum((ratio - 1) * w) / np.sum(w)) if np.sum(w) > 0 else None
+        out["fault_worst"] = float(np.max(np.abs(ratio[after] - 1))) if after.any() else None
+    return out
+
+
+def intervals_above(
+    t: Any, kw: Any, dt: Any, level_kw: float, from_s: float, to_s: float
+) -> tuple[int, int]:
+    """1-minute intervals from the ramp allowance whose mean power exceeds the limit."""
+    import numpy as np
+
+    energy = np.concatenate([[0.0], np.cumsum(kw * dt)])
+    edges = np.append(t, t[-1] + dt[-1])
+    starts = np.arange(from_s, to_s - INTERVAL_S + 1e-9, INTERVAL_S)
+    if starts.size == 0:
+        return 0, 0
+    means = np.interp(starts + INTERVAL_S, edges, energy) - np.interp(starts, edges, energy)
+    means /= INTERVAL_S
+    return int(np.sum(means > level_kw * (1 + 1e-6))), int(starts.size)
+
+
+async def run_site(seed: int, plans: list[Plan], folder: Path) -> list[dict[str, Any]]:
+    import numpy as np
+
+    from flexgate.realsite import RealisticSite, draw_site
+
+    draw = draw_site(np.random.default_rng(10_000 + seed))
+    site = RealisticSite(draw, seed=seed, meter_period_s=METER_PERIOD_S, folder=folder)
+    out = []
+    try:
+        await site.start()
+        for k, plan in enumerate(plans):
+            site.clock.step(math.floor(plan.gap_s / METER_PERIOD_S) * METER_PERIOD_S)
+            await site.run_for(300.0)  # the meter's window before the event
+            result = await run_event(site, plan, f"ev-{seed}-{k}")
+            result |= {
+                "site": seed,
+                "nodes": len(site.backends),
+                "meter": asdict(draw.path),
+                "true_overhead_factor": draw.overhead_factor,
+                "cooling_step_kw": draw.cooling.step_kw,
+            }
+            out.append(result)
+    finally:
+        site.close()
+    return out
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    import numpy as np
+
+    def pct(values: list[float], q: float) -> float | None:
+        return float(np.percentile(values, q)) if values else None
+
+    out: dict[str, Any] = {}
+    for kind in TYPES:
+        free = [r for r in runs if r["kind"] == kind and not r["fault"]]
+        t90 = [r["t90_true_s"] for r in free if r["t90_true_s"] is not None]
+        t90m = [r["t90_meter_s"] for r in free if r["t90_meter_s"] is not None]
+        doc: dict[str, Any] = {
+            "fault_free_events": len(free),
+            "within_5pct": sum(r["within"] for r in free) / max(len(free), 1),
+            "abs_error_median": pct(
+                [abs(r["settled_error"]) for r in free if r["settled_error"] is not None], 50
+            ),
+            "abs_error_max": max(
+                (abs(r["settled_error"]) for r in free if r["settled_error"] is not None),
+                default=None,
+            ),
+            "t90_true_p50_s": pct(t90, 50),
+            "t90_true_p95_s": pct(t90, 95),
+            "t90_never": len(free) - len(t90),
+            "t90_meter_p95_s": pct(t90m, 95),
+            "overshoot_p95": pct([r["overshoot"] for r in free], 95),
+            "overshoot_max": max((r["overshoot"] for r in free), default=None),
+        }
+        if kind == "limit":
+            above = sum(r["intervals_above"] for r in free)
+            total = sum(r["intervals"] for r in free)
+            doc["intervals_above_share"] = above / max(total, 1)
+            doc["events_never_above"] = sum(r["intervals_above"] == 0 for r in free) / max(
+                len(free), 1
+            )
+        out[kind] = doc
+    faulted = [r for r in runs if r["fault"]]
+    out["faulted"] = {
+        f: {
+            "events": len(rs),
+            "detected": sum(r["fault_detected_s"] is not None for r in rs),
+            "detected_p50_s": pct(
+                [r["fault_detected_s"] for r in rs if r["fault_detected_s"] is not None], 50
+            ),
+            "error_during_median": pct(
+                [abs(r["fault_error"]) for r in rs if r["fault_error"] is not None], 50
+            ),
+            "error_during_max": max(
+                (abs(r["fault_error"]) for r in rs if r["fault_error"] is not None), default=None
+            ),
+        }
+        for f in FAULTS
+        if (rs := [r for r in faulted if r["fault"] == f])
+    }
+    out["fell_short"] = [
+        {
+            k: r[k]
+            for k in (
+                "site",
+                "kind",
+                "depth",
+                "settled_error",
+                "t90_true_s",
+                "meter",
+                "churn",
+                "drift_to",
+            )
+        }
+        for r in runs
+        if not r["fault"] and not r["within"]
+    ]
+    return out
+
+
+def campaign(events: int, seed: int = 31) -> list[dict[str, Any]]:
+    import numpy as np
+
+    plans = draw_plans(np.random.default_rng(seed), events)
+    tmp = Path(tempfile.mkdtemp(prefix="campaign-bench-"))
+    runs: list[dict[str, Any]] = []
+    try:
+        for s in range(math.ceil(events / EVENTS_PER_SITE)):
+            chunk = plans[s * EVENTS_PER_SITE : (s + 1) * EVENTS_PER_SITE]
+            runs += asyncio.run(run_site(s, chunk, tmp / f"site-{s}"))
+            print(f"site {s}: {len(runs)} events", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return runs
+
+
+def plot(docs: dict[str, dict[str, Any]], path: Path) -> None:
+    """Settled error and time to 90% per fault-free event, per loop and target type."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for n, doc in enumerate(docs.values()):
+        for m, kind in enumerate(TYPES):
+            free = [r for r in doc["runs"] if r["kind"] == kind and not r["fault"]]
+            x = n * 4 + m
+            errors = [100 * r["settled_error"] for r in free if r["settled_error"] is not None]
+            t90 = [r["t90_true_s"] for r in free if r["t90_true_s"] is not None]
+            axes[0].scatter([x] * len(errors), errors, s=8, alpha=0.6)
+            axes[1].scatter([x] * len(t90), t90, s=8, alpha=0.6)
+    ticks = [n * 4 + m for n in range(len(docs)) for m in range(3)]
+    labels = [f"{name}\n{kind}" for name in docs for kind in TYPES]
+    for ax in axes:
+        ax.set_xticks(ticks, labels, fontsize=7)
+    axes[0].axhspan(-100 * WITHIN, 100 * WITHIN, color="green", alpha=0.15)
+    axes[0].set_ylabel("settled error, % of the request")
+    axes[1].axhline(30.0, color="green", lw=1)
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("time to 90% on the true power [s]")
+    fig.suptitle("Campaign: fault-free events on realistic sites")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=200)
+    parser.add_argument("--loop-root", type=Path, help="another tree's loop, e.g. /work/base")
+    parser.add_argument("--out", default="campaign", help="bench/results/<out>.json")
+    parser.add_argument("--plot", nargs="+", type=Path, help="only plot these results")
+    args = parser.parse_args()
+    if args.plot:
+        docs = {p.stem: json.loads(p.read_text()) for p in args.plot}
+        plot(docs, RESULTS / "campaign.png")
+        return
+    if args.loop_root:
+        sys.path.insert(0, str(args.loop_root))
+        import flexgate
+
+        flexgate.__path__.append(str(ROOT / "flexgate"))  # this tree's site model
+    begin = time.perf_counter()
+    runs = campaign(args.events)
+    doc = {
+        "benchmark": "campaign",
+        "loop": str(args.loop_root or "this tree"),
+        "tracking_module": importlib.import_module("gateway.services.tracking").__file__,
+        "events": len(runs),
+        "meter_period_s": METER_PERIOD_S,
+        "strides": "every meter period while the loop ramps and settles (300 s plus the "
+        "meter's dead time, 3 lags and averaging, then 120 s more) and for 60 s plus 1.5 "
+        "times that settling after every change (job end, start, report, drift, cooling step, "
+        "fault); steady holds between are stepped through in one stride",
+        "wall_s": time.perf_counter() - begin,
+        "summary": summary(runs),
+        "runs": runs,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    print(json.dumps({k: doc[k] for k in ("wall_s", "summary")}, indent=2, default=str)[:4000])
+
+
+if __name__ == "__main__":
+    main()
