@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import inspect
 import json
 import math
 import shutil
@@ -156,7 +157,9 @@ async def run_event(site: Any, plan: Plan, name: str) -> dict[str, Any]:
         at_s = cooling.next_step_s(at_s + 1.0)
     actions = sorted(a for a in actions if a[0] < plan.duration_s)
     trace = Trace()
-    await site.tracker.pursue(name, reduction_kw(), level_kw)
+    # A limit is a ceiling where the loop knows them (not d96b321's: it held limits as setpoints).
+    ceiling = {"ceiling": True} if plan.kind == "limit" and _knows_ceilings(site) else {}
+    await site.tracker.pursue(name, reduction_kw(), level_kw, **ceiling)
     dense_until_s = allowance_s + 120.0
     fault_s: float | None = None
     while True:
@@ -172,7 +175,7 @@ async def run_event(site: Any, plan: Plan, name: str) -> dict[str, Any]:
                 site.start_job(churn_job)
             elif what == "report":
                 await site.report_jobs()
-                await site.tracker.pursue(name, reduction_kw(), level_kw)
+                await site.tracker.pursue(name, reduction_kw(), level_kw, **ceiling)
             elif what == "drift" and running:
                 job = running[0]
                 site.draw.drift[job] = min(max(plan.drift_to, 1 - DRIFT), 1 + DRIFT)
@@ -202,6 +205,10 @@ async def run_event(site: Any, plan: Plan, name: str) -> dict[str, Any]:
     await site.report_jobs()
     await sim.targets.hold(0.0, "idle")
     return score(plan, trace, depth_kw, level_kw, allowance_s, fault_s)
+
+
+def _knows_ceilings(site: Any) -> bool:
+    return "ceiling" in inspect.signature(site.tracker.pursue).parameters
 
 
 def score(

@@ -83,6 +83,7 @@ _MAD_TO_SD = 1.4826
 LIMIT_MIN_SAMPLES = 30
 LIMIT_MARGIN_FLOOR = 0.005
 LIMIT_MARGIN_DEFAULT = 0.02
+LIMIT_MARGIN_MOST = 0.05
 
 
 @dataclass
@@ -204,13 +205,14 @@ class Tracker:
 
     def limit_margin_kw(self, limit_kw: float) -> float:
         """How far below a ceiling the loop plans [kW]: the 95th percentile of its settled error
-        at the meter over its recent events (`LIMIT_ERRORS` samples), at least
-        `LIMIT_MARGIN_FLOOR` of the limit; `LIMIT_MARGIN_DEFAULT` of it before it has
-        `LIMIT_MIN_SAMPLES` of its own."""
+        at the meter over its recent events (`LIMIT_ERRORS` samples), above the target only
+        (a limit is broken by the meter reading high; reading low costs the jobs, not the
+        limit), within `LIMIT_MARGIN_FLOOR` and `LIMIT_MARGIN_MOST` of the limit;
+        `LIMIT_MARGIN_DEFAULT` of it before it has `LIMIT_MIN_SAMPLES` of its own."""
         if len(self.settled_errors_kw) < LIMIT_MIN_SAMPLES:
             return LIMIT_MARGIN_DEFAULT * limit_kw
-        p95_kw = float(np.percentile(np.abs(np.array(self.settled_errors_kw)), 95))
-        return max(p95_kw, LIMIT_MARGIN_FLOOR * limit_kw)
+        p95_kw = float(np.percentile(np.array(self.settled_errors_kw), 95))
+        return min(max(p95_kw, LIMIT_MARGIN_FLOOR * limit_kw), LIMIT_MARGIN_MOST * limit_kw)
 
     def release(self) -> None:
         pursuit = self.pursuit
