@@ -29,6 +29,7 @@ import json
 import logging
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,11 @@ def run_lab(
     console: Console | None = None,
     openadr: str = "2.0b",
     characterise: bool = False,
+    meter_dead_s: float = 0.0,
+    fault: labmeter.MeterFault | None = None,
 ) -> int:
+    """`meter_dead_s`: the lab meter's own transport delay (the gateway is told it, as a
+    calibration would identify it); `fault`: a meter fault from that long into the event."""
     console = console or Console()
     # openleadr's advice to VTN implementers (ven_lookup, report handlers) is not for lab users.
     logging.getLogger("openleadr").setLevel(logging.ERROR)
@@ -155,6 +160,7 @@ def run_lab(
             integration_s=METER_INTEGRATION_S,
             period_s=METER_PERIOD_S / 2,
             seed=seed,
+            dead_s=meter_dead_s,
         )
         meter_url = stack.enter_context(ServerThread(labmeter.create_app(meter)))
         console.print(
@@ -172,9 +178,11 @@ def run_lab(
                     for d, t in zip(jobs, truth.jobs, strict=True)
                 )
             )
-        told, extra, found = jobs, {}, None
+        told, found = jobs, None
+        extra: dict[str, Any] = {"meter_dead_s": meter_dead_s}
         if characterise:
-            told, extra = labcharacterise.undeclared(jobs), labcharacterise.PROBE_SETTINGS
+            told = labcharacterise.undeclared(jobs)
+            extra |= labcharacterise.PROBE_SETTINGS
             found = labcharacterise.characterise(
                 tmp / "gateway", gateway_settings(agent_urls, f"{meter_url}/meter"), told, console
             )
@@ -196,6 +204,7 @@ def run_lab(
                     frozenset(r["event"]["id"] for r in results if r["event"]),
                     openadr,
                     extra,
+                    on_active=None if fault is None else lambda: meter.fault_after(fault),
                 )
             )
         code = report(results, jobs, requested, out, console)
@@ -253,6 +262,7 @@ def run_event(
     earlier: frozenset[str],
     openadr: str = "2.0b",
     extra: dict[str, Any] | None = None,
+    on_active: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """One event from the mock VTN through a fresh gateway on the lab's store (`earlier`: the
     events of the runs before; `extra`: more settings): the trace and what it read."""
@@ -282,7 +292,7 @@ def run_event(
             )
         )
         api.put("/v1/jobs", json={"jobs": jobs}).raise_for_status()
-        trace = watch(api, duration_s, requested, console, earlier=earlier)
+        trace = watch(api, duration_s, requested, console, earlier=earlier, on_active=on_active)
         return read_result(api, trace, tracking)
 
 

@@ -5,8 +5,13 @@
 The GPUs' power is the truth the simulated agents draw (the mean of each GPU's last
 `integration_s` of samples from every agent's `GET /v1/telemetry`), not what the gateway
 believes from the declared job mix; the lag stands for cooling that answers a GPU step over
-`time_constant_s`. `create_app` serves `{"facility_power_kw": ...}` over HTTP (point
-FLEXGATE_METER_URL at it); `LabMeter.poll` can also be stepped by a lab on its own clock.
+`time_constant_s`, after the meter's own transport delay `dead_s`. `create_app` serves
+`{"facility_power_kw": ...}` over HTTP (point FLEXGATE_METER_URL at it); `LabMeter.poll` can
+also be stepped by a lab on its own clock.
+
+Faults (`LabMeter.fault_after`, `flexgate lab --fault`): `meter-freeze` holds the reading it had
+(a stuck register: the answers stay fresh; `meter-freeze:KW`, KW off it), `meter-dropout`
+answers 503, `meter-offset:KW` reads KW off the truth.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -24,6 +31,36 @@ from fastapi.responses import JSONResponse
 
 from agents.protocol import TelemetryResponse
 from gateway.clock import Clock, SystemClock
+
+FAULTS = ("meter-freeze", "meter-dropout", "meter-offset")
+
+
+@dataclass(frozen=True)
+class MeterFault:
+    """A fault the lab meter starts `after_s` into the event: `kind` one of FAULTS."""
+
+    kind: str
+    after_s: float
+    offset_kw: float = 0.0  #: for meter-offset and meter-freeze [kW]
+
+
+def parse_fault(text: str) -> MeterFault:
+    """`KIND@SECONDS`, or `meter-offset:KW@SECONDS` (and `meter-freeze:KW@SECONDS`);
+    ValueError naming the problem."""
+    kind, at, after = text.partition("@")
+    name, _, value = kind.partition(":")
+    if not at or name not in FAULTS or (value and name == "meter-dropout"):
+        raise ValueError(
+            f"--fault {text!r}: expected one of meter-freeze[:KW]@S, meter-dropout@S or "
+            "meter-offset:KW@S (S seconds after the event starts)"
+        )
+    try:
+        after_s, offset_kw = float(after), float(value or 0.0)
+    except ValueError:
+        raise ValueError(f"--fault {text!r}: the seconds and kW must be numbers") from None
+    if not (math.isfinite(after_s) and after_s >= 0 and math.isfinite(offset_kw)):
+        raise ValueError(f"--fault {text!r}: the seconds must be finite and not negative")
+    return MeterFault(name, after_s, offset_kw)
 
 
 class LabMeter:
@@ -40,12 +77,13 @@ class LabMeter:
         seed: int = 0,
         clock: Clock | None = None,
         timeout_s: float = 2.0,
+        dead_s: float = 0.0,
     ) -> None:
         """agent_urls: each node's base URL (as in FLEXGATE_AGENTS); static_kw [kW] and
         overhead_factor: the site's truth; noise_kw: the meter's noise (one standard
         deviation) [kW]; time_constant_s: the cooling's first-order lag [s] (0: none);
         integration_s: the meter's averaging of GPU power [s]; period_s: how often the agents
-        are read [s]."""
+        are read [s]; dead_s: the meter's own transport delay before any of it shows [s]."""
         if not agent_urls:
             raise ValueError("the lab meter needs at least one agent URL")
         for name, value in (("static_kw", static_kw), ("noise_kw", noise_kw)):
@@ -53,8 +91,15 @@ class LabMeter:
                 raise ValueError(f"the lab meter's {name} must be finite and not negative")
         if not overhead_factor >= 1.0 or not math.isfinite(overhead_factor):
             raise ValueError(f"the lab meter's overhead factor {overhead_factor} must be >= 1")
-        if time_constant_s < 0 or not integration_s > 0 or not period_s > 0:
-            raise ValueError("time_constant_s >= 0, integration_s > 0 and period_s > 0")
+        if time_constant_s < 0 or not integration_s > 0 or not period_s > 0 or not dead_s >= 0:
+            raise ValueError(
+                "time_constant_s >= 0, integration_s > 0, period_s > 0 and dead_s >= 0"
+            )
+        self.dead_s = dead_s
+        self._delayed: deque[tuple[float, float]] = deque()  #: (monotonic, lagged GPU kW)
+        self._fault: MeterFault | None = None
+        self._fault_at_s = math.inf
+        self._frozen_kw: float | None = None
         self.agent_urls = [u.rstrip("/") for u in agent_urls]
         self.static_kw, self.overhead_factor = static_kw, overhead_factor
         self.noise_kw, self.time_constant_s = noise_kw, time_constant_s
@@ -79,12 +124,40 @@ class LabMeter:
             return None
         return self.static_kw + self.overhead_factor * self._lagged_gpu_kw
 
-    def reading_kw(self) -> float | None:
-        """One meter reading [kW]: the true load plus fresh noise, never below zero."""
-        true_kw = self.true_facility_kw()
-        if true_kw is None:
+    def fault_after(self, fault: MeterFault) -> None:
+        """Start `fault` `fault.after_s` from now (the lab calls it when the event starts)."""
+        self._fault, self._fault_at_s = fault, self.clock.monotonic() + fault.after_s
+
+    @property
+    def faulted(self) -> str | None:
+        """The fault in force, if one has started."""
+        if self._fault is None or self.clock.monotonic() < self._fault_at_s:
             return None
-        return max(true_kw + float(self._rng.normal(0.0, self.noise_kw)), 0.0)
+        return self._fault.kind
+
+    def reading_kw(self) -> float | None:
+        """One meter reading [kW]: the load `dead_s` ago plus fresh noise, never below zero;
+        None while there is none (or the meter drops out)."""
+        if self._delayed and self._lagged_gpu_kw is not None:
+            while (
+                len(self._delayed) > 1
+                and self._delayed[1][0] <= self.clock.monotonic() - self.dead_s
+            ):
+                self._delayed.popleft()
+        if not self._delayed:
+            return None
+        true_kw = self.static_kw + self.overhead_factor * self._delayed[0][1]
+        reading = max(true_kw + float(self._rng.normal(0.0, self.noise_kw)), 0.0)
+        fault = self.faulted
+        if fault == "meter-dropout":
+            return None
+        if fault == "meter-freeze":
+            if self._frozen_kw is None and self._fault is not None:
+                self._frozen_kw = max(reading + self._fault.offset_kw, 0.0)
+            return self._frozen_kw
+        if fault == "meter-offset" and self._fault is not None:
+            return max(reading + self._fault.offset_kw, 0.0)
+        return reading
 
     async def poll(self, session: aiohttp.ClientSession) -> None:
         """Read every agent once and move the lagged load towards the GPUs' power."""
@@ -105,6 +178,7 @@ class LabMeter:
             moved = 1.0 - math.exp(-(now_s - self._polled_s) / self.time_constant_s)
             self._lagged_gpu_kw += moved * (gpu_kw - self._lagged_gpu_kw)
         self._polled_s = now_s
+        self._delayed.append((now_s, self._lagged_gpu_kw))
 
     async def _node_power_kw(self, session: aiohttp.ClientSession, url: str) -> float | None:
         try:
@@ -149,7 +223,8 @@ def create_app(meter: LabMeter) -> FastAPI:
     async def read() -> dict[str, Any] | JSONResponse:
         reading_kw = meter.reading_kw()
         if reading_kw is None:
-            return JSONResponse({"detail": "not every agent has answered yet"}, status_code=503)
+            why = "dropped out (lab fault)" if meter.faulted else "not every agent has answered yet"
+            return JSONResponse({"detail": why}, status_code=503)
         return {"facility_power_kw": reading_kw, "gpu_power_kw": meter.gpu_power_kw}
 
     return app

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +68,12 @@ def watch(
     console: Console,
     start_after_s: float = START_AFTER_S,
     earlier: frozenset[str] = frozenset(),
+    on_active: Callable[[], None] | None = None,
 ) -> list[tuple[float, float, float, str]]:
     """Site power at the meter every half second until the event, starting `start_after_s`
     from now, has ended and power is back at the baseline (the caps are all released):
-    (t, kW, target, status); the target is the power before the event less the request."""
+    (t, kW, target, status); the target is the power before the event less the request.
+    `on_active()` is called once, when the event is first seen active."""
     trace: list[tuple[float, float, float, str]] = []
     begin = time.monotonic()
     deadline = begin + start_after_s + duration_s + RECOVERY_WAIT_S
@@ -80,6 +83,9 @@ def watch(
             site = api.get("/v1/site").json()
             events = [e for e in api.get("/v1/events").json()["events"] if e["id"] not in earlier]
             status = events[-1]["status"] if events else "waiting for the VTN"
+            if status == "active" and on_active is not None:
+                on_active()
+                on_active = None
             before = [kw for _, kw, _, s in trace if s in ("pending", "waiting for the VTN")]
             baseline = float(np.mean(before[-10:])) if before else site["facility_power_kw"]
             target = baseline - requested if status == "active" else baseline
@@ -90,6 +96,8 @@ def watch(
                 f"site power ({site['meter']['source']})", f"{site['facility_power_kw']:.1f} kW"
             )
             table.add_row("target", f"{target:.1f} kW")
+            if site["meter"]["fault"]:
+                table.add_row("meter fault", site["meter"]["fault"])
             tracking = site.get("tracking") or {}
             if tracking.get("active"):
                 table.add_row("site loop correction", f"{tracking['correction_kw']:+.2f} kW")

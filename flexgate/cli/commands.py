@@ -358,6 +358,8 @@ def run_lab(args: argparse.Namespace) -> int:
         mismatch=args.mismatch,
         openadr=args.openadr,
         characterise=args.characterise,
+        meter_dead_s=args.meter_dead_s,
+        fault=args.fault,
     )
 
 

@@ -300,6 +300,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="the gateway is told no PFIs: every job is probed before the event, and the "
         "report compares the estimates with the truth and the event with an oracle plan",
     )
+    lab.add_argument(
+        "--meter-dead-s",
+        type=_non_negative,
+        default=0.0,
+        metavar="S",
+        help="the lab meter's own transport delay before it shows any of a step (a BMS or "
+        "SCADA hop) [s]; the gateway is told it, as a calibration would identify it (default 0)",
+    )
+    lab.add_argument(
+        "--fault",
+        type=_meter_fault,
+        default=None,
+        metavar="KIND@S",
+        help="a meter fault S seconds into the event: meter-freeze@S (the reading holds, its "
+        "answers stay fresh; meter-freeze:KW@S holds KW off it), meter-dropout@S (it stops "
+        "answering) or meter-offset:KW@S (it reads KW off the truth)",
+    )
     lab.set_defaults(command=commands.run_lab, name="lab")
 
     vtn = sub.add_parser(
@@ -548,6 +565,15 @@ def _non_negative(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {text!r}")
     return value
+
+
+def _meter_fault(text: str) -> Any:
+    from flexgate.labmeter import parse_fault  # the lab's modules load only when asked
+
+    try:
+        return parse_fault(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--fault {text!r}: ")) from None
 
 
 def _fraction(text: str) -> float:
