@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from flexgate.labmeter import LabMeter, create_app
+from flexgate.labmeter import LabMeter, create_app, parse_fault
 from flexgate.serve import ServerThread, free_port
 from flexmodel.calibration import OverheadCalibration, fit_overhead
 from gateway.clock import SteppedClock
@@ -87,6 +87,63 @@ def test_the_meter_follows_the_agents_true_power_through_a_first_order_lag(agent
     assert held_kw == steady_kw
     target_kw = STATIC_KW + K * capped_kw
     assert lagged_kw == pytest.approx(held_kw + (1 - math.exp(-1)) * (target_kw - held_kw))
+
+
+def test_the_meter_shows_a_step_only_after_its_dead_time_and_its_faults_as_asked(agents):
+    """A 20 s transport delay: a cap shows in no reading until 20 s after it; a freeze holds
+    the reading (2 kW off it) whatever the GPUs do, with the answers still fresh; a dropout
+    answers nothing."""
+    clock = SteppedClock()
+    meter = LabMeter(
+        agents, static_kw=STATIC_KW, overhead_factor=K, integration_s=0.2, clock=clock, dead_s=20.0
+    )
+
+    async def scenario() -> list[float | None]:
+        async with aiohttp.ClientSession() as session:
+            await poll_until(meter, session, lambda: meter.gpu_power_kw, "every agent")
+            before = meter.reading_kw()
+            await asyncio.to_thread(cap_everything, agents)
+            await poll_until(meter, session, lambda: meter.true_facility_kw() < before, "caps")
+            seen = [before, meter.reading_kw()]  # the cap is in the load, not in the reading
+            clock.step(19.0)
+            await meter.poll(session)
+            seen.append(meter.reading_kw())
+            clock.step(1.0)
+            await meter.poll(session)
+            seen.append(meter.reading_kw())  # 20 s on: the reading shows it
+            meter.fault_after(parse_fault("meter-freeze:2@5"))
+            clock.step(5.0)
+            frozen = meter.reading_kw()
+            await asyncio.to_thread(cap_everything, agents, None, 2)  # the caps go
+            clock.step(60.0)
+            await poll_until(meter, session, lambda: meter.true_facility_kw() > before - 1, "up")
+            seen += [frozen, meter.reading_kw()]
+            meter.fault_after(parse_fault("meter-dropout@0"))
+            seen.append(meter.reading_kw())
+            return seen
+
+    before, same, still, shown, frozen, held, dropped = asyncio.run(scenario())
+    assert same == before
+    assert still == before
+    assert shown < before - 1.0
+    assert frozen == pytest.approx(shown + 2.0)
+    assert held == frozen
+    assert dropped is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("meter-freeze", "expected one of"),
+        ("meter-melt@3", "expected one of"),
+        ("meter-dropout:2@3", "expected one of"),
+        ("meter-offset:x@3", "must be numbers"),
+        ("meter-freeze@-1", "not negative"),
+    ],
+)
+def test_a_lab_meter_fault_that_cannot_be_read_is_refused_naming_it(text, expected):
+    with pytest.raises(ValueError, match=expected):
+        parse_fault(text)
 
 
 @pytest.mark.slow
