@@ -15,7 +15,9 @@ it stays stable for every error in the box when, at every frequency up to Nyquis
 
     M(w) = |T(e^{i w h})| |W(w)| |D(w)| / |1 + i w tau0|  <  1,
 
-and keeps a modulus margin (overshoot well under 10%) when `M <= margin` (0.5 by default).
+and keeps a modulus margin (no ringing) when `M <= margin` (0.5 by default). A path wrong in
+its dead time still overshoots while the loop waits for a late response; the rule bounds the
+ringing, identification the overshoot.
 `robust_gain` is the largest `k` up to the configured one that meets it over the corners of
 the box: `g = +-gain_error`, `d = +-sigmas` standard errors of the dead time, `tau` within
 `sigmas` standard errors. A dead time known only to +-d caps the gain near `h / (2 d)`: the
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,59 +46,46 @@ def parameter_error(value: float, stderr: float | None, period_s: float) -> floa
     return CONFIGURED_ERROR * value + period_s / 2
 
 
-def worst_loop_gain(
-    k: float,
-    *,
-    period_s: float,
-    window_s: float,
-    tau_s: float,
-    dead_error_s: float,
-    tau_error_s: float,
-    gain_error: float,
-) -> float:
+@dataclass(frozen=True)
+class SiteLoop:
+    """The loop and what it may be wrong about: its sample period, window and the meter path's
+    time constant [s], and the errors to be robust to (dead time and time constant [s], the
+    model's gain as a share)."""
+
+    period_s: float
+    window_s: float
+    tau_s: float
+    dead_error_s: float
+    tau_error_s: float
+    gain_error: float
+
+
+def worst_loop_gain(k: float, loop: SiteLoop) -> float:
     """`max_w M(w)` at gain `k` over the corners of the error box (see the module)."""
-    w = np.geomspace(1e-4 / period_s, math.pi / period_s, _FREQUENCIES)
-    z = np.exp(1j * w * period_s)
-    nominal = np.abs(k / (z - 1.0 + k))
-    readings = max(round(window_s / period_s), 1)
-    half = w * period_s / 2.0
+    h, tau_s = loop.period_s, loop.tau_s
+    w = np.geomspace(1e-4 / h, math.pi / h, _FREQUENCIES)
+    nominal = np.abs(k / (np.exp(1j * w * h) - 1.0 + k))
+    readings = max(round(loop.window_s / h), 1)
+    half = w * h / 2.0
     window = np.abs(np.sin(readings * half) / (readings * np.sin(half)))
     lagged = 1.0 / np.abs(1.0 + 1j * w * tau_s)
     worst = 0.0
-    taus = {max(tau_s - tau_error_s, 0.0), tau_s + tau_error_s}
-    for g, d, tau in itertools.product((-gain_error, gain_error), (-1, 1), taus):
-        error = (1 + g) * np.exp(-1j * w * d * dead_error_s) * (1 + 1j * w * tau_s)
-        error = error / (1 + 1j * w * tau) - 1.0
+    taus = {max(tau_s - loop.tau_error_s, 0.0), tau_s + loop.tau_error_s}
+    gains = (-loop.gain_error, loop.gain_error)
+    for g, d, tau in itertools.product(gains, (-loop.dead_error_s, loop.dead_error_s), taus):
+        error = (1 + g) * np.exp(-1j * w * d) * (1 + 1j * w * tau_s) / (1 + 1j * w * tau) - 1.0
         worst = max(worst, float(np.max(nominal * window * np.abs(error) * lagged)))
     return worst
 
 
-def robust_gain(
-    most: float,
-    *,
-    period_s: float,
-    window_s: float,
-    tau_s: float,
-    dead_error_s: float,
-    tau_error_s: float,
-    gain_error: float,
-    margin: float = 0.5,
-) -> float:
+def robust_gain(most: float, loop: SiteLoop, margin: float = 0.5) -> float:
     """The largest integral gain per sample, at most `most`, whose loop keeps `M <= margin`
     for every error in the box (0 when even a vanishing gain cannot: a gain error of 100%
     or more)."""
-    box = {
-        "period_s": period_s,
-        "window_s": window_s,
-        "tau_s": tau_s,
-        "dead_error_s": dead_error_s,
-        "tau_error_s": tau_error_s,
-        "gain_error": gain_error,
-    }
-    if worst_loop_gain(most, **box) <= margin:
+    if worst_loop_gain(most, loop) <= margin:
         return most
     low, high = 0.0, most
     for _ in range(30):
         middle = (low + high) / 2
-        low, high = (middle, high) if worst_loop_gain(middle, **box) <= margin else (low, middle)
+        low, high = (middle, high) if worst_loop_gain(middle, loop) <= margin else (low, middle)
     return low

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from flexmodel.jobs import Job, JobMix
-from flexmodel.looprobust import parameter_error, robust_gain
+from flexmodel.looprobust import SiteLoop, parameter_error, robust_gain
 from flexmodel.loops import ControlLoop, combine_delays
 from flexmodel.meterpath import step_share
 from flexmodel.sync import LoopResponse, rate_coupling_per_s, worst_verdict
@@ -445,12 +445,14 @@ class Tracker:
         tau_error_s = parameter_error(path.tau_s, path.tau_stderr_s, period_s)
         gain = robust_gain(
             configured,
-            period_s=period_s,
-            window_s=self.window_s,
-            tau_s=path.tau_s,
-            dead_error_s=dead_error_s,
-            tau_error_s=tau_error_s,
-            gain_error=self.settings.loop_gain_error,
+            SiteLoop(
+                period_s,
+                self.window_s,
+                path.tau_s,
+                dead_error_s,
+                tau_error_s,
+                self.settings.loop_gain_error,
+            ),
         )
         if gain >= configured:
             return configured, None
