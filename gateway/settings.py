@@ -128,6 +128,8 @@ class GatewaySettings(BaseSettings):
     #: long after it began (the ramp allowance) [s]
     limit_interval_s: float = Field(default=60.0, gt=0.0)
     limit_ramp_s: float = Field(default=60.0, ge=0.0)
+    #: what a GPU no job uses draws [W]: a job that ends mid-event frees its GPUs to this
+    gpu_idle_w: float = Field(default=80.0, ge=0.0, le=500.0)
     #: the model's gain error the loop's gain must be robust to (flexmodel.looprobust)
     loop_gain_error: float = Field(default=0.3, ge=0.0, lt=1.0)
     #: lab only: the site loop keeps a configuration the sync analysis rejects (the lock lab)

@@ -77,6 +77,14 @@ BOUND_EVENTS = 3
 BOUND_EVENTS_KEPT = 20
 BOUND_FACTOR = 2.0
 BOUND_FLOOR = 0.25
+#: The model's gain is read once the plan sheds this share of the site, each settled sample
+#: moving it by this share towards what it read (within 0.5 to 1.5: beyond, the meter watch,
+#: not the predictor, has something to say).
+GAIN_MIN_SHARE = 0.02
+GAIN_WEIGHT = 0.03
+#: Settled corrections at reductions this far apart (a share of the larger) tell an offset
+#: from a gain.
+SPREAD = 0.2
 #: An error within this many standard deviations of the window's noise is not corrected.
 NOISE_SIGMAS = 2.0
 _MAD_TO_SD = 1.4826
@@ -93,6 +101,7 @@ class Pursuit:
     level_kw: float | None  #: the event's level at the meter, for a setpoint [kW]
     start_facility_kw: float | None  #: the meter before the event, averaged over the window
     start_baseline_gpu_kw: float  #: the model's baseline when the event began [kW]
+    start_placed_gpus: int  #: the placed jobs' GPUs then
     correction_kw: float = 0.0
     planned_kw: float = 0.0  #: the reduction last planned [kW]
     achieved_kw: float = 0.0  #: what that plan achieves by the model [kW]
@@ -102,8 +111,8 @@ class Pursuit:
     measured_kw: float | None = None
     target_kw: float | None = None
     reference_kw: float | None = None  #: the site without the event, at the meter [kW]
-    #: (when, correction kW) as it was taken: undone to before readings found wrong later
-    corrections: list[tuple[float, float]] = field(default_factory=list)
+    #: (when, correction kW, gain) as taken: undone to before readings found wrong later
+    corrections: list[tuple[float, float, float]] = field(default_factory=list)
     settled_kw: float = 0.0  #: the moves old enough to be wholly seen, summed [kW]
     undone_for_s: float | None = None  #: the suspicion (its start) last undone
     started_s: float = 0.0  #: when the loop took the event on (monotonic) [s]
@@ -111,6 +120,11 @@ class Pursuit:
     margin_kw: float = 0.0  #: planned below a ceiling by this [kW]
     target_since_s: float = 0.0  #: when the target last changed (monotonic) [s]
     watch_from_s: float = 0.0  #: the meter watch judges this event's moves from then on
+    #: what the site sheds at the meter per kW the model plans, once settled: the model's
+    #: gain error, which the predictor expects of the next moves
+    gain: float = 1.0
+    #: the correction once settled at each reduction asked (not while the plan was short)
+    settled_at: dict[float, float] = field(default_factory=dict)
     #: the correction once settled, as a share of the reduction: the model's error here
     settled_share: float | None = None
 
@@ -176,6 +190,7 @@ class Tracker:
                 level_kw,
                 self.site.filtered_kw(self.window_s) if self.settings.tracking else None,
                 mix.baseline_gpu_kw,
+                sum(j.gpus for j in mix.placed),
                 started_s=self.clock.monotonic(),
                 target_since_s=self.clock.monotonic(),
             )
@@ -194,6 +209,8 @@ class Tracker:
         )
         if moved or ceiling != known.ceiling:
             known.target_since_s = self.clock.monotonic()
+            if level_kw is None and known.level_kw is None:
+                known.correction_kw = carried_correction_kw(known, reduction_kw)
         known.reduction_kw, known.level_kw, known.ceiling = reduction_kw, level_kw, ceiling
         margin_kw = self.limit_margin_kw(level_kw) if ceiling and level_kw else 0.0
         if known.target_since_s == self.clock.monotonic():
@@ -242,7 +259,8 @@ class Tracker:
         self._ready_s = self.clock.monotonic() + self._plan_s
         short_kw = float((self.targets.last_plan or {}).get("shortfall_kw", 0.0))
         achieved_kw = max(requested - short_kw, 0.0)
-        pursuit.moves.append((started_s, pursuit.achieved_kw - achieved_kw))
+        # Each planned kW is expected at the meter as the site has answered the plans so far.
+        pursuit.moves.append((started_s, pursuit.gain * (pursuit.achieved_kw - achieved_kw)))
         pursuit.planned_kw, pursuit.achieved_kw = requested, achieved_kw
 
     def _reference_kw(self, pursuit: Pursuit, mix: JobMix) -> float | None:
@@ -250,10 +268,17 @@ class Tracker:
         moved by the model's baseline as the job mix changed."""
         if pursuit.start_facility_kw is None:
             return None
-        moved_kw = self.site.facility_kw(mix.baseline_gpu_kw) - self.site.facility_kw(
-            pursuit.start_baseline_gpu_kw
+        moved_kw = self.site.facility_kw(self._uncapped_gpu_kw(pursuit, mix)) - (
+            self.site.facility_kw(pursuit.start_baseline_gpu_kw)
         )
         return pursuit.start_facility_kw + moved_kw
+
+    def _uncapped_gpu_kw(self, pursuit: Pursuit, mix: JobMix) -> float:
+        """The GPUs' power without the event by the model [kW]: the placed jobs' baseline, and
+        the idle draw of the GPUs the jobs ended since the event began have freed
+        (`FLEXGATE_GPU_IDLE_W`; negative for GPUs jobs started since have taken)."""
+        freed = pursuit.start_placed_gpus - sum(j.gpus for j in mix.placed)
+        return mix.baseline_gpu_kw + freed * self.settings.gpu_idle_w / 1000.0
 
     async def step(self) -> None:
         """One sample of the loop (after every sample of the site)."""
@@ -266,7 +291,7 @@ class Tracker:
         if pursuit.start_facility_kw is None:
             # No whole window of the meter before the event: the model's baseline stands in.
             pursuit.start_facility_kw = self.site.facility_kw(pursuit.start_baseline_gpu_kw)
-        baseline_kw = self.site.facility_kw(mix.baseline_gpu_kw)
+        baseline_kw = self.site.facility_kw(self._uncapped_gpu_kw(pursuit, mix))
         if pursuit.baseline_kw is not None and baseline_kw != pursuit.baseline_kw:
             pursuit.moves.append((self.clock.monotonic(), baseline_kw - pursuit.baseline_kw))
         pursuit.baseline_kw = baseline_kw
@@ -297,8 +322,16 @@ class Tracker:
             return  # a faulted meter: the correction is held, the plan is the model's
         if self.clock.monotonic() < self._ready_s:
             return  # the last re-plan took longer than a period: this sample is skipped
+        plan = self.targets.last_plan or {}
+        short = float(plan.get("shortfall_kw", 0.0)) > 1e-6
         if self.clock.monotonic() - pursuit.target_since_s >= self._settle_s():
             self.settled_errors_kw.append(measured - target)
+            if not short:
+                pursuit.settled_at[round(pursuit.reduction_kw, 3)] = pursuit.correction_kw
+            if reference is not None and pursuit.achieved_kw >= GAIN_MIN_SHARE * reference:
+                # Slowly: one reading is not evidence, and a meter found wrong later undoes it.
+                seen = float(np.clip((reference - measured) / pursuit.achieved_kw, 0.5, 1.5))
+                pursuit.gain += GAIN_WEIGHT * (seen - pursuit.gain)
             pursuit.settled_share = pursuit.correction_kw / max(_asked_kw(pursuit), 1.0)
         if pursuit.ceiling and pursuit.level_kw:
             pursuit.margin_kw = self.limit_margin_kw(pursuit.level_kw)
@@ -307,8 +340,6 @@ class Tracker:
         error_kw = measured + self._unseen_kw(pursuit) - target
         if abs(error_kw) < NOISE_SIGMAS * self._window_noise_kw():
             return  # within what the window's own noise makes: no phantom correction
-        plan = self.targets.last_plan or {}
-        short = float(plan.get("shortfall_kw", 0.0)) > 1e-6
         if (error_kw > 0 and short) or (error_kw < 0 and pursuit.planned_kw <= 0.0):
             return  # anti-windup: at the fleet's limit the correction does not grow
         bound_kw = self.correction_bound_kw(_asked_kw(pursuit))
@@ -318,7 +349,7 @@ class Tracker:
         correction = min(correction, most_kw - pursuit.reduction_kw)
         pursuit.correction_kw = correction
         now_s = self.clock.monotonic()
-        pursuit.corrections.append((now_s, correction))
+        pursuit.corrections.append((now_s, correction, pursuit.gain))
         horizon_s = now_s - 4 * (self.delay_s + self.window_s + self.span_s + self.period_s)
         while len(pursuit.corrections) > 1 and pursuit.corrections[1][0] < horizon_s:
             pursuit.corrections.pop(0)
@@ -335,8 +366,8 @@ class Tracker:
         if since_s is None or pursuit.undone_for_s == since_s:
             return False
         pursuit.undone_for_s = since_s
-        before = [c for at_s, c in pursuit.corrections if at_s <= since_s]
-        correction = before[-1] if before else 0.0
+        before = [(c, g) for at_s, c, g in pursuit.corrections if at_s <= since_s]
+        correction, pursuit.gain = before[-1] if before else (0.0, 1.0)
         if correction == pursuit.correction_kw:
             return False
         log.warning(
@@ -346,7 +377,7 @@ class Tracker:
             correction,
         )
         pursuit.correction_kw = correction
-        pursuit.corrections = [(at_s, c) for at_s, c in pursuit.corrections if at_s <= since_s]
+        pursuit.corrections = [c for c in pursuit.corrections if c[0] <= since_s]
         await self._plan(pursuit)
         return True
 
@@ -572,6 +603,24 @@ class Tracker:
             "verdict": self.verdict,
             "reason": self.reason,
         }
+
+
+def carried_correction_kw(pursuit: Pursuit, reduction_kw: float) -> float:
+    """The correction for a new reduction asked of the same event: the model's error as an
+    offset and a gain, `a + b * reduction`, fitted on the corrections it settled at two or more
+    reductions at least `SPREAD` apart; with fewer, all of it a gain (a model's error at the
+    meter is mostly in what the caps shed: the baseline was read at the meter before the event),
+    scaled from the reduction it was taken at. A correction kept as kW misread a deep cut's
+    error at a shallow one: 19 kW then 4 kW shed 5.7 kW (+43%) for 30 s."""
+    points = sorted(pursuit.settled_at.items())
+    if len(points) >= 2 and points[-1][0] - points[0][0] >= SPREAD * points[-1][0]:
+        asked = np.array([r for r, _ in points])
+        taken = np.array([c for _, c in points])
+        b, a = np.polyfit(asked, taken, 1)
+        return float(a + b * reduction_kw)
+    if pursuit.reduction_kw <= 0.0:
+        return pursuit.correction_kw
+    return pursuit.correction_kw * reduction_kw / pursuit.reduction_kw
 
 
 def _asked_kw(pursuit: Pursuit) -> float:

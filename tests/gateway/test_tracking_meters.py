@@ -18,7 +18,7 @@ import pytest
 from flexgate.simsite import SimulatedSite, Truth
 from gateway.services.delivery import delivery_doc
 from gateway.store import repo
-from tests.gateway.conftest import EXAMPLES
+from tests.gateway.conftest import EXAMPLES, site_jobs
 from tests.gateway.test_tracking import REDUCTION_KW, WARM_UP_S, mismatched
 
 
@@ -97,7 +97,9 @@ def test_a_frozen_meter_is_caught_and_the_loop_undoes_what_it_believed(tmp_path,
         assert faults[caught].startswith("stuck: ")
         assert all(faults[caught:])  # not believed again while it stays frozen
         assert site.tracker.doc()["correction_kw"] == pytest.approx(before, abs=0.1)
-        assert max(abs(kw - REDUCTION_KW) for kw in sheds) < 0.2 * REDUCTION_KW
+        # Until it is caught the loop answers the frozen error (its moves, expected at the gain
+        # the site has shown, go unanswered): a transient, undone once caught.
+        assert max(abs(kw - REDUCTION_KW) for kw in sheds) < 0.25 * REDUCTION_KW
         assert max(abs(kw - REDUCTION_KW) for kw in sheds[caught + 10 :]) < 0.02 * REDUCTION_KW
         health = (await site.power.doc())["meter"]
         assert health["fault"] == site.power.meter_fault  # what /health and /metrics read
@@ -276,3 +278,73 @@ def test_a_level_is_reached_where_the_model_puts_the_site_below_it(tmp_path):
         site.close()
     assert model_kw < level_kw  # by the model there is nothing to shed
     assert reached_kw == pytest.approx(level_kw, abs=0.03 * REDUCTION_KW)
+
+
+def test_a_job_that_ends_mid_event_moves_the_target_by_its_draw_less_its_gpus_idle(tmp_path):
+    """The 32-GPU job ends mid-event on a site exactly as declared: its GPUs idle at once (80 W
+    each), the scheduler tells the gateway 15 s later. The site without the event now draws
+    the job's power less its GPUs' idle draw less; the loop's reference falls by as much
+    (`FLEXGATE_GPU_IDLE_W`), so the remaining job sheds what was asked (the reference fell by
+    the job's whole power, so the loop asked the remaining job for the idle draw's 3.3 kW at
+    the meter too, more than it can give)."""
+    declared = site_jobs()
+    site = SimulatedSite(
+        declared,
+        Truth(copy.deepcopy(declared), overhead_factor=1.3, static_kw=0.0),
+        declared_overhead_factor=1.3,
+        folder=tmp_path / "site",
+    )
+    ended = "qwen3-32b-pt-x32"
+
+    async def run() -> tuple[float, float]:
+        await site.start()
+        await site.run_for(WARM_UP_S)
+        uncapped = site.meter.true_facility_kw()
+        gpus = [(b, g) for b in site.backends for g, gpu in enumerate(b._gpus) if gpu.job]
+        mine = [(b, g) for b, g in gpus if b._gpus[g].job.id == ended]
+        job_kw = sum(b.mean_power_w(g) for b, g in mine) / 1000.0
+        await site.tracker.pursue("ev-1", REDUCTION_KW / 2, None)
+        await site.run_for(120.0)
+        for b, g in mine:
+            b._gpus[g].job = None  # the job ends: its GPUs idle
+        idle_kw = sum(b.mean_power_w(g) for b, g in mine) / 1000.0
+        await site.run_for(15.0)
+        await site.book.replace([j for j in site.declared if j["id"] != ended], "scheduler")
+        await site.tracker.pursue("ev-1", REDUCTION_KW / 2, None)
+        await site.run_for(240.0)
+        without_event = uncapped - site.truth.overhead_factor * (job_kw - idle_kw)
+        return without_event - site.meter.true_facility_kw(), idle_kw
+
+    try:
+        shed_kw, idle_kw = asyncio.run(run())
+    finally:
+        site.close()
+    assert idle_kw == pytest.approx(32 * 0.080)
+    assert shed_kw == pytest.approx(REDUCTION_KW / 2, rel=0.05)
+
+
+def test_a_new_reduction_carries_the_model_error_as_a_gain_not_as_kw(tmp_path):
+    """19 kW asked (more than the mismatched site can shed: every job at its floor), then
+    4 kW: the correction learned at the deep cut is carried as a share of the reduction, so
+    the shallow one does not start 40% deep (kept as kW, it shed 5.7 kW for 30 s)."""
+    site = make_site(tmp_path)
+
+    async def run() -> list[float]:
+        await site.start()
+        await site.run_for(WARM_UP_S)
+        uncapped = site.meter.true_facility_kw()
+        await site.tracker.pursue("ev-1", 19.0, None)
+        await site.run_for(120.0)
+        await site.tracker.pursue("ev-1", 4.0, None)
+        sheds = []
+        for _ in range(60):
+            await site.tick()
+            sheds.append(uncapped - site.meter.true_facility_kw())
+        return sheds
+
+    try:
+        sheds = asyncio.run(run())
+    finally:
+        site.close()
+    assert max(sheds[5:]) < 4.0 * 1.15, sheds  # after the caps have moved
+    assert sheds[-1] == pytest.approx(4.0, rel=0.05)
