@@ -9,6 +9,7 @@ import uvicorn
 
 from agents.backend import GpuBackend
 from agents.dcgm import DcgmExporter
+from agents.errors import BackendError, NoNvmlError
 from agents.logs import decision, show_on_stderr
 from agents.podresources import PodGpuReader, PodResourcesClient
 from agents.service import AgentNode, create_app
@@ -22,9 +23,7 @@ def build_node(settings: AgentSettings) -> AgentNode:
     mix = read_mix(settings)
     backend: GpuBackend
     if settings.agent_backend == "nvml":
-        from agents.nvml import NvmlBackend  # loads pynvml only on a GPU node
-
-        backend = NvmlBackend()
+        backend = open_nvml()
     else:
         backend = SimulatedBackend(settings.agent_gpus, mix=mix, node_id=settings.agent_node_id)
     return AgentNode(
@@ -39,6 +38,19 @@ def build_node(settings: AgentSettings) -> AgentNode:
         feature_period_s=settings.agent_feature_period_s,
         feature_samples=settings.agent_feature_samples,
     )
+
+
+def open_nvml() -> GpuBackend:
+    """NVML's GPUs, or `NoNvmlError` saying why there are none (one line at the CLI)."""
+    try:
+        from agents.nvml import NvmlBackend  # loads pynvml only on a GPU node
+
+        backend = NvmlBackend()
+    except (ImportError, BackendError) as exc:
+        raise NoNvmlError(f"--backend nvml: NVML is not usable here ({exc})") from exc
+    if backend.count() == 0:
+        raise NoNvmlError("--backend nvml: NVML sees no GPU on this node")
+    return backend
 
 
 def dram_source(settings: AgentSettings, backend: GpuBackend) -> DcgmExporter | None:

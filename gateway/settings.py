@@ -7,16 +7,24 @@ an argument so tests pass their own.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agents.protocol import LAB_TOKEN, MIN_TOKEN_CHARS, NATS_NODE_ID, PLACEHOLDER_TOKENS
+from agents.protocol import (
+    AGENT_NAMESPACE,
+    LAB_TOKEN,
+    MIN_TOKEN_CHARS,
+    NATS_NODE_ID,
+    PLACEHOLDER_TOKENS,
+    unknown_variables,
+)
 from flexmodel.errors import InvalidJobError
 from flexmodel.tiers import TierTable
 from gateway.meter.sources import DEFAULT_JSON_KEY, open_meter
@@ -86,6 +94,12 @@ class GatewaySettings(BaseSettings):
     opt_policy: Literal["feasible", "always", "never"] = "feasible"
     opt_confidence: float = Field(default=0.9, gt=0.0, lt=1.0)
     lab: bool = False
+    #: plans may rest on agents with simulated GPUs outside the lab (a demo or staging site);
+    #: otherwise an event is refused while any known agent runs the sim backend
+    allow_simulated: bool = False
+    #: a manual event asking more than this many times the kW the site can shed now is refused
+    #: (422) unless forced: watts typed as kW would drive every job to its floor
+    event_max_overreach: float = Field(default=3.0, ge=1.0, le=1000.0)
     meter_url: str = Field(default="", description="the facility meter; empty: the estimate")
     meter_json_key: str = DEFAULT_JSON_KEY
     meter_period_s: float = Field(default=5.0, gt=0.0)
@@ -156,6 +170,18 @@ class GatewaySettings(BaseSettings):
     @property
     def agent_urls(self) -> list[str]:
         return [u.strip().rstrip("/") for u in self.agents.split(",") if u.strip()]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown_variables(cls, data: Any) -> Any:
+        """Before the fields: a misspelt name explains a missing setting better than the
+        missing setting's own error does. `FLEXGATE_AGENT_*` is the agents' (they check it)."""
+        problem = unknown_variables(
+            os.environ, cls.model_fields, foreign=lambda name: name.startswith(AGENT_NAMESPACE)
+        )
+        if problem:
+            raise ValueError(problem)
+        return data
 
     @model_validator(mode="after")
     def _refuse_placeholders(self) -> GatewaySettings:

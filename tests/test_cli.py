@@ -536,7 +536,7 @@ def test_agent_refuses_bad_settings_before_starting(env, args, fragments):
 
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEXGATE_")}
     result = subprocess.run(
-        [sys.executable, "-m", "flexgate.cli", "agent", "--port", "0", *args],
+        [sys.executable, "-m", "flexgate.cli", "agent", "--port", "0", "--backend", "sim", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -286,10 +286,27 @@ def _finish(
     return 0
 
 
+def refuse_unknown_environment() -> None:
+    """Every `FLEXGATE_*` variable must be a setting of the gateway or the agent (they often
+    share one environment), or listed as not a setting: each program alone knows only its own
+    names, so a misspelt agent prefix (FLEXGATE_AGNET_BACKEND) is caught here."""
+    import os
+
+    from agents.protocol import unknown_variables
+    from agents.settings import AgentSettings
+    from gateway.settings import GatewaySettings
+
+    problem = unknown_variables(
+        os.environ, [*GatewaySettings.model_fields, *AgentSettings.model_fields]
+    )
+    if problem:
+        raise BadInputError(problem)
+
+
 def run_agent(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from agents.errors import InvalidSetupError
+    from agents.errors import InvalidSetupError, NoNvmlError
     from agents.run import run_agent
     from agents.settings import AgentSettings
 
@@ -305,6 +322,7 @@ def run_agent(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in given.items() if v is not None}
     if args.lab:
         overrides["lab"] = True
+    refuse_unknown_environment()
     try:
         settings = AgentSettings(**overrides)
     except ValidationError as exc:
@@ -313,6 +331,8 @@ def run_agent(args: argparse.Namespace) -> int:
         read_job_mix(settings.agent_job_mix)  # bad input is said before anything starts
     try:
         run_agent(settings)
+    except NoNvmlError as exc:
+        raise BadInputError(f"{exc}: is this a GPU node with NVIDIA's driver?") from None
     except InvalidSetupError as exc:  # raised while the node is built, before it serves
         raise BadInputError(
             f"{exc} (set --gpus to the node's GPU count, or fix the job mix's placement)"
@@ -327,6 +347,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     from gateway.settings import GatewaySettings
 
     given = {"host": args.host, "port": args.port, "lab": True if args.lab else None}
+    refuse_unknown_environment()
     try:
         settings = GatewaySettings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as exc:
@@ -345,6 +366,7 @@ def run_gateway(args: argparse.Namespace) -> int:
 
 
 def run_lab(args: argparse.Namespace) -> int:
+    refuse_unknown_environment()
     if args.scenario == "lock":
         return _run_lock_lab(args)
     from flexgate.lab import run_lab

@@ -440,7 +440,12 @@ def test_nats_is_never_anonymous_outside_the_lab():
     with pytest.raises(ValueError, match="node ids"):
         GatewaySettings(**base, nats_token=NATS_TOKEN, agents="http://127.0.0.1:9100")
     assert GatewaySettings(lab=True, transport="nats").nats_token is None
-    agent = {"agent_token": AGENT_TOKEN, "agent_transport": "nats", "agent_node_id": "node-a"}
+    agent = {
+        "agent_token": AGENT_TOKEN,
+        "agent_transport": "nats",
+        "agent_node_id": "node-a",
+        "agent_backend": "sim",
+    }
     with pytest.raises(ValueError, match="FLEXGATE_AGENT_NATS_TOKEN or FLEXGATE_AGENT_NATS_USER"):
         AgentSettings(**agent)
     assert AgentSettings(**agent, agent_nats_token=NATS_TOKEN).agent_transport == "nats"
@@ -570,6 +575,7 @@ def agent_process(tmp_path, url: str, nats_token: str, log: str) -> subprocess.P
         "FLEXGATE_AGENT_NATS_URL": url,
         "FLEXGATE_AGENT_NATS_TOKEN": nats_token,
         "FLEXGATE_AGENT_TELEMETRY_PERIOD_S": "0.2",
+        "FLEXGATE_AGENT_BACKEND": "sim",
     }
     command = [sys.executable, "-m", "flexgate.cli", "agent", "--node-id", "node-p", "--gpus", "2"]
     command += ["--port", str(free_port()), "--state-dir", str(tmp_path / "state")]
