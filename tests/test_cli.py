@@ -703,3 +703,35 @@ def test_a_gateway_without_agents_warns_that_it_caps_nothing(tmp_path, agents, w
     finally:
         gateway.send_signal(signal.SIGTERM)
         gateway.wait(timeout=20)
+
+
+def _wave(times_s, mean_w: float) -> str:
+    rows = [f"{t:g},{mean_w * (1 + 0.2 * np.sin(i / 10))}" for i, t in enumerate(times_s)]
+    return "t_s,power_w\n" + "\n".join(rows) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("command", "name", "content", "fragment"),
+    [
+        (
+            "pfi",
+            "kw.csv",
+            "cap_w,power_w,throughput\n0.2,0.19,100\n0.45,0.4,150\n0.7,0.6,170\n",
+            "line 2: cap_w must be from 50 to 2000 W, got 0.2 (0.2 looks like kW: 200 W?)",
+        ),
+        ("trace", "kw.csv", _wave(np.arange(3000) * 0.02, 0.6), "looks like kW"),
+        ("trace", "ms.csv", _wave(np.arange(3000) * 20.0, 600.0), "t_s in milliseconds?"),
+    ],
+)
+def test_unit_slips_in_sweeps_and_traces_are_refused(
+    tmp_path, capsys, command, name, content, fragment
+):
+    """As the job mix refuses them: a sweep or trace in kW, a trace timed in ms (in-process:
+    `main` is what the command runs)."""
+    from flexgate.cli import main
+
+    assert main([command, str(write(tmp_path, name, content))]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert fragment in err
