@@ -735,3 +735,18 @@ def test_unit_slips_in_sweeps_and_traces_are_refused(
     assert out == ""
     assert len(err.strip().splitlines()) == 1, err
     assert fragment in err
+
+
+def test_sync_check_on_a_mix_states_one_bound_for_every_job(capsys):
+    """Not "safe below 0.367 s" (the worst job's) beside advice to go below 0.25 s."""
+    from flexgate.cli import main
+
+    args = ["sync", "check", "--job-mix", str(EXAMPLES / "site.json"), "--delay-s", "1"]
+    assert main([*args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    bound = min(j["max_safe_delay_s"] for j in doc["jobs"] if j["max_safe_delay_s"] is not None)
+    assert doc["fleet_max_safe_delay_s"] == bound < doc["max_safe_delay_s"]
+    assert main(args) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"every job is safe below a delay of {bound:.3g} s" in said
+    assert f"--delay-s below {bound:.3g} s" in said

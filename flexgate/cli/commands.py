@@ -228,7 +228,7 @@ def fleet_check(mix: JobMix, **loop: float) -> dict[str, Any]:
     doc = result.job_dict(worst)
     doc["worst_job"] = waving[worst].id
     doc["verdict"] = worst_verdict(verdicts)
-    doc["jobs"] = [
+    doc["jobs"] = jobs = [
         {"id": j.id, "verdict": "safe", "worst_m": None, "max_safe_delay_s": None}
         if j.id not in index
         else {
@@ -239,6 +239,10 @@ def fleet_check(mix: JobMix, **loop: float) -> dict[str, Any]:
         }
         for j in mix.jobs
     ]
+    # The worst job's bound is not the fleet's: one line must not say "safe below 0.333 s"
+    # while the advice asks for 0.25 s. Every job is safe below the smallest bound.
+    bounds = [j["max_safe_delay_s"] for j in jobs if j["max_safe_delay_s"] is not None]
+    doc["fleet_max_safe_delay_s"] = min(bounds, default=None)
     return doc
 
 
