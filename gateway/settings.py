@@ -44,6 +44,9 @@ class GatewaySettings(BaseSettings):
     database_url: str = "sqlite:///.flexgate/gateway.db"
     api_token: SecretStr = SecretStr("")
     read_token: SecretStr | None = None
+    #: without a read token, reads (the dashboard, the API's GETs, quotes) are open to anyone
+    #: who reaches the port: outside the lab only when this says so
+    read_public: bool = False
     agent_token: SecretStr = SecretStr("")
     agents: str = Field(
         default="", description="comma-separated agent base URLs (node ids over NATS)"
@@ -222,12 +225,29 @@ class GatewaySettings(BaseSettings):
                 "FLEXGATE_LOOP_UNSAFE keeps a site loop the sync analysis rejects, which makes "
                 "jobs phase-lock: it is for the lab's lock scenario only (FLEXGATE_LAB=true)"
             )
+        self._check_reads()
         if self.scatter_max_spread < self.scatter_spread:
             raise ValueError(
                 f"FLEXGATE_SCATTER_MAX_SPREAD ({self.scatter_max_spread:g}) must be at least "
                 f"FLEXGATE_SCATTER_SPREAD ({self.scatter_spread:g}): the spread only widens"
             )
         return self
+
+    def _check_reads(self) -> None:
+        read = self.read_token.get_secret_value() if self.read_token is not None else ""
+        if self.lab:
+            return
+        if not read and not self.read_public:
+            raise ValueError(
+                "FLEXGATE_READ_TOKEN must be set outside the lab: without it anyone who reaches "
+                "the port reads the dashboard, the jobs and the events (set "
+                "FLEXGATE_READ_PUBLIC=true to make reads public on purpose)"
+            )
+        if read and (read.lower() in PLACEHOLDER_TOKENS or len(read) < MIN_TOKEN_CHARS):
+            raise ValueError(
+                f"FLEXGATE_READ_TOKEN must be a secret of at least {MIN_TOKEN_CHARS} characters "
+                "(placeholders are refused outside the lab)"
+            )
 
     def _check_openadr31(self) -> None:
         if self.lab and not self.vtn_client_id:

@@ -12,7 +12,11 @@ from agents.settings import AgentSettings
 from flexgate.cli import main
 from gateway.settings import GatewaySettings
 
-GATEWAY = {"api_token": "api-token-0123456789abcdef", "agent_token": "agent-token-0123456789ab"}
+GATEWAY = {
+    "api_token": "api-token-0123456789abcdef",
+    "agent_token": "agent-token-0123456789ab",
+    "read_public": True,
+}
 AGENT = {"agent_token": "agent-token-0123456789ab", "agent_backend": "sim"}
 
 
@@ -92,3 +96,14 @@ def test_an_nvml_agent_without_nvml_fails_in_one_line(monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert "--backend nvml: NVML is not usable here" in err[0]
+
+
+def test_reads_need_a_token_outside_the_lab_unless_made_public():
+    closed = {k: v for k, v in GATEWAY.items() if k != "read_public"}
+    with pytest.raises(ValueError, match="FLEXGATE_READ_TOKEN must be set outside the lab"):
+        GatewaySettings(**closed)
+    with pytest.raises(ValueError, match="FLEXGATE_READ_TOKEN must be a secret"):
+        GatewaySettings(**closed, read_token="changeme")
+    assert GatewaySettings(**closed, read_token="read-token-0123456789ab").read_public is False
+    assert GatewaySettings(**closed, read_public=True).read_token is None
+    assert GatewaySettings(lab=True).read_token is None  # the lab reads openly

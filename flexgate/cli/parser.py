@@ -28,7 +28,8 @@ DESCRIPTION = (
 )
 AGENT_EPILOG = """\
 required: FLEXGATE_AGENT_TOKEN, the bearer token the gateway sends with caps (16+ characters;
-  --lab allows none). Options override the FLEXGATE_AGENT_* variables (docs/configuration.md).
+  --lab allows none), and --backend (nvml on a GPU node, sim for simulated GPUs; --lab: sim).
+  Options override the FLEXGATE_AGENT_* variables (docs/configuration.md).
 two agents on one host need their own --port and --node-id:
   flexgate agent --lab --node-id node-01 --port 9101
   flexgate agent --lab --node-id node-02 --port 9102"""
@@ -36,7 +37,8 @@ GATEWAY_EPILOG = """\
 required: FLEXGATE_API_TOKEN (callers' bearer token for every change) and FLEXGATE_AGENT_TOKEN
   (the agents' token), each 16+ characters (--lab allows placeholders), and FLEXGATE_AGENTS,
   the agents' base URLs separated by commas (http://node-01:9100,...): without it the gateway
-  caps nothing. Every setting: docs/configuration.md."""
+  caps nothing. FLEXGATE_READ_TOKEN guards reads (or FLEXGATE_READ_PUBLIC=true: open on
+  purpose). Unknown FLEXGATE_* variables are refused. Every setting: docs/configuration.md."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -196,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     agent.add_argument(
-        "--backend", choices=("sim", "nvml"), help="simulated GPUs or NVML (default sim)"
+        "--backend",
+        choices=("sim", "nvml"),
+        help="NVML (the node's GPUs) or simulated GPUs; required outside --lab (there: sim)",
     )
     agent.add_argument("--host", help="address to bind (default 127.0.0.1: loopback only)")
     agent.add_argument(

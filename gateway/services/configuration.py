@@ -52,7 +52,11 @@ def effective_configuration(settings: GatewaySettings) -> dict[str, Any]:
         "job_source": settings.job_source,
         "openadr": vtn,
         "tls": settings.tls_cert is not None,
-        "reads": "token" if settings.read_token is not None else "open",
+        "reads": (
+            "token"
+            if settings.read_token is not None and settings.read_token.get_secret_value()
+            else "open"
+        ),
         "simulated_gpus": "allowed" if settings.lab or settings.allow_simulated else "refused",
     }
 

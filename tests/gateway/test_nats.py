@@ -139,6 +139,7 @@ def nats_site(tmp_path, server, **changes):
                 "dispatch_timeout_s": 1.0,
                 "dispatch_retries": 1,
                 "telemetry_max_age_s": 0.2,
+                "allow_simulated": True,  # the agents run simulated GPUs
                 **changes,
             }
         )
@@ -416,6 +417,7 @@ def test_wrong_nats_credentials_are_refused_by_the_gateway_and_the_agent(tmp_pat
             "FLEXGATE_NATS_URL": server.url,
             "FLEXGATE_NATS_USER": "flexgate",
             "FLEXGATE_NATS_PASSWORD": "wrong-password-0123456789",
+            "FLEXGATE_READ_PUBLIC": "true",
         }
         gateway = subprocess.run(
             [sys.executable, "-m", "flexgate.cli", "gateway", "--port", str(free_port())],
