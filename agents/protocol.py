@@ -7,6 +7,8 @@ must be finite. Units are in the names: watts (`_w`), seconds (`_s`).
 from __future__ import annotations
 
 import difflib
+import hashlib
+import hmac
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -31,6 +33,14 @@ PLACEHOLDER_TOKENS = frozenset(
     }
 )
 LAB_TOKEN = "lab-agent-token"
+
+
+def node_token(site_secret: str, node_id: str) -> str:
+    """A node's own agent token, derived from the site's secret (FLEXGATE_NODE_TOKEN_SECRET,
+    on the gateway only) and its node id: a node's token opens that node and no other, so one
+    node's disclosed token does not cap the site. `flexgate agent-token NODE` prints it."""
+    message = f"flexgate-agent-token:{node_id}".encode()
+    return hmac.new(site_secret.encode(), message, hashlib.sha256).hexdigest()
 
 
 # --- the environment both programs read (docs/configuration.md, "Unknown variables") -----------

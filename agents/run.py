@@ -118,7 +118,15 @@ def run_agent(settings: AgentSettings) -> None:
         host=settings.agent_host,
         port=settings.agent_port,
         transport=settings.agent_transport,
+        tls=settings.agent_tls_cert is not None,
         job_mix=settings.agent_job_mix,
         jobs=sorted(node.sampler.jobs),
     )
-    uvicorn.run(app, host=settings.agent_host, port=settings.agent_port, log_level="warning")
+    uvicorn.run(
+        app,
+        host=settings.agent_host,
+        port=settings.agent_port,
+        log_level="warning",
+        ssl_certfile=str(settings.agent_tls_cert) if settings.agent_tls_cert else None,
+        ssl_keyfile=str(settings.agent_tls_key) if settings.agent_tls_key else None,
+    )

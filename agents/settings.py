@@ -35,6 +35,10 @@ class AgentSettings(BaseSettings):
     agent_backend: Literal["sim", "nvml"] | None = None
     agent_host: str = "127.0.0.1"
     agent_port: int = Field(default=9100, ge=0, le=65535)
+    #: serve HTTPS with this certificate and key (both or neither); the gateway verifies it
+    #: against FLEXGATE_AGENTS_CA
+    agent_tls_cert: Path | None = None
+    agent_tls_key: Path | None = None
     agent_state_dir: Path = Path(".flexgate/agent")
     agent_gpus: int = Field(default=8, ge=1, le=64)
     agent_job_mix: Path | None = None
@@ -85,6 +89,11 @@ class AgentSettings(BaseSettings):
                     "GPU node, sim for simulated GPUs"
                 )
             self.agent_backend = "sim"
+        if (self.agent_tls_cert is None) != (self.agent_tls_key is None):
+            raise ValueError("FLEXGATE_AGENT_TLS_CERT and FLEXGATE_AGENT_TLS_KEY go together")
+        for path in (self.agent_tls_cert, self.agent_tls_key):
+            if path is not None and not path.is_file():
+                raise ValueError(f"FLEXGATE_AGENT_TLS_CERT / _KEY: {path}: no such file")
         self._check_nats()
         if self.agent_dcgm_url is not None and not self.agent_dcgm_url.startswith(
             ("http://", "https://")

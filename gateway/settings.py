@@ -23,6 +23,7 @@ from agents.protocol import (
     MIN_TOKEN_CHARS,
     NATS_NODE_ID,
     PLACEHOLDER_TOKENS,
+    node_token,
     unknown_variables,
 )
 from flexmodel.errors import InvalidJobError
@@ -48,6 +49,12 @@ class GatewaySettings(BaseSettings):
     #: who reaches the port: outside the lab only when this says so
     read_public: bool = False
     agent_token: SecretStr = SecretStr("")
+    #: each agent's token derived from this and its node id (`node_token`), instead of the one
+    #: FLEXGATE_AGENT_TOKEN every agent shares
+    node_token_secret: SecretStr | None = None
+    #: the CA the agents' certificates are verified against (https:// agent URLs); None: the
+    #: system's CAs
+    agents_ca: Path | None = None
     agents: str = Field(
         default="", description="comma-separated agent base URLs (node ids over NATS)"
     )
@@ -190,6 +197,9 @@ class GatewaySettings(BaseSettings):
     def _refuse_placeholders(self) -> GatewaySettings:
         for name, lab_value in (("api_token", LAB_API_TOKEN), ("agent_token", LAB_TOKEN)):
             token = getattr(self, name).get_secret_value()
+            if name == "agent_token" and self.node_token_secret is not None:
+                self._check_node_token_secret()
+                continue
             if self.lab and not token:
                 setattr(self, name, SecretStr(lab_value))
             elif not self.lab and (
@@ -212,6 +222,8 @@ class GatewaySettings(BaseSettings):
             raise ValueError("FLEXGATE_VEN_CERT and FLEXGATE_VEN_KEY go together")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("FLEXGATE_TLS_CERT and FLEXGATE_TLS_KEY go together")
+        if self.agents_ca is not None and not self.agents_ca.is_file():
+            raise ValueError(f"FLEXGATE_AGENTS_CA {self.agents_ca}: no such file")
         self._check_meter()
         if self.job_source_default_tier >= self.tier_table.count:
             raise ValueError(
@@ -232,6 +244,26 @@ class GatewaySettings(BaseSettings):
                 f"FLEXGATE_SCATTER_SPREAD ({self.scatter_spread:g}): the spread only widens"
             )
         return self
+
+    def _check_node_token_secret(self) -> None:
+        assert self.node_token_secret is not None
+        secret = self.node_token_secret.get_secret_value()
+        if self.agent_token.get_secret_value():
+            raise ValueError(
+                "set FLEXGATE_NODE_TOKEN_SECRET (a token per node) or FLEXGATE_AGENT_TOKEN (one "
+                "shared token), not both"
+            )
+        if not self.lab and (secret.lower() in PLACEHOLDER_TOKENS or len(secret) < 32):
+            raise ValueError(
+                "FLEXGATE_NODE_TOKEN_SECRET must be a secret of at least 32 characters "
+                "(placeholders are refused outside the lab)"
+            )
+
+    def token_for(self, node_id: str) -> str:
+        """The bearer token the agent of `node_id` expects."""
+        if self.node_token_secret is not None:
+            return node_token(self.node_token_secret.get_secret_value(), node_id)
+        return self.agent_token.get_secret_value()
 
     def _check_reads(self) -> None:
         read = self.read_token.get_secret_value() if self.read_token is not None else ""

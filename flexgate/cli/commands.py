@@ -307,6 +307,29 @@ def refuse_unknown_environment() -> None:
         raise BadInputError(problem)
 
 
+def run_agent_token(args: argparse.Namespace) -> int:
+    """A node's own agent token, from FLEXGATE_NODE_TOKEN_SECRET (the gateway's site secret):
+    set it as that node's FLEXGATE_AGENT_TOKEN."""
+    import os
+
+    from agents.protocol import MIN_TOKEN_CHARS, node_token
+
+    secret = os.environ.get("FLEXGATE_NODE_TOKEN_SECRET", "")
+    if len(secret) < 2 * MIN_TOKEN_CHARS:
+        raise BadInputError(
+            "FLEXGATE_NODE_TOKEN_SECRET must hold the site's secret (32+ characters), as the "
+            "gateway's does"
+        )
+    if not args.node_id.strip() or args.node_id != args.node_id.strip():
+        raise BadInputError(f"{args.node_id!r} is not a node id (the agent's --node-id)")
+    token = node_token(secret, args.node_id)
+    if args.json:
+        output.print_json({"node_id": args.node_id, "token": token})
+    else:
+        print(token)
+    return 0
+
+
 def run_agent(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 

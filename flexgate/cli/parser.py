@@ -227,6 +227,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agent.set_defaults(command=commands.run_agent, name="agent")
 
+    agent_token = sub.add_parser(
+        "agent-token",
+        help="a node's own agent token, derived from FLEXGATE_NODE_TOKEN_SECRET",
+        description="Prints the token the agent of NODE_ID must be given as its "
+        "FLEXGATE_AGENT_TOKEN when the gateway derives one per node from "
+        "FLEXGATE_NODE_TOKEN_SECRET (read from the environment; docs/configuration.md).",
+    )
+    agent_token.add_argument("node_id", metavar="NODE_ID", help="the agent's --node-id")
+    agent_token.add_argument("--json", action="store_true", help="print one JSON document")
+    agent_token.set_defaults(command=commands.run_agent_token, name="agent-token")
+
     gateway = sub.add_parser(
         "gateway",
         help="run the gateway service (needs tokens and FLEXGATE_AGENTS)",

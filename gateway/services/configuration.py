@@ -43,6 +43,8 @@ def effective_configuration(settings: GatewaySettings) -> dict[str, Any]:
         "transport": {
             "kind": settings.transport,
             "agents_configured": len(settings.agent_urls),
+            "agent_tokens": "per node" if settings.node_token_secret is not None else "shared",
+            "agents_ca": str(settings.agents_ca) if settings.agents_ca else None,
             **(
                 {"nats_url": redacted(urlsplit(settings.nats_url))}
                 if settings.transport == "nats"
@@ -78,7 +80,9 @@ def configuration_lines(config: dict[str, Any]) -> list[str]:
             else meter["source"]
         ),
         f"transport: {transport['kind']} to {transport['agents_configured']} configured agent(s)"
-        + (f" via {transport['nats_url']}" if "nats_url" in transport else ""),
+        + (f" via {transport['nats_url']}" if "nats_url" in transport else "")
+        + f", {transport['agent_tokens']} agent token(s)"
+        + (f", agents verified against {transport['agents_ca']}" if transport["agents_ca"] else ""),
         f"job source: {config['job_source']}",
         "openadr: " + (f"{vtn['version']} VTN {vtn['url']}" if vtn else "none (manual events)"),
         f"tls: {'on' if config['tls'] else 'off'}; reads: {config['reads']}",
