@@ -64,14 +64,16 @@ def test_variables_for_other_programs_pass_when_known_or_listed(monkeypatch):
 
 def test_the_cli_refuses_in_one_line_and_exit_2_before_starting(monkeypatch, capsys):
     monkeypatch.setenv("FLEXGATE_DATABSE_URL", "postgresql+psycopg://db/flexgate")
-    assert main(["gateway", "--lab", "--port", "0"]) == 2
+    # Port -1 is refused too, after the names: were they not checked, that error would show
+    # here (and nothing would start and hang the test).
+    assert main(["gateway", "--lab", "--port", "-1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert "did you mean FLEXGATE_DATABASE_URL?" in err[0]
     monkeypatch.delenv("FLEXGATE_DATABSE_URL")
     # Only the command line knows both programs' names: a misspelt agent prefix is caught there.
     monkeypatch.setenv("FLEXGATE_AGNET_BACKEND", "nvml")
-    assert main(["agent", "--lab", "--port", "0"]) == 2
+    assert main(["agent", "--lab", "--port", "-1"]) == 2
     assert "did you mean FLEXGATE_AGENT_BACKEND?" in capsys.readouterr().err
 
 
