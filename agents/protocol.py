@@ -267,11 +267,16 @@ class TelemetryResponse(BaseModel):
 
 class Health(BaseModel):
     status: str
-    backend: str
+    backend: str  #: `nvml` (the node's GPUs) or `sim` (simulated GPUs)
     node_id: str
     gpus: int
     generation: int | None
     lease_remaining_s: float | None
+    configuration: dict[str, Any] | None = Field(
+        default=None,
+        description="what the agent runs on (transport, TLS, state folder, job mix; no "
+        "secrets); absent from agents before it was added",
+    )
 
 
 def validation_detail(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import uvicorn
 
@@ -26,7 +27,7 @@ def build_node(settings: AgentSettings) -> AgentNode:
         backend = open_nvml()
     else:
         backend = SimulatedBackend(settings.agent_gpus, mix=mix, node_id=settings.agent_node_id)
-    return AgentNode(
+    node = AgentNode(
         settings.agent_node_id,
         backend,
         settings.agent_state_dir / settings.agent_node_id,
@@ -38,6 +39,22 @@ def build_node(settings: AgentSettings) -> AgentNode:
         feature_period_s=settings.agent_feature_period_s,
         feature_samples=settings.agent_feature_samples,
     )
+    node.configuration = configuration(settings)
+    return node
+
+
+def configuration(settings: AgentSettings) -> dict[str, Any]:
+    """What the agent runs on, as its /health carries it (no secrets)."""
+    return {
+        "backend": settings.agent_backend,
+        "lab": settings.lab,
+        "transport": settings.agent_transport,
+        "tls": settings.agent_tls_cert is not None,
+        "state_dir": str(settings.agent_state_dir),
+        "job_mix": str(settings.agent_job_mix) if settings.agent_job_mix else None,
+        "dcgm": settings.agent_dcgm_url is not None,
+        "podresources": settings.agent_podresources_socket is not None,
+    }
 
 
 def open_nvml() -> GpuBackend:

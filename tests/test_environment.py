@@ -84,6 +84,18 @@ def test_an_agent_outside_the_lab_must_state_its_backend(monkeypatch):
     assert AgentSettings(**AGENT).agent_backend == "sim"
 
 
+def test_the_agent_s_health_says_what_it_runs_on(tmp_path):
+    from agents.run import build_node
+
+    settings = AgentSettings(**AGENT, agent_gpus=2, agent_state_dir=tmp_path / "state")
+    health = build_node(settings).health()
+    assert health.backend == "sim"
+    assert health.configuration is not None
+    assert health.configuration["backend"] == "sim"
+    assert (health.configuration["transport"], health.configuration["tls"]) == ("http", False)
+    assert "token" not in str(health.model_dump())
+
+
 def test_an_nvml_agent_without_nvml_fails_in_one_line(monkeypatch, capsys):
     pynvml = pytest.importorskip("pynvml")
     try:
