@@ -23,12 +23,13 @@ def store_doc(database_url: str) -> dict[str, str]:
         # sqlite:///relative.db and sqlite:////absolute.db: the path after the third slash.
         location = database_url.partition(":///")[2] or ":memory:"
     else:
-        location = redacted(parts._replace(path=parts.path, query=""))
+        # The query goes too: drivers take passwords there as well (?password=...).
+        location = redacted(parts._replace(query=""))
     return {"dialect": dialect, "location": location}
 
 
 def effective_configuration(settings: GatewaySettings) -> dict[str, Any]:
-    """What the gateway runs on (docs/operations.md, "What it runs on")."""
+    """What the gateway runs on (docs/operations.md, "Running it"), for `/health`."""
     vtn = None
     if settings.vtn_url:
         vtn = {"version": settings.openadr, "url": redacted(urlsplit(settings.vtn_url))}
