@@ -283,6 +283,8 @@ def test_a_fresh_page_contradicts_itself_nowhere(tmp_path, browser):
         assert ticks
         assert all(t.endswith(" %") for t in ticks), ticks
         assert "-0.0" not in browser.find_element("tag name", "body").text
+        # A shed of -0.04 kW (noise around no shed) reads 0.0, not -0.0 as if load were added.
+        assert browser.execute_script("return num(-0.04)") == "0.0"
 
         body = {"reduction_kw": 3000.0, "start": datetime.now(UTC).isoformat()}
         event = site.api.post(
