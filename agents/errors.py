@@ -5,6 +5,7 @@ AgentError (500)
 ├── InvalidCapError (422)         a command that names an unknown GPU, twice the same GPU ...
 ├── StaleGenerationError (409)    a command older than the last accepted one
 ├── InvalidSetupError             settings or a job mix that do not fit the node (at start)
+│   └── NoNvmlError               --backend nvml on a node where NVML finds no GPU
 └── BackendError (502)            the GPU or its driver failed
     ├── GpuLostError              the GPU fell off the bus
     ├── NoPermissionError         the agent may not set limits (needs root)
@@ -33,6 +34,11 @@ class StaleGenerationError(AgentError):
 
 class InvalidSetupError(AgentError):
     """The agent cannot start as configured: bad input of its operator, not a GPU failure."""
+
+
+class NoNvmlError(InvalidSetupError):
+    """`--backend nvml` where NVML cannot be loaded or sees no GPU: never fall back to the
+    simulated GPUs, whose caps would leave the real ones (if any) running flat out."""
 
 
 class BackendError(AgentError):

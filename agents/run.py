@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import uvicorn
 
 from agents.backend import GpuBackend
 from agents.dcgm import DcgmExporter
+from agents.errors import BackendError, NoNvmlError
 from agents.logs import decision, show_on_stderr
 from agents.podresources import PodGpuReader, PodResourcesClient
 from agents.service import AgentNode, create_app
@@ -22,12 +24,10 @@ def build_node(settings: AgentSettings) -> AgentNode:
     mix = read_mix(settings)
     backend: GpuBackend
     if settings.agent_backend == "nvml":
-        from agents.nvml import NvmlBackend  # loads pynvml only on a GPU node
-
-        backend = NvmlBackend()
+        backend = open_nvml()
     else:
         backend = SimulatedBackend(settings.agent_gpus, mix=mix, node_id=settings.agent_node_id)
-    return AgentNode(
+    node = AgentNode(
         settings.agent_node_id,
         backend,
         settings.agent_state_dir / settings.agent_node_id,
@@ -39,6 +39,35 @@ def build_node(settings: AgentSettings) -> AgentNode:
         feature_period_s=settings.agent_feature_period_s,
         feature_samples=settings.agent_feature_samples,
     )
+    node.configuration = configuration(settings)
+    return node
+
+
+def configuration(settings: AgentSettings) -> dict[str, Any]:
+    """What the agent runs on, as its /health carries it (no secrets)."""
+    return {
+        "backend": settings.agent_backend,
+        "lab": settings.lab,
+        "transport": settings.agent_transport,
+        "tls": settings.agent_tls_cert is not None,
+        "state_dir": str(settings.agent_state_dir),
+        "job_mix": str(settings.agent_job_mix) if settings.agent_job_mix else None,
+        "dcgm": settings.agent_dcgm_url is not None,
+        "podresources": settings.agent_podresources_socket is not None,
+    }
+
+
+def open_nvml() -> GpuBackend:
+    """NVML's GPUs, or `NoNvmlError` saying why there are none (one line at the CLI)."""
+    try:
+        from agents.nvml import NvmlBackend  # loads pynvml only on a GPU node
+
+        backend = NvmlBackend()
+    except (ImportError, BackendError) as exc:
+        raise NoNvmlError(f"--backend nvml: NVML is not usable here ({exc})") from exc
+    if backend.count() == 0:
+        raise NoNvmlError("--backend nvml: NVML sees no GPU on this node")
+    return backend
 
 
 def dram_source(settings: AgentSettings, backend: GpuBackend) -> DcgmExporter | None:
@@ -106,7 +135,15 @@ def run_agent(settings: AgentSettings) -> None:
         host=settings.agent_host,
         port=settings.agent_port,
         transport=settings.agent_transport,
+        tls=settings.agent_tls_cert is not None,
         job_mix=settings.agent_job_mix,
         jobs=sorted(node.sampler.jobs),
     )
-    uvicorn.run(app, host=settings.agent_host, port=settings.agent_port, log_level="warning")
+    uvicorn.run(
+        app,
+        host=settings.agent_host,
+        port=settings.agent_port,
+        log_level="warning",
+        ssl_certfile=str(settings.agent_tls_cert) if settings.agent_tls_cert else None,
+        ssl_keyfile=str(settings.agent_tls_key) if settings.agent_tls_key else None,
+    )

@@ -64,6 +64,8 @@ class AgentNode:
         feature_samples: int = 120,
     ) -> None:
         self.node_id = node_id
+        #: what the agent runs on, for /health (set by `agents.run` from its settings)
+        self.configuration: dict[str, Any] | None = None
         self.pods = pods  #: the pods' GPUs (Kubernetes), None where there is no kubelet
         self.backend = backend
         self.controller = CapController(backend, OriginalLimits(state_dir), clock, node_id=node_id)
@@ -135,6 +137,7 @@ class AgentNode:
             gpus=self.backend.count(),
             generation=self.controller.generation,
             lease_remaining_s=self.controller.lease_remaining_s(),
+            configuration=self.configuration,
         )
 
     def apply(self, command: CapCommand) -> CapResponse:

@@ -2,27 +2,43 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agents.natsconnect import NatsOptions
-from agents.protocol import LAB_TOKEN, MIN_TOKEN_CHARS, NATS_NODE_ID, PLACEHOLDER_TOKENS
+from agents.protocol import (
+    AGENT_NAMESPACE,
+    LAB_TOKEN,
+    MIN_TOKEN_CHARS,
+    NATS_NODE_ID,
+    PLACEHOLDER_TOKENS,
+    unknown_variables,
+)
 
 
 class AgentSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="FLEXGATE_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="FLEXGATE_", extra="ignore", hide_input_in_errors=True
+    )
 
     agent_token: SecretStr = Field(default=SecretStr(""), description="bearer token for changes")
     agent_node_id: str = Field(default_factory=socket.gethostname)
-    agent_backend: Literal["sim", "nvml"] = "sim"
+    #: None: stated nowhere, which only the lab allows (there it means sim): an agent on a GPU
+    #: node left on simulated GPUs would cap GPUs that do not exist while the real ones run
+    agent_backend: Literal["sim", "nvml"] | None = None
     agent_host: str = "127.0.0.1"
     agent_port: int = Field(default=9100, ge=0, le=65535)
+    #: serve HTTPS with this certificate and key (both or neither); the gateway verifies it
+    #: against FLEXGATE_AGENTS_CA
+    agent_tls_cert: Path | None = None
+    agent_tls_key: Path | None = None
     agent_state_dir: Path = Path(".flexgate/agent")
     agent_gpus: int = Field(default=8, ge=1, le=64)
     agent_job_mix: Path | None = None
@@ -44,6 +60,18 @@ class AgentSettings(BaseSettings):
     agent_feature_samples: int = Field(default=120, ge=1, le=100_000)
     lab: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown_variables(cls, data: Any) -> Any:
+        """Every `FLEXGATE_AGENT_*` name must be one of the agent's settings; the other names
+        are the gateway's, which checks them (`flexgate agent` checks both first)."""
+        problem = unknown_variables(
+            os.environ, cls.model_fields, foreign=lambda name: not name.startswith(AGENT_NAMESPACE)
+        )
+        if problem:
+            raise ValueError(problem)
+        return data
+
     @model_validator(mode="after")
     def _refuse_placeholder_token(self) -> AgentSettings:
         token = self.agent_token.get_secret_value()
@@ -54,6 +82,18 @@ class AgentSettings(BaseSettings):
                 "FLEXGATE_AGENT_TOKEN must be set to a secret of at least "
                 f"{MIN_TOKEN_CHARS} characters (placeholders are refused outside the lab)"
             )
+        if self.agent_backend is None:
+            if not self.lab:
+                raise ValueError(
+                    "FLEXGATE_AGENT_BACKEND (--backend) must be stated outside the lab: nvml on a "
+                    "GPU node, sim for simulated GPUs"
+                )
+            self.agent_backend = "sim"
+        if (self.agent_tls_cert is None) != (self.agent_tls_key is None):
+            raise ValueError("FLEXGATE_AGENT_TLS_CERT and FLEXGATE_AGENT_TLS_KEY go together")
+        for path in (self.agent_tls_cert, self.agent_tls_key):
+            if path is not None and not path.is_file():
+                raise ValueError(f"FLEXGATE_AGENT_TLS_CERT / _KEY: {path}: no such file")
         self._check_nats()
         if self.agent_dcgm_url is not None and not self.agent_dcgm_url.startswith(
             ("http://", "https://")

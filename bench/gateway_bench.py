@@ -63,6 +63,8 @@ def gateway_env(database: Path, **settings: str) -> dict[str, str]:
             "FLEXGATE_API_TOKEN": API_TOKEN,
             "FLEXGATE_AGENT_TOKEN": TOKEN,
             "FLEXGATE_LOG_LEVEL": "warning",
+            "FLEXGATE_READ_PUBLIC": "true",  # a bench on loopback
+            "FLEXGATE_ALLOW_SIMULATED": "true",  # the farm's GPUs are simulated
         }
         | {f"FLEXGATE_{k.upper()}": v for k, v in settings.items()}
     )

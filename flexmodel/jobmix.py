@@ -271,6 +271,12 @@ def _refuse_unknown(doc: dict[str, Any], allowed: set[str], where: str) -> None:
         raise InvalidJobError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}")
 
 
+def check_gpu_power_w(value: float, label: str) -> float:
+    """A per-GPU power [W] refused (`InvalidJobError`) outside `GPU_POWER_RANGE_W`, naming the
+    likely slip (kW typed as W): the job mix's own check, for sweeps and traces."""
+    return _check_number(value, label, within=GPU_POWER_RANGE_W, unit="W")
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 

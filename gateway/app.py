@@ -202,7 +202,8 @@ async def agent_client(
 ) -> AgentClient:
     """The transport `FLEXGATE_TRANSPORT` names: HTTP, or NATS (connected here, so wrong
     credentials stop the gateway at start with the reason)."""
-    token = settings.agent_token.get_secret_value()
+    # One token shared by every agent, or each node's own (FLEXGATE_NODE_TOKEN_SECRET).
+    token = settings.token_for if settings.node_token_secret is not None else settings.token_for("")
     if settings.transport == "http":
         return HttpAgentClient(
             token,
@@ -210,6 +211,7 @@ async def agent_client(
             retries=settings.dispatch_retries,
             clock=clock,
             trace_configs=http_trace,
+            ca_file=settings.agents_ca,
         )
     from gateway.agentclient.natsbus import NatsAgentClient  # nats-py on demand
 

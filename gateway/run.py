@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 
 import uvicorn
 
 from gateway.app import create_app, nats_options
+from gateway.services.configuration import configuration_lines, effective_configuration
 from gateway.settings import GatewaySettings
 
 
@@ -18,6 +20,9 @@ def run_gateway(settings: GatewaySettings) -> None:
         from gateway.agentclient.natsbus import check
 
         asyncio.run(check(nats_options(settings)))
+    # What it runs on, before anything else: a default taken in silence misleads an operator.
+    for line in configuration_lines(effective_configuration(settings)):
+        print(f"flexgate gateway: {line}", file=sys.stderr, flush=True)
     app = create_app(settings)
     # What is loaded by now (the modules, the app, their schemas) lives as long as the process:
     # out of the cyclic collector's sight, a full collection scans what the gateway made since,

@@ -7,16 +7,25 @@ an argument so tests pass their own.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agents.protocol import LAB_TOKEN, MIN_TOKEN_CHARS, NATS_NODE_ID, PLACEHOLDER_TOKENS
+from agents.protocol import (
+    AGENT_NAMESPACE,
+    LAB_TOKEN,
+    MIN_TOKEN_CHARS,
+    NATS_NODE_ID,
+    PLACEHOLDER_TOKENS,
+    node_token,
+    unknown_variables,
+)
 from flexmodel.errors import InvalidJobError
 from flexmodel.quote import DEFAULT_POWER_UNCERTAINTY
 from flexmodel.tiers import TierTable
@@ -37,7 +46,16 @@ class GatewaySettings(BaseSettings):
     database_url: str = "sqlite:///.flexgate/gateway.db"
     api_token: SecretStr = SecretStr("")
     read_token: SecretStr | None = None
+    #: without a read token, reads (the dashboard, the API's GETs, quotes) are open to anyone
+    #: who reaches the port: outside the lab only when this says so
+    read_public: bool = False
     agent_token: SecretStr = SecretStr("")
+    #: each agent's token derived from this and its node id (`node_token`), instead of the one
+    #: FLEXGATE_AGENT_TOKEN every agent shares
+    node_token_secret: SecretStr | None = None
+    #: the CA the agents' certificates are verified against (https:// agent URLs); None: the
+    #: system's CAs
+    agents_ca: Path | None = None
     agents: str = Field(
         default="", description="comma-separated agent base URLs (node ids over NATS)"
     )
@@ -99,6 +117,12 @@ class GatewaySettings(BaseSettings):
     #: the last events whose delivery at the meter scales firm kW; 0: the model alone
     quote_history_events: int = Field(default=10, ge=0)
     lab: bool = False
+    #: plans may rest on agents with simulated GPUs outside the lab (a demo or staging site);
+    #: otherwise an event is refused while any known agent runs the sim backend
+    allow_simulated: bool = False
+    #: a manual event asking more than this many times the kW the site can shed now is refused
+    #: (422) unless forced: watts typed as kW would drive every job to its floor
+    event_max_overreach: float = Field(default=3.0, ge=1.0, le=1000.0)
     meter_url: str = Field(default="", description="the facility meter; empty: the estimate")
     meter_json_key: str = DEFAULT_JSON_KEY
     meter_period_s: float = Field(default=5.0, gt=0.0)
@@ -186,10 +210,25 @@ class GatewaySettings(BaseSettings):
     def agent_urls(self) -> list[str]:
         return [u.strip().rstrip("/") for u in self.agents.split(",") if u.strip()]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown_variables(cls, data: Any) -> Any:
+        """Before the fields: a misspelt name explains a missing setting better than the
+        missing setting's own error does. `FLEXGATE_AGENT_*` is the agents' (they check it)."""
+        problem = unknown_variables(
+            os.environ, cls.model_fields, foreign=lambda name: name.startswith(AGENT_NAMESPACE)
+        )
+        if problem:
+            raise ValueError(problem)
+        return data
+
     @model_validator(mode="after")
     def _refuse_placeholders(self) -> GatewaySettings:
         for name, lab_value in (("api_token", LAB_API_TOKEN), ("agent_token", LAB_TOKEN)):
             token = getattr(self, name).get_secret_value()
+            if name == "agent_token" and self.node_token_secret is not None:
+                self._check_node_token_secret()
+                continue
             if self.lab and not token:
                 setattr(self, name, SecretStr(lab_value))
             elif not self.lab and (
@@ -212,6 +251,8 @@ class GatewaySettings(BaseSettings):
             raise ValueError("FLEXGATE_VEN_CERT and FLEXGATE_VEN_KEY go together")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("FLEXGATE_TLS_CERT and FLEXGATE_TLS_KEY go together")
+        if self.agents_ca is not None and not self.agents_ca.is_file():
+            raise ValueError(f"FLEXGATE_AGENTS_CA {self.agents_ca}: no such file")
         self._check_meter()
         if self.job_source_default_tier >= self.tier_table.count:
             raise ValueError(
@@ -225,12 +266,49 @@ class GatewaySettings(BaseSettings):
                 "FLEXGATE_LOOP_UNSAFE keeps a site loop the sync analysis rejects, which makes "
                 "jobs phase-lock: it is for the lab's lock scenario only (FLEXGATE_LAB=true)"
             )
+        self._check_reads()
         if self.scatter_max_spread < self.scatter_spread:
             raise ValueError(
                 f"FLEXGATE_SCATTER_MAX_SPREAD ({self.scatter_max_spread:g}) must be at least "
                 f"FLEXGATE_SCATTER_SPREAD ({self.scatter_spread:g}): the spread only widens"
             )
         return self
+
+    def _check_node_token_secret(self) -> None:
+        assert self.node_token_secret is not None
+        secret = self.node_token_secret.get_secret_value()
+        if self.agent_token.get_secret_value():
+            raise ValueError(
+                "set FLEXGATE_NODE_TOKEN_SECRET (a token per node) or FLEXGATE_AGENT_TOKEN (one "
+                "shared token), not both"
+            )
+        if not self.lab and (secret.lower() in PLACEHOLDER_TOKENS or len(secret) < 32):
+            raise ValueError(
+                "FLEXGATE_NODE_TOKEN_SECRET must be a secret of at least 32 characters "
+                "(placeholders are refused outside the lab)"
+            )
+
+    def token_for(self, node_id: str) -> str:
+        """The bearer token the agent of `node_id` expects."""
+        if self.node_token_secret is not None:
+            return node_token(self.node_token_secret.get_secret_value(), node_id)
+        return self.agent_token.get_secret_value()
+
+    def _check_reads(self) -> None:
+        read = self.read_token.get_secret_value() if self.read_token is not None else ""
+        if self.lab:
+            return
+        if not read and not self.read_public:
+            raise ValueError(
+                "FLEXGATE_READ_TOKEN must be set outside the lab: without it anyone who reaches "
+                "the port reads the dashboard, the jobs and the events (set "
+                "FLEXGATE_READ_PUBLIC=true to make reads public on purpose)"
+            )
+        if read and (read.lower() in PLACEHOLDER_TOKENS or len(read) < MIN_TOKEN_CHARS):
+            raise ValueError(
+                f"FLEXGATE_READ_TOKEN must be a secret of at least {MIN_TOKEN_CHARS} characters "
+                "(placeholders are refused outside the lab)"
+            )
 
     def _check_openadr31(self) -> None:
         if self.lab and not self.vtn_client_id:

@@ -10,6 +10,11 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+# The suite's gateways serve their reads openly, as all but the read token's tests expect; those
+# (tests/test_environment.py, tests/gateway/test_security.py) clear or set it to see the rule.
+# Subprocesses started with a cleaned environment set it themselves.
+os.environ.setdefault("FLEXGATE_READ_PUBLIC", "true")
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 EXAMPLES = ROOT / "examples"

@@ -37,6 +37,8 @@ def test_a_service_started_with_its_defaults_listens_on_loopback_only(tmp_path, 
         "FLEXGATE_AGENT_TOKEN": "bind-test-agent-token-0123",
         "FLEXGATE_API_TOKEN": "bind-test-api-token-0123",
         "FLEXGATE_AGENT_STATE_DIR": str(tmp_path / "agent"),
+        "FLEXGATE_AGENT_BACKEND": "sim",
+        "FLEXGATE_READ_PUBLIC": "true",
         "FLEXGATE_DATABASE_URL": f"sqlite:///{tmp_path / 'gateway.db'}",
     }
     command = [sys.executable, "-m", "flexgate.cli", service, "--port", str(port)]

@@ -536,7 +536,7 @@ def test_agent_refuses_bad_settings_before_starting(env, args, fragments):
 
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEXGATE_")}
     result = subprocess.run(
-        [sys.executable, "-m", "flexgate.cli", "agent", "--port", "0", *args],
+        [sys.executable, "-m", "flexgate.cli", "agent", "--port", "0", "--backend", "sim", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -703,3 +703,50 @@ def test_a_gateway_without_agents_warns_that_it_caps_nothing(tmp_path, agents, w
     finally:
         gateway.send_signal(signal.SIGTERM)
         gateway.wait(timeout=20)
+
+
+def _wave(times_s, mean_w: float) -> str:
+    rows = [f"{t:g},{mean_w * (1 + 0.2 * np.sin(i / 10))}" for i, t in enumerate(times_s)]
+    return "t_s,power_w\n" + "\n".join(rows) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("command", "name", "content", "fragment"),
+    [
+        (
+            "pfi",
+            "kw.csv",
+            "cap_w,power_w,throughput\n0.2,0.19,100\n0.45,0.4,150\n0.7,0.6,170\n",
+            "line 2: cap_w must be from 50 to 2000 W, got 0.2 (0.2 looks like kW: 200 W?)",
+        ),
+        ("trace", "kw.csv", _wave(np.arange(3000) * 0.02, 0.6), "looks like kW"),
+        ("trace", "ms.csv", _wave(np.arange(3000) * 20.0, 600.0), "t_s in milliseconds?"),
+    ],
+)
+def test_unit_slips_in_sweeps_and_traces_are_refused(
+    tmp_path, capsys, command, name, content, fragment
+):
+    """As the job mix refuses them: a sweep or trace in kW, a trace timed in ms (in-process:
+    `main` is what the command runs)."""
+    from flexgate.cli import main
+
+    assert main([command, str(write(tmp_path, name, content))]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert fragment in err
+
+
+def test_sync_check_on_a_mix_states_one_bound_for_every_job(capsys):
+    """Not "safe below 0.367 s" (the worst job's) beside advice to go below 0.25 s."""
+    from flexgate.cli import main
+
+    args = ["sync", "check", "--job-mix", str(EXAMPLES / "site.json"), "--delay-s", "1"]
+    assert main([*args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    bound = min(j["max_safe_delay_s"] for j in doc["jobs"] if j["max_safe_delay_s"] is not None)
+    assert doc["fleet_max_safe_delay_s"] == bound < doc["max_safe_delay_s"]
+    assert main(args) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"every job is safe below a delay of {bound:.3g} s" in said
+    assert f"--delay-s below {bound:.3g} s" in said

@@ -109,6 +109,7 @@ def test_prometheus_scrapes_agents_with_dcgm_names_and_the_gateway(tmp_path):
             api_token=API_TOKEN,
             agent_token=AGENT_TOKEN,
             agents=",".join(agents.values()),
+            allow_simulated=True,  # the agents run simulated GPUs
         )
         gateway = stack.enter_context(ServerThread(create_app(settings)))
         body = {"plan_id": "p", "generation": 1, "lease_s": 600}

@@ -228,7 +228,7 @@ def fleet_check(mix: JobMix, **loop: float) -> dict[str, Any]:
     doc = result.job_dict(worst)
     doc["worst_job"] = waving[worst].id
     doc["verdict"] = worst_verdict(verdicts)
-    doc["jobs"] = [
+    doc["jobs"] = jobs = [
         {"id": j.id, "verdict": "safe", "worst_m": None, "max_safe_delay_s": None}
         if j.id not in index
         else {
@@ -239,6 +239,10 @@ def fleet_check(mix: JobMix, **loop: float) -> dict[str, Any]:
         }
         for j in mix.jobs
     ]
+    # The worst job's bound is not the fleet's: one line must not say "safe below 0.333 s"
+    # while the advice asks for 0.25 s. Every job is safe below the smallest bound.
+    bounds = [j["max_safe_delay_s"] for j in jobs if j["max_safe_delay_s"] is not None]
+    doc["fleet_max_safe_delay_s"] = min(bounds, default=None)
     return doc
 
 
@@ -286,10 +290,50 @@ def _finish(
     return 0
 
 
+def refuse_unknown_environment() -> None:
+    """Every `FLEXGATE_*` variable must be a setting of the gateway or the agent (they often
+    share one environment), or listed as not a setting: each program alone knows only its own
+    names, so a misspelt agent prefix (FLEXGATE_AGNET_BACKEND) is caught here."""
+    import os
+
+    from agents.protocol import unknown_variables
+    from agents.settings import AgentSettings
+    from gateway.settings import GatewaySettings
+
+    problem = unknown_variables(
+        os.environ, [*GatewaySettings.model_fields, *AgentSettings.model_fields]
+    )
+    if problem:
+        raise BadInputError(problem)
+
+
+def run_agent_token(args: argparse.Namespace) -> int:
+    """A node's own agent token, from FLEXGATE_NODE_TOKEN_SECRET (the gateway's site secret):
+    set it as that node's FLEXGATE_AGENT_TOKEN."""
+    import os
+
+    from agents.protocol import MIN_TOKEN_CHARS, node_token
+
+    secret = os.environ.get("FLEXGATE_NODE_TOKEN_SECRET", "")
+    if len(secret) < 2 * MIN_TOKEN_CHARS:
+        raise BadInputError(
+            "FLEXGATE_NODE_TOKEN_SECRET must hold the site's secret (32+ characters), as the "
+            "gateway's does"
+        )
+    if not args.node_id.strip() or args.node_id != args.node_id.strip():
+        raise BadInputError(f"{args.node_id!r} is not a node id (the agent's --node-id)")
+    token = node_token(secret, args.node_id)
+    if args.json:
+        output.print_json({"node_id": args.node_id, "token": token})
+    else:
+        print(token)
+    return 0
+
+
 def run_agent(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from agents.errors import InvalidSetupError
+    from agents.errors import InvalidSetupError, NoNvmlError
     from agents.run import run_agent
     from agents.settings import AgentSettings
 
@@ -305,6 +349,7 @@ def run_agent(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in given.items() if v is not None}
     if args.lab:
         overrides["lab"] = True
+    refuse_unknown_environment()
     try:
         settings = AgentSettings(**overrides)
     except ValidationError as exc:
@@ -313,6 +358,8 @@ def run_agent(args: argparse.Namespace) -> int:
         read_job_mix(settings.agent_job_mix)  # bad input is said before anything starts
     try:
         run_agent(settings)
+    except NoNvmlError as exc:
+        raise BadInputError(f"{exc}: is this a GPU node with NVIDIA's driver?") from None
     except InvalidSetupError as exc:  # raised while the node is built, before it serves
         raise BadInputError(
             f"{exc} (set --gpus to the node's GPU count, or fix the job mix's placement)"
@@ -327,6 +374,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     from gateway.settings import GatewaySettings
 
     given = {"host": args.host, "port": args.port, "lab": True if args.lab else None}
+    refuse_unknown_environment()
     try:
         settings = GatewaySettings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as exc:
@@ -345,6 +393,7 @@ def run_gateway(args: argparse.Namespace) -> int:
 
 
 def run_lab(args: argparse.Namespace) -> int:
+    refuse_unknown_environment()
     if args.scenario == "lock":
         return _run_lock_lab(args)
     from flexgate.lab import run_lab

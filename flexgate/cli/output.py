@@ -124,11 +124,12 @@ def show_sync_check(doc: dict[str, Any]) -> None:
         )
     console.print(table)
     colour = {"safe": "green", "at-risk": "yellow", "unsafe": "red"}[doc["verdict"]]
-    limit = doc["max_safe_delay_s"]
+    fleet = "fleet_max_safe_delay_s" in doc  # with a job mix: the bound every job keeps
+    limit = doc["fleet_max_safe_delay_s"] if fleet else doc["max_safe_delay_s"]
     console.print(
         f"verdict: [{colour}]{doc['verdict']}[/]; in phase stable for two jobs: "
         f"{'yes' if doc['in_phase_stable'] else 'no'}; "
-        + ("the worst job is " if "worst_job" in doc else "")
+        + ("every job is " if fleet else "")
         + ("safe at any delay" if limit is None else f"safe below a delay of {limit:.3g} s")
     )
     for job in doc.get("jobs", []):

@@ -28,7 +28,8 @@ DESCRIPTION = (
 )
 AGENT_EPILOG = """\
 required: FLEXGATE_AGENT_TOKEN, the bearer token the gateway sends with caps (16+ characters;
-  --lab allows none). Options override the FLEXGATE_AGENT_* variables (docs/configuration.md).
+  --lab allows none), and --backend (nvml on a GPU node, sim for simulated GPUs; --lab: sim).
+  Options override the FLEXGATE_AGENT_* variables (docs/configuration.md).
 two agents on one host need their own --port and --node-id:
   flexgate agent --lab --node-id node-01 --port 9101
   flexgate agent --lab --node-id node-02 --port 9102"""
@@ -36,7 +37,8 @@ GATEWAY_EPILOG = """\
 required: FLEXGATE_API_TOKEN (callers' bearer token for every change) and FLEXGATE_AGENT_TOKEN
   (the agents' token), each 16+ characters (--lab allows placeholders), and FLEXGATE_AGENTS,
   the agents' base URLs separated by commas (http://node-01:9100,...): without it the gateway
-  caps nothing. Every setting: docs/configuration.md."""
+  caps nothing. FLEXGATE_READ_TOKEN guards reads (or FLEXGATE_READ_PUBLIC=true: open on
+  purpose). Unknown FLEXGATE_* variables are refused. Every setting: docs/configuration.md."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -196,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     agent.add_argument(
-        "--backend", choices=("sim", "nvml"), help="simulated GPUs or NVML (default sim)"
+        "--backend",
+        choices=("sim", "nvml"),
+        help="NVML (the node's GPUs) or simulated GPUs; required outside --lab (there: sim)",
     )
     agent.add_argument("--host", help="address to bind (default 127.0.0.1: loopback only)")
     agent.add_argument(
@@ -222,6 +226,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--lab", action="store_true", help="lab mode: without a token, a fixed lab token is used"
     )
     agent.set_defaults(command=commands.run_agent, name="agent")
+
+    agent_token = sub.add_parser(
+        "agent-token",
+        help="a node's own agent token, derived from FLEXGATE_NODE_TOKEN_SECRET",
+        description="Prints the token the agent of NODE_ID must be given as its "
+        "FLEXGATE_AGENT_TOKEN when the gateway derives one per node from "
+        "FLEXGATE_NODE_TOKEN_SECRET (read from the environment; docs/configuration.md).",
+    )
+    agent_token.add_argument("node_id", metavar="NODE_ID", help="the agent's --node-id")
+    agent_token.add_argument("--json", action="store_true", help="print one JSON document")
+    agent_token.set_defaults(command=commands.run_agent_token, name="agent-token")
 
     gateway = sub.add_parser(
         "gateway",

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
-from flexmodel.jobmix import parse_job_mix_json, parse_json
+from flexmodel.errors import InvalidJobError
+from flexmodel.jobmix import check_gpu_power_w, parse_job_mix_json, parse_json
 from flexmodel.jobs import JobMix
 
 
@@ -92,11 +95,19 @@ def _point(row: dict[str, Any], where: str) -> tuple[float, float, float]:
             value = math.nan
         if not math.isfinite(value) or value < 0 or (value == 0 and name != "throughput"):
             raise BadInputError(f"{where}: {name} must be a finite positive number, got {raw!r}")
+        if name != "throughput":
+            try:  # a sweep in kW would give a PFI "on caps {0.2, ...} W"
+                check_gpu_power_w(value, name)
+            except InvalidJobError as exc:
+                raise BadInputError(f"{where}: {exc}") from None
         values.append(value)
     return values[0], values[1], values[2]
 
 
 TRACE_COLUMNS = ("t_s", "power_w")
+#: Samples further apart than this [s] are refused: power traces (NVML, DCGM, nvidia-smi) come
+#: at 1 Hz or faster, and 20 "s" between samples is a trace timed in milliseconds.
+MAX_SAMPLE_INTERVAL_S = 2.0
 
 
 def read_trace(path: Path) -> tuple[list[float], list[float]]:
@@ -129,7 +140,26 @@ def read_trace(path: Path) -> tuple[list[float], list[float]]:
             power.append(p)
     except csv.Error as exc:
         raise BadInputError(f"{path}: cannot read: {exc}") from None
+    check_trace_units(path, times, power)
     return times, power
+
+
+def check_trace_units(path: Path, times: list[float], power: list[float]) -> None:
+    """A trace in kW or timed in ms refused as the job mix refuses a unit slip: its mean power
+    must be a GPU's, its samples no further apart than `MAX_SAMPLE_INTERVAL_S`."""
+    if power:
+        try:
+            check_gpu_power_w(statistics.fmean(power), "its mean power_w")
+        except InvalidJobError as exc:
+            raise BadInputError(f"{path}: {exc} (one GPU, or one job's mean per GPU)") from None
+    if len(times) >= 2:
+        step = statistics.median(b - a for a, b in itertools.pairwise(times))
+        if step > MAX_SAMPLE_INTERVAL_S:
+            raise BadInputError(
+                f"{path}: samples are {step:g} s apart, more than {MAX_SAMPLE_INTERVAL_S:g} s "
+                f"(traces come at 1 Hz or faster): t_s in milliseconds? ({step:g} ms is "
+                f"{step / 1000:g} s)"
+            )
 
 
 def _finite(raw: Any, name: str, where: str) -> float:

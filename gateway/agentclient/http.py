@@ -6,7 +6,9 @@ a 4xx answer (a refused token, a stale generation) is final.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import ssl
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
@@ -25,28 +27,36 @@ HttpTrace = Sequence[aiohttp.TraceConfig]
 
 
 class HttpAgentClient:
+    """`token`: the one every agent expects, or a node id's own (`token(node)`); `ca_file`: the
+    CA that agents' certificates (https:// URLs) must chain to, else the system's."""
+
     def __init__(
         self,
-        token: str,
+        token: str | Callable[[str], str],
         *,
         timeout_s: float,
         retries: int,
         clock: Clock | None = None,
         trace_configs: HttpTrace = (),
+        ca_file: Path | None = None,
     ) -> None:
         self._token = token
         self._timeout_s, self._retries = timeout_s, retries
         self._clock = clock or SystemClock()
         self._trace_configs = list(trace_configs)
+        self._ssl = ssl.create_default_context(cafile=str(ca_file)) if ca_file else True
         self._session: aiohttp.ClientSession | None = None
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:  # made inside the running loop that will use it
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=2000, keepalive_timeout=75),
+                connector=aiohttp.TCPConnector(limit=2000, keepalive_timeout=75, ssl=self._ssl),
                 trace_configs=self._trace_configs or None,
             )
         return self._session
+
+    def _token_for(self, node: str) -> str:
+        return self._token if isinstance(self._token, str) else self._token(node)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -82,7 +92,7 @@ class HttpAgentClient:
                 async with self._http().put(
                     f"{address}/v1/caps",
                     json=command.model_dump(),
-                    headers={"Authorization": f"Bearer {self._token}"},
+                    headers={"Authorization": f"Bearer {self._token_for(node)}"},
                     timeout=aiohttp.ClientTimeout(total=self._timeout_s),
                 ) as response:
                     body = await response.json(content_type=None)

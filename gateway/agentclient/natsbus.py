@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -82,7 +82,7 @@ class NatsAgentClient:
     def __init__(
         self,
         options: NatsOptions,
-        token: str,
+        token: str | Callable[[str], str],
         *,
         timeout_s: float,
         retries: int,
@@ -90,6 +90,8 @@ class NatsAgentClient:
         clock: Clock | None = None,
     ) -> None:
         self.options, self._token = options, token
+        #: node -> its command headers, made once (a derived token costs an HMAC)
+        self._headers_of: dict[str, dict[str, str]] = {}
         self._timeout_s, self._retries, self._lease_s = timeout_s, retries, lease_s
         self._clock = clock or SystemClock()
         self._nc: Client | None = None
@@ -221,6 +223,13 @@ class NatsAgentClient:
             return
         self.latest[node] = _Kept(self._clock.monotonic(), summary)
 
+    def _headers(self, node: str) -> dict[str, str]:
+        headers = self._headers_of.get(node)
+        if headers is None:
+            token = self._token if isinstance(self._token, str) else self._token(node)
+            headers = self._headers_of[node] = {"Authorization": f"Bearer {token}"}
+        return headers
+
     async def put_caps(self, node: str, address: str, command: CapCommand) -> Ack:
         return (await self.put_caps_many([(node, address, command)]))[0]
 
@@ -236,14 +245,13 @@ class NatsAgentClient:
         fan = _FanOut(self._clock, [body_of(c) for _, _, c in targets])
         inbox = nc.new_inbox()
         subscription = await nc.subscribe(f"{inbox}.*", cb=fan.answered)
-        headers = {"Authorization": f"Bearer {self._token}"}
         try:
             pending = list(range(len(targets)))
             for attempt in range(1, self._retries + 2):
                 fan.waiting = set(pending)
                 fan.done.clear()
                 for k, i in enumerate(pending):
-                    address, body = targets[i][1], fan.bodies[i]
+                    node, address, body = targets[i][0], targets[i][1], fan.bodies[i]
                     if attempt == 1:
                         fan.sent(i)
                         if self._bucket is not None:
@@ -251,7 +259,10 @@ class NatsAgentClient:
                     fan.attempts[i] = attempt
                     try:
                         await nc.publish(
-                            caps_subject(address), body, reply=f"{inbox}.{i}", headers=headers
+                            caps_subject(address),
+                            body,
+                            reply=f"{inbox}.{i}",
+                            headers=self._headers(node),
                         )
                     except NatsError as exc:
                         fan.settle(i, _describe(exc), final=False)

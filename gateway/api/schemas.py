@@ -70,6 +70,11 @@ class EventCreate(_Strict):
     reduction_kw: float = Field(gt=0, le=1e7, description="facility-level reduction [kW]")
     start: datetime = Field(description="when the target must hold (ISO 8601 with a time zone)")
     duration_s: float = Field(gt=0, le=7 * 86400)
+    force: bool = Field(
+        default=False,
+        description="store it even when it asks more than FLEXGATE_EVENT_MAX_OVERREACH times "
+        "what the site can shed now",
+    )
 
     model_config = ConfigDict(
         extra="forbid",
@@ -264,4 +269,12 @@ class Health(_Open):
     ven: str | None
     job_source: dict[str, Any] | None = Field(
         default=None, description="the scheduler the jobs follow; null for the static mix"
+    )
+    backends: dict[str, int] = Field(
+        default_factory=dict, description="known nodes per GPU backend (`nvml`, `sim`)"
+    )
+    configuration: dict[str, Any] | None = Field(
+        default=None,
+        description="what the gateway runs on: store, meter, transport, job source, OpenADR "
+        "(docs/operations.md), secrets masked",
     )

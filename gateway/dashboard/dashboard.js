@@ -66,9 +66,10 @@ async function api(path, options = {}) {
 // ---- formatting --------------------------------------------------------------------------
 
 function num(value, digits = 1) {
-  return value === null || value === undefined || Number.isNaN(value)
-    ? "–"
-    : Number(value).toFixed(digits);
+  if (value === null || value === undefined || Number.isNaN(value)) return "–";
+  const text = Number(value).toFixed(digits);
+  // A value that rounds to zero is zero: "-0.0 kW" shed reads as a load added.
+  return /^-0(\.0*)?$/.test(text) ? text.slice(1) : text;
 }
 
 function clock(iso) {
@@ -143,8 +144,9 @@ function xTicks(xDomain, count = 6) {
   return ticks;
 }
 
-// series: [{cls, points: [[x, y], ...]}]; vlines: [{cls, x}]; xLabel(x) formats the x axis.
-function lineChart(svg, { series, xDomain, yDomain, xLabel, vlines = [], marks = [] }) {
+// series: [{cls, points: [[x, y], ...]}]; vlines: [{cls, x}]; xLabel(x) and yLabel(y) format
+// the axes (y: a plain number unless given).
+function lineChart(svg, { series, xDomain, yDomain, xLabel, yLabel, vlines = [], marks = [] }) {
   const [, , width, height] = svg.getAttribute("viewBox").split(" ").map(Number);
   svg.replaceChildren();
   const x = scale(xDomain, [PAD.left, width - PAD.right]);
@@ -152,7 +154,7 @@ function lineChart(svg, { series, xDomain, yDomain, xLabel, vlines = [], marks =
   for (const v of niceTicks(yDomain[0], yDomain[1], 4)) {
     const [left, right] = [PAD.left, width - PAD.right];
     svg.appendChild(svgNode("line", { x1: left, x2: right, y1: y(v), y2: y(v), class: "grid" }));
-    const label = num(v, v % 1 ? 1 : 0);
+    const label = yLabel ? yLabel(v) : num(v, v % 1 ? 1 : 0);
     svg.appendChild(svgNode("text", { x: left - 6, y: y(v) + 4, class: "tick end" }, label));
   }
   for (const v of xTicks(xDomain)) {
@@ -253,7 +255,10 @@ function drawActiveEvent() {
   const event = state.events.find((e) => e.id === site.active_event_id);
   const box = $("active-event");
   if (!event) {
-    box.textContent = site.recovering ? `none: recovering from ${site.recovering_from_event_id}` : "none";
+    box.textContent = !site.recovering ? "none"
+      : site.recovering_from_event_id ? `none: caps stepping back after ${site.recovering_from_event_id}`
+      // Released at start, whatever a previous run left on the agents: no event to name.
+        : "none: caps stepping back to the GPUs' own limits since the gateway started";
     return;
   }
   const left = (new Date(event.end).getTime() - Date.now()) / 1000;
@@ -307,8 +312,8 @@ function eventRow(event) {
   cell(row, clock(event.end));
   cell(row, num(event.reduction_kw), "requested");
   cell(row, "", "delivered");
-  cell(row, event.opt);
-  cell(row, event.reason || "");
+  cell(row, event.opt, "opt");
+  cell(row, event.reason || "", "reason");
   const actions = cell(row, "");
   if (event.status === "pending" || event.status === "active") {
     const button = document.createElement("button");
@@ -411,6 +416,9 @@ function drawNodes() {
     row.dataset.node = node.node;
     row.className = node.reachable ? "" : "unreachable";
     cell(row, node.node);
+    // Simulated GPUs stand out: their caps reach no real GPU.
+    cell(row, node.backend === "sim" ? "sim (simulated GPUs)" : node.backend || "–",
+      `backend ${node.backend || "unknown"}`);
     cell(row, node.reachable ? "yes" : `no: ${node.unreachable_reason || "unknown"}`, "reachable");
     cell(row, ago(node.last_seen));
     const delay = node.actuation_delay;
@@ -437,6 +445,16 @@ function drawSync() {
   setText("sync-r1", order ? num(order.r1, 3) : "–");
   setText("sync-r2", order ? num(order.r2, 3) : "–");
   setText("sync-r3", order ? num(order.r3, 3) : "–");
+  // r1-r3 measure how aligned the jobs' phases are now; the verdict judges whether the loops'
+  // delays can pull them together. Both can hold at once: say which is which.
+  setText("sync-order-note", !order ? "no job has reported a phase yet"
+    : order.jobs < 2 ? `one job reports a phase: its order parameters are 1 by definition`
+      : `${order.jobs} jobs' phases; near 1 means aligned now, near 0 spread`);
+  setText("sync-verdict-note", {
+    safe: "safe: no loop's delay makes the jobs attract one another",
+    "at-risk": "at risk: a loop attracts the jobs, below the coupling that would lock them",
+    unsafe: "unsafe: a loop attracts the jobs strongly enough to lock them",
+  }[sync.verdict] || "");
   const alarms = sync.alarms || {};
   setText("sync-alarms", alarms.harmonics && alarms.harmonics.length
     ? `harmonic(s) ${alarms.harmonics.join(", ")} locked (${alarms.test})`
@@ -449,7 +467,10 @@ function drawSync() {
     cell(row, loop.name);
     cell(row, num(loop.delay_s, 3), "delay");
     cell(row, loop.max_safe_delay_s === null ? "none needed" : num(loop.max_safe_delay_s, 3), "bound");
-    cell(row, loop.couples_jobs ? "yes" : "no");
+    // A loop that acts on several jobs couples them; safe still, when its delay keeps every
+    // significant harmonic from attracting.
+    cell(row, !loop.couples_jobs ? "no"
+      : loop.verdict === "safe" ? "yes, without attraction (delay below the bound)" : "yes", "couples");
     cell(row, loop.verdict, `verdict ${loop.verdict}`);
     body.appendChild(row);
   }
@@ -476,6 +497,7 @@ function drawQuote(quote) {
     xDomain: [0, Math.max(1, quote.achievable_kw * 1.05)],
     yDomain: span(curve.map(([, v]) => v), 0),
     xLabel: (v) => `${num(v, 0)} kW`,
+    yLabel: (v) => `${num(v, v % 1 ? 1 : 0)} %`,
     series: [{ cls: "meter", points: curve }],
     vlines: [{ cls: "target", x: quote.achievable_kw }, { cls: "baseline", x: quote.firm_kw }],
   });

@@ -148,8 +148,18 @@ class Events:
     # --- manual events -------------------------------------------------------------------
 
     async def create(
-        self, *, reduction_kw: float, start: datetime, duration_s: float, source: str, actor: str
+        self,
+        *,
+        reduction_kw: float,
+        start: datetime,
+        duration_s: float,
+        source: str,
+        actor: str,
+        force: bool = False,
     ) -> EventRow:
+        """A manual event, stored and armed. Refused (nothing stored) when its start has no
+        zone, it ends in the past, the fleet runs simulated GPUs outside the lab, or it asks
+        more than `event_max_overreach` times what the site can shed now, unless `force`."""
         if start.tzinfo is None:
             raise InvalidRequestError("start: give a time zone (e.g. 2026-11-29T16:00:00Z)")
         if not (math.isfinite(reduction_kw) and reduction_kw > 0):
@@ -158,7 +168,19 @@ class Events:
         now = self.clock.now()
         if end <= now:
             raise InvalidRequestError(f"the event would end at {end.isoformat()}, in the past")
+        simulated = self.power.fleet.simulated_refusal()
+        if simulated:
+            raise InvalidRequestError(f"no plan may rest on simulated GPUs here: {simulated}")
         most_kw = self.quotes.firm(duration_s, self.settings.opt_confidence)["achievable_kw"]
+        overreach = self.settings.event_max_overreach
+        # Nothing to compare with while the site can shed nothing (no agent reports yet).
+        if not force and most_kw > 0 and reduction_kw > overreach * most_kw:
+            raise InvalidRequestError(
+                f"reduction_kw: {reduction_kw:g} kW is {reduction_kw / most_kw:.0f} times what "
+                f"the site can shed now ({most_kw:.1f} kW; refused above "
+                f"FLEXGATE_EVENT_MAX_OVERREACH={overreach:g} times): watts typed as kW? Send "
+                '"force": true to store it anyway'
+            )
         feasible = reduction_kw <= most_kw * (1 + 1e-9)
         event = EventRow(
             feasible=feasible,
@@ -279,6 +301,9 @@ class Events:
             return "out", external.opt_out_reason
         if self.settings.opt_policy == "never":
             return "out", "the site's policy is never to opt in"
+        simulated = self.power.fleet.simulated_refusal()
+        if simulated:
+            return "out", simulated
         most = max((i.reduction_kw for i in external.intervals), default=0.0)
         window_s = (
             (external.end - external.start).total_seconds()

@@ -95,6 +95,8 @@ class Fleet:
         self.nodes: dict[str, str] = {}  #: node id -> agent address
         self.version = 0  #: rises when a node is found, or the unreachable ones change
         self.seen: dict[str, datetime] = {}  #: node id -> when it last answered
+        #: node id -> its agent's GPU backend (`sim` or `nvml`), as its health said
+        self.backends: dict[str, str] = {}
         #: node id -> why it is unreachable: its last command failed (after the retries). The
         #: one definition, used by plans (`unreachable_nodes`), /v1/nodes, quotes and metrics.
         self.unreachable: dict[str, str] = {}
@@ -110,6 +112,24 @@ class Fleet:
         #: (telemetry, mix, power): `power` of that round and mix (the objects themselves)
         self._power: tuple[Telemetry, JobMix, FleetPower] | None = None
 
+    def simulated(self) -> list[str]:
+        """The nodes whose agents run simulated GPUs, sorted."""
+        return sorted(node for node, kind in self.backends.items() if kind == "sim")
+
+    def simulated_refusal(self) -> str | None:
+        """Why no plan may rest on this fleet, or None: outside the lab (and unless the site is
+        simulated on purpose, FLEXGATE_ALLOW_SIMULATED), a node on simulated GPUs caps nothing
+        real, and without a meter the shed would be computed from the simulated power."""
+        sim = self.simulated()
+        if not sim or self.settings.lab or self.settings.allow_simulated:
+            return None
+        shown = ", ".join(sim[:3]) + (f" and {len(sim) - 3} more" if len(sim) > 3 else "")
+        return (
+            f"{len(sim)} node(s) run simulated GPUs (backend sim: {shown}): their caps reach no "
+            "real GPU; start their agents with --backend nvml, or set "
+            "FLEXGATE_ALLOW_SIMULATED=true for a simulated site"
+        )
+
     async def discover(self) -> None:
         """Ask each configured agent that has not answered yet for its node id; those that
         answer are stored in one transaction (one commit per node would hold the event loop
@@ -124,6 +144,7 @@ class Fleet:
         for address, health in found:
             self.nodes[health.node_id] = address
             self.seen[health.node_id] = now
+            self.backends[health.node_id] = health.backend
         self.version += 1
         with self.store.session() as s:
             for address, health in found:
@@ -309,6 +330,8 @@ class Fleet:
                 {
                     "node": row.node_id,
                     "url": row.url,
+                    #: `sim` or `nvml`; null until the agent answers after a gateway start
+                    "backend": self.backends.get(row.node_id),
                     "reachable": row.node_id in self.nodes and row.node_id not in self.unreachable,
                     "unreachable_reason": self.unreachable.get(row.node_id)
                     or (None if row.node_id in self.nodes else "has not answered since start"),

@@ -6,6 +6,7 @@ from typing import Any
 
 from sqlalchemy.exc import OperationalError
 
+from gateway.services.configuration import effective_configuration
 from gateway.services.events import Events
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
@@ -50,6 +51,9 @@ class Status:
                 "figures are empty and nothing can be capped"
             )
         degraded += self._job_source_reasons()
+        simulated = self.fleet.simulated_refusal()
+        if simulated:
+            degraded.append(f"{simulated}; events are refused meanwhile")
         status = "unhealthy" if store != "ok" else "degraded" if degraded else "ok"
         return {
             "status": status,
@@ -61,7 +65,16 @@ class Status:
             "agents_known": len(self.fleet.nodes),
             "ven": grid.state if grid is not None else None,
             "job_source": None if self.feed is None else self.feed.state(),
+            "backends": self._backend_counts(),
+            "configuration": effective_configuration(self.settings),
         }
+
+    def _backend_counts(self) -> dict[str, int]:
+        """How many known nodes run each GPU backend (`nvml`, `sim`)."""
+        counts: dict[str, int] = {}
+        for kind in self.fleet.backends.values():
+            counts[kind] = counts.get(kind, 0) + 1
+        return dict(sorted(counts.items()))
 
     def _job_source_reasons(self) -> list[str]:
         feed = self.feed
@@ -96,6 +109,10 @@ class Status:
             ("flexgate_jobs", "gauge", len(self.book.mix().jobs)),
         ]
         lines = [f"# TYPE {name} {kind}\n{name} {value}" for name, kind, value in gauges]
+        lines += ["# TYPE flexgate_nodes_by_backend gauge"] + [
+            f'flexgate_nodes_by_backend{{backend="{kind}"}} {count}'
+            for kind, count in self._backend_counts().items()
+        ]
         lines += self._meter_lines() + self._job_source_lines()
         return "\n".join(lines) + "\n"
 

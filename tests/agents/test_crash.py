@@ -73,6 +73,7 @@ def test_an_agent_killed_mid_event_gets_its_caps_back_when_it_returns(tmp_path, 
         api_token="crash-test-api-token-0123",
         agent_token=TOKEN,
         agents=f"http://127.0.0.1:{port}",
+        allow_simulated=True,  # the agents run simulated GPUs
         lease_s=30.0,
         reconcile_period_s=0.5,
         recovery_ramp_s=0.2,

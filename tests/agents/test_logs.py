@@ -33,6 +33,7 @@ def test_the_agent_logs_start_caps_lease_expiry_and_stop(tmp_path):
             [
                 *(sys.executable, "-m", "flexgate.cli", "agent", "--port", str(port)),
                 *("--node-id", "node-07", "--gpus", "2", "--state-dir", str(tmp_path / "state")),
+                *("--backend", "sim"),
             ],
             cwd=ROOT,
             env=env | {"FLEXGATE_AGENT_TOKEN": TOKEN, "FLEXGATE_AGENT_LEASE_CHECK_S": "0.05"},

@@ -128,6 +128,7 @@ def running_site(tmp_path, database_url, http_trace=(), clock=None, gateway_port
                 "api_token": API_TOKEN,
                 "agent_token": AGENT_TOKEN,
                 "agents": ",".join(f"{agents_url}/nodes/{n}" for n in nodes),
+                "allow_simulated": True,  # the agents run simulated GPUs
                 "lease_s": 5.0,
                 "reconcile_period_s": 0.5,
                 "recovery_ramp_s": 0.4,

@@ -87,6 +87,7 @@ def following_site(
                 "api_token": API_TOKEN,
                 "agent_token": AGENT_TOKEN,
                 "agents": ",".join(f"{agents_url}/nodes/{n}" for n in agents),
+                "allow_simulated": True,  # the agents run simulated GPUs
                 "lease_s": 5.0,
                 "reconcile_period_s": 0.5,
                 "recovery_ramp_s": 0.2,

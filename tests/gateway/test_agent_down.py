@@ -39,6 +39,7 @@ def test_a_dead_agents_share_is_replanned_onto_the_others_and_back(tmp_path, rec
         api_token=API_TOKEN,
         agent_token=TOKEN,
         agents=",".join(f"http://127.0.0.1:{p}" for p in ports.values()),
+        allow_simulated=True,  # the agents run simulated GPUs
         lease_s=30.0,
         reconcile_period_s=0.5,
         recovery_ramp_s=0.2,

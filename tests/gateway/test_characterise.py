@@ -81,6 +81,7 @@ def gateway_up(tmp_path, nodes, agents, truth, **changes):
         api_token=API_TOKEN,
         agent_token=AGENT_TOKEN,
         agents=",".join(f"{agents}/nodes/{n}" for n in nodes),
+        allow_simulated=True,  # the agents run simulated GPUs
         lease_s=5.0,
         reconcile_period_s=0.5,
         recovery_ramp_s=0.4,

@@ -256,6 +256,51 @@ def test_the_page_shows_what_the_api_says_without_console_errors(tmp_path, brows
         assert console_errors(browser) == []
 
 
+def test_a_fresh_page_contradicts_itself_nowhere(tmp_path, browser):
+    """No "recovering from null", no "-0.0 kW", the order parameters and the verdict each
+    explained, nodes' backends shown, the supply curve's axes with units, an event's opt and
+    reason in view."""
+    with running_site(tmp_path, f"sqlite:///{tmp_path / 'gateway.db'}") as site:
+        browser.get(str(site.api.base_url))
+        active = shown(browser, "active-event", "the active event")
+        assert "null" not in active, active
+        nodes = site.api.get("/v1/nodes").json()["nodes"]
+        for node in nodes:
+            cell = f'#nodes-rows tr[data-node="{node["node"]}"] td.backend'
+            wait_for(lambda cell=cell: css_text(browser, cell), "the backend", ONE_UPDATE_S * 3)
+            assert css_text(browser, cell) == "sim (simulated GPUs)"
+        verdict = shown(browser, "sync-verdict", "the sync verdict")
+        assert text(browser, "sync-verdict-note").startswith(verdict.replace("-", " "))
+        assert text(browser, "sync-order-note") != "–"
+        for couples in browser.find_elements("css selector", "#loops-rows td.couples"):
+            assert couples.text != "yes" or verdict != "safe", couples.text
+        wait_for(
+            lambda: browser.find_elements("css selector", "#supply-chart path.series"),
+            "the supply curve",
+            ONE_UPDATE_S * 3,
+        )
+        ticks = [t.text for t in browser.find_elements("css selector", "#supply-chart text.end")]
+        assert ticks
+        assert all(t.endswith(" %") for t in ticks), ticks
+        assert "-0.0" not in browser.find_element("tag name", "body").text
+        # A shed of -0.04 kW (noise around no shed) reads 0.0, not -0.0 as if load were added.
+        assert browser.execute_script("return num(-0.04)") == "0.0"
+
+        body = {"reduction_kw": 3000.0, "start": datetime.now(UTC).isoformat()}
+        event = site.api.post(
+            "/v1/events", json=body | {"duration_s": 300, "force": True}, headers=API
+        ).json()
+        reason = f'#events-rows tr[data-event-id="{event["id"]}"] td.reason'
+        wait_for(lambda: css_text(browser, reason), "the event's reason", ONE_UPDATE_S * 3)
+        inside = (
+            "const r = document.querySelector(arguments[0]).getBoundingClientRect();"
+            "const s = document.getElementById('events').getBoundingClientRect();"
+            "return r.right <= s.right + 1"
+        )
+        assert browser.execute_script(inside, reason), "the reason is behind the scrollbar"
+        assert console_errors(browser) == []
+
+
 @pytest.mark.timeout(120)
 def test_an_event_appears_and_cancelling_needs_the_token_and_a_confirmation(tmp_path, browser):
     with running_site(tmp_path, f"sqlite:///{tmp_path / 'gateway.db'}") as site:

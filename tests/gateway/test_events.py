@@ -91,7 +91,7 @@ def test_an_infeasible_event_delivers_the_maximum_and_states_the_shortfall(site)
     created = site.api.post(
         "/v1/events",
         headers=API,
-        json={"reduction_kw": 5000.0, "start": now_iso(), "duration_s": 60},
+        json={"reduction_kw": 5000.0, "start": now_iso(), "duration_s": 60, "force": True},
     )
     event_id = created.json()["id"]
     event = site.wait(lambda: (e := site.api.get(f"/v1/events/{event_id}").json())["plan_id"] and e)
@@ -149,6 +149,7 @@ def test_a_recovery_in_progress_shows_in_the_site_and_the_event(tmp_path):
 
 def test_an_event_beyond_the_site_is_judged_infeasible_when_it_is_created(site):
     body = {"reduction_kw": 500.0, "start": "2030-01-01T00:00:00Z", "duration_s": 600}
+    body["force"] = True  # far beyond the site: refused without it (test_configuration.py)
     event = site.api.post("/v1/events", json=body, headers=API).json()
     assert event["status"] == "pending"
     assert event["feasible"] is False

@@ -139,6 +139,7 @@ def nats_site(tmp_path, server, **changes):
                 "dispatch_timeout_s": 1.0,
                 "dispatch_retries": 1,
                 "telemetry_max_age_s": 0.2,
+                "allow_simulated": True,  # the agents run simulated GPUs
                 **changes,
             }
         )
@@ -416,6 +417,7 @@ def test_wrong_nats_credentials_are_refused_by_the_gateway_and_the_agent(tmp_pat
             "FLEXGATE_NATS_URL": server.url,
             "FLEXGATE_NATS_USER": "flexgate",
             "FLEXGATE_NATS_PASSWORD": "wrong-password-0123456789",
+            "FLEXGATE_READ_PUBLIC": "true",
         }
         gateway = subprocess.run(
             [sys.executable, "-m", "flexgate.cli", "gateway", "--port", str(free_port())],
@@ -440,7 +442,12 @@ def test_nats_is_never_anonymous_outside_the_lab():
     with pytest.raises(ValueError, match="node ids"):
         GatewaySettings(**base, nats_token=NATS_TOKEN, agents="http://127.0.0.1:9100")
     assert GatewaySettings(lab=True, transport="nats").nats_token is None
-    agent = {"agent_token": AGENT_TOKEN, "agent_transport": "nats", "agent_node_id": "node-a"}
+    agent = {
+        "agent_token": AGENT_TOKEN,
+        "agent_transport": "nats",
+        "agent_node_id": "node-a",
+        "agent_backend": "sim",
+    }
     with pytest.raises(ValueError, match="FLEXGATE_AGENT_NATS_TOKEN or FLEXGATE_AGENT_NATS_USER"):
         AgentSettings(**agent)
     assert AgentSettings(**agent, agent_nats_token=NATS_TOKEN).agent_transport == "nats"
@@ -570,6 +577,7 @@ def agent_process(tmp_path, url: str, nats_token: str, log: str) -> subprocess.P
         "FLEXGATE_AGENT_NATS_URL": url,
         "FLEXGATE_AGENT_NATS_TOKEN": nats_token,
         "FLEXGATE_AGENT_TELEMETRY_PERIOD_S": "0.2",
+        "FLEXGATE_AGENT_BACKEND": "sim",
     }
     command = [sys.executable, "-m", "flexgate.cli", "agent", "--node-id", "node-p", "--gpus", "2"]
     command += ["--port", str(free_port()), "--state-dir", str(tmp_path / "state")]

@@ -67,6 +67,8 @@ def test_gateway_killed_mid_event_resumes(tmp_path, database_url, recovery):
             "FLEXGATE_RECONCILE_PERIOD_S": "0.5",
             "FLEXGATE_RECOVERY_RAMP_S": "0.2",
             "FLEXGATE_RECOVERY_STEPS": "1",
+            "FLEXGATE_ALLOW_SIMULATED": "true",
+            "FLEXGATE_READ_PUBLIC": "true",
         }
         port, log = free_port(), tmp_path / "gateway.log"
         gateway, url = gateway_process(port, env, log)

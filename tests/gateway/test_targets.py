@@ -47,6 +47,7 @@ class Site:
             api_token=API_TOKEN,
             agent_token=AGENT_TOKEN,
             agents=",".join(self.nodes),
+            allow_simulated=True,  # the agents run simulated GPUs
             recovery_ramp_s=RAMP_S,
             recovery_steps=2,
         )

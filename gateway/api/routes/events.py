@@ -47,6 +47,7 @@ async def create_event(body: EventCreate, services: ServicesDep, actor: Writer) 
         duration_s=body.duration_s,
         source="manual",
         actor=actor,
+        force=body.force,
     )
     return JSONResponse(events.describe([event])[0], status_code=201)
 
