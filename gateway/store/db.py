@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, text
+from sqlalchemy import event, inspect, text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel, create_engine, select
 
@@ -15,15 +15,16 @@ from gateway.store.models import SCHEMA_VERSION, SchemaVersion
 
 log = logging.getLogger("flexgate.gateway")
 
-#: The schema's upgrades: for each version, the statements that bring a database of the version
-#: before to it (SQL that SQLite and PostgreSQL both run). A table a version only adds needs no
-#: statement: `create_all` makes every missing table. A database older than the first version
-#: listed here less one is refused.
-UPGRADES: dict[int, tuple[str, ...]] = {
+#: The schema's upgrades: for each version, the columns that bring a database of the version
+#: before to it, as (table, column and its SQL type, which SQLite and PostgreSQL both read). A
+#: table a version only adds needs nothing: `create_all` makes every missing table (whole: its
+#: columns are then there already, and not added again). A database older than the first
+#: version listed here less one is refused.
+UPGRADES: dict[int, tuple[tuple[str, str], ...]] = {
     4: (),  # the tables deliveries, job_curves and pfi_records
     5: (  # the meter path beside each calibration, a ceiling's compliance in its delivery
         *(
-            f"ALTER TABLE calibrations ADD COLUMN {column}"
+            ("calibrations", column)
             for column in (
                 "dead_s FLOAT",
                 "dead_stderr_s FLOAT",
@@ -34,7 +35,7 @@ UPGRADES: dict[int, tuple[str, ...]] = {
             )
         ),
         *(
-            f"ALTER TABLE deliveries ADD COLUMN {column}"
+            ("deliveries", column)
             for column in (
                 "limit_kw FLOAT",
                 "limit_intervals INTEGER",
@@ -87,8 +88,10 @@ def check_version(engine: Engine) -> None:
                 "FLEXGATE_DATABASE_URL elsewhere or run the gateway that wrote it"
             )
         for version in range(held + 1, SCHEMA_VERSION + 1):
-            for statement in UPGRADES[version]:
-                session.execute(text(statement))
+            for table, column in UPGRADES[version]:
+                present = {c["name"] for c in inspect(session.connection()).get_columns(table)}
+                if column.split()[0] not in present:
+                    session.execute(text(f"ALTER TABLE {table} ADD COLUMN {column}"))
         row.version = SCHEMA_VERSION
         session.add(row)
         session.commit()  # one transaction: a failed upgrade leaves the old version
