@@ -157,8 +157,10 @@ class Tracker:
         self.gain_rule: str | None = None  #: why the gain is below the configured one
         #: the error at the meter (measured - target) once each event had settled [kW]
         self.settled_errors_kw: deque[float] = deque(maxlen=LIMIT_ERRORS)
-        #: each past event's settled correction, as a share of its reduction
+        #: each past event's settled model error at the meter: what it planned over what it
+        #: asked at the meter, less 1
         self.model_errors: deque[float] = deque(maxlen=BOUND_EVENTS_KEPT)
+        self.last_gain = 1.0  #: the last settled event's gain at the meter, where the next starts
         self.delays_s: tuple[float, ...] = (0.0,)  #: its distribution (delay_s is the mean)
         self.verdict: str | None = None
         self.reason: str | None = None  #: why the loop was adjusted, held or refused
@@ -197,6 +199,8 @@ class Tracker:
             held_kw = self.targets.held_reduction_kw
             # The first plan moves the site from what is held now (another event's caps).
             known.achieved_kw = known.planned_kw = held_kw or 0.0
+            known.gain = self.last_gain
+            known.correction_kw = self._opening_correction_kw(known)
             self.pursuit = known
             if held_kw is None:
                 # Caps stepping back: where the first move starts from is not known, so the
@@ -235,7 +239,20 @@ class Tracker:
         pursuit = self.pursuit
         if pursuit is not None and pursuit.settled_share is not None:
             self.model_errors.append(pursuit.settled_share)
+            self.last_gain = pursuit.gain
         self.pursuit = None
+
+    def _opening_correction_kw(self, pursuit: Pursuit) -> float:
+        """The correction the open-loop plan starts with [kW]: what the site's past events
+        needed at the meter (the median of their settled model errors, as a share of what was
+        asked; none before there are `BOUND_EVENTS`), on what this event asks at the meter: for
+        a level, the meter before the event less the level, not the model's baseline less it
+        (a model whose baseline is off would start the site that far off the level)."""
+        asked_kw = pursuit.reduction_kw
+        if pursuit.level_kw is not None and pursuit.start_facility_kw is not None:
+            asked_kw = max(pursuit.start_facility_kw - pursuit.level_kw, 0.0)
+        share = float(np.median(self.model_errors)) if len(self.model_errors) >= BOUND_EVENTS else 0
+        return asked_kw * (1.0 + share) - pursuit.reduction_kw
 
     def correction_bound_kw(self, reduction_kw: float) -> float:
         """The most the correction may take, either way [kW]: `FLEXGATE_LOOP_MAX_CORRECTION` of
@@ -332,7 +349,8 @@ class Tracker:
                 # Slowly: one reading is not evidence, and a meter found wrong later undoes it.
                 seen = float(np.clip((reference - measured) / pursuit.achieved_kw, 0.5, 1.5))
                 pursuit.gain += GAIN_WEIGHT * (seen - pursuit.gain)
-            pursuit.settled_share = pursuit.correction_kw / max(_asked_kw(pursuit), 1.0)
+            asked_kw = max(_asked_kw(pursuit), 1.0)
+            pursuit.settled_share = (pursuit.reduction_kw + pursuit.correction_kw) / asked_kw - 1
         if pursuit.ceiling and pursuit.level_kw:
             pursuit.margin_kw = self.limit_margin_kw(pursuit.level_kw)
             target = pursuit.level_kw - pursuit.margin_kw
