@@ -37,6 +37,7 @@ from flexmodel.sync import (
     HARMONICS,
     MIN_DUTY,
     Analysis,
+    ClosedLoopResponse,
     LoopResponse,
     analyse_loop,
     critical_coupling_per_s,
@@ -52,7 +53,7 @@ FIRMWARE_DELAY_S = 0.05
 @dataclass(frozen=True)
 class ControlLoop:
     name: str
-    response: LoopResponse
+    response: LoopResponse | ClosedLoopResponse  #: as it runs, for a sampled loop
     couples_jobs: bool
 
     def evaluate(
