@@ -148,6 +148,8 @@ class Tracker:
         self.delays_s: tuple[float, ...] = (0.0,)  #: its distribution (delay_s is the mean)
         self.verdict: str | None = None
         self.reason: str | None = None  #: why the loop was adjusted, held or refused
+        #: the strongest attraction the loop puts on any job's harmonic, as checked [rad/s]
+        self.coupling_per_s = 0.0
         self._checked: tuple[float, float] | None = None  #: (longest period, delay) checked
         self._plan_s = 0.0  #: how long the last re-plan took to be acked [s]
         self._ready_s = -math.inf  #: no loop step before (the last re-plan's end plus its length)
@@ -501,9 +503,11 @@ class Tracker:
         plan and the agents' measured actuation. (An integrator with the lag counted as delay
         got the phase wrong by up to 180 degrees: docs/sync.md, "The closed loop".)"""
         if not periods.size:
+            self.coupling_per_s = 0.0
             return "safe", ""
         loop = ControlLoop("site", self._closed_loop(), couples_jobs=True)
         result = loop.evaluate(periods, duties, gain_per_s=self._unit_coupling(mix, periods))
+        self.coupling_per_s = float(result["coupling_per_s"])  # what scattering is sized to
         verdict = worst_verdict([result["verdict"]])
         return verdict, f"the sync analysis says {verdict}"
 
@@ -583,6 +587,7 @@ class Tracker:
             "gain_rule": self.gain_rule,
             "verdict": self.verdict,
             "reason": self.reason,
+            "coupling_per_s": self.coupling_per_s,
         }
 
 
