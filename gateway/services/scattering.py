@@ -46,6 +46,10 @@ from gateway.store.models import iso
 log = logging.getLogger("flexgate.gateway")
 #: Ended episodes kept for `GET /v1/sync`.
 EPISODES_KEPT = 10
+#: After a spread sized to the coupling, this many dephasing times before it is widened again:
+#: at `UNLOCK_MARGIN` above the onset the slowest jobs slip a cycle in about 3.3 of them (their
+#: drift is `sqrt(D^2 - D_c^2)`, `D_c = pi K / 4`: 0.6 D at D = 1.25 D_c).
+SIZED_WAIT = 4.0
 #: Verdicts under which a loop still pulls the jobs together.
 ATTRACTING = ("at-risk", "unsafe")
 
@@ -64,6 +68,7 @@ class Episode:
     widened: list[float] = field(default_factory=list)  #: the spreads it was widened to
     #: the coupling the spread was last sized to, from r1 under the spread [rad/s]
     coupling_per_s: float | None = None
+    sized: bool = False  #: the spread now is sized to the coupling (not doubled)
 
 
 class Scatterer:
@@ -116,7 +121,8 @@ class Scatterer:
             waited_s = self.clock.monotonic() - self._spread_at
             if waited_s >= self._dephasing_s(episode) and episode.rate_spread < widest:
                 sized = self._sized_spread(episode, r1)
-                grown = sized if sized > episode.rate_spread else 2 * episode.rate_spread
+                episode.sized = sized > episode.rate_spread
+                grown = sized if episode.sized else 2 * episode.rate_spread
                 episode.rate_spread = min(grown, widest)
                 episode.widened.append(episode.rate_spread)
                 self._spread_at = self.clock.monotonic()
@@ -188,7 +194,8 @@ class Scatterer:
     def _dephasing_s(self, episode: Episode) -> float:
         """How long the spread takes to move the most detuned jobs a cycle apart [s]."""
         periods = self.fleet.loop_measurements().periods_s.values()
-        return max(periods, default=0.0) / (2.0 * episode.rate_spread)
+        wait = SIZED_WAIT if episode.sized else 1.0
+        return wait * max(periods, default=0.0) / (2.0 * episode.rate_spread)
 
     def _note_cost(self, episode: Episode) -> None:
         scattering = (self.targets.last_plan or {}).get("scattering")
