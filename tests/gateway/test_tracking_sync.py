@@ -214,3 +214,25 @@ def test_the_closed_loop_model_matches_a_lock_in_on_the_loop_over_a_grid():
     assert judged >= 30
     worst = max(errors, key=lambda e: e[0])
     assert worst[0] <= 0.2, worst
+
+
+@pytest.mark.parametrize(("gain", "verdict"), [(1.0, "safe"), (0.3, "unsafe")])
+def test_the_site_loops_verdict_is_the_closed_loops(tmp_path, gain, verdict):
+    """16 jobs of 2 s under a 0.5 s loop with a 0.5 s window and a 0.6 s meter delay. The
+    integrator model called both unsafe; the loop as it runs, at gain 1, takes each sample's
+    whole error, so its correction follows the swing as read, without the integrator's
+    quarter period of lag: it does not attract. At 0.3 it lags more and does."""
+    from tests.gateway.test_scattering import Site
+
+    site = Site(tmp_path, meter_delay_s=0.6, loop_window_s=0.5, loop_gain=gain, loop_unsafe=True)
+
+    async def run() -> None:
+        await site.start()
+        await site.tracker.pursue("ev-1", 2.5, None)
+
+    try:
+        asyncio.run(run())
+    finally:
+        site.close()
+    assert site.tracker.verdict == verdict
+    assert (site.tracker.coupling_per_s > 0) == (verdict == "unsafe")
