@@ -7,9 +7,10 @@ GPUs and the gateway measures the jobs' phases. An event asks for 10% of the sit
 
 1. **unsafe loop**: the site loop deliberately inside the attractive window
    (`FLEXGATE_LOOP_UNSAFE`, lab only): a short window, a high gain, and the meter's delay the
-   analysis of the integral loop finds most attractive (`attractive_delay_s`). Nothing in the
-   code makes the jobs lock; the loop does, through the simulated GPUs' physics (a cap slows
-   a job only while it computes). r1 rises towards 1 and the swing ratio towards sqrt(N).
+   closed-loop analysis of the site loop finds most attractive (`attractive_delay_s`).
+   Nothing in the code makes the jobs lock; the loop does, through the simulated GPUs'
+   physics (a cap slows a job only while it computes). r1 rises towards 1 and the swing
+   ratio towards sqrt(N).
 2. **default loop**: the same jobs and meter under the gateway's default, checked loop (its
    window of four periods puts the jobs' harmonics on the sinc's zeros): they stay apart.
 3. **scattering**: run 1's locked site goes on with scattering switched on
@@ -30,7 +31,7 @@ import numpy as np
 
 from flexgate.simsite import SimulatedSite, Truth
 from flexmodel.phases import order_parameters, rayleigh_threshold
-from flexmodel.sync import analyse
+from flexmodel.sync import ClosedLoopResponse
 
 JOBS = 64
 GPUS_PER_NODE = 8
@@ -78,23 +79,32 @@ def lock_jobs(count: int = JOBS, seed: int = 7) -> list[dict[str, Any]]:
 
 
 def attractive_delay_s(
-    period_s: float, duty: float, *, window_s: float, hold_s: float, integral_gain_per_s: float
+    period_s: float,
+    duty: float,
+    *,
+    window_s: float,
+    hold_s: float,
+    integral_gain_per_s: float,
+    actuation_s: float = 0.0,
 ) -> float:
-    """The delay [s] within one period at which an integrating loop with this window and hold
-    attracts the fundamental most (`flexmodel.sync.analyse`): `T/2` less the window's and the
-    hold's halves."""
+    """The meter's dead time [s] within one period at which the site loop as it runs (sampled
+    every `hold_s`, a window of readings, the Smith predictor, `integral_gain_per_s`: the
+    `flexmodel.sync.ClosedLoopResponse`) attracts the fundamental most. The predictor takes
+    the loop's own moves out of the delay, not the jobs' swing: that reaches the correction
+    through the meter's dead time, so the dead time still places the loop's phase."""
     delays = np.linspace(0.0, period_s, 401)[:-1]
+    w = 2.0 * np.pi / period_s
     pull = [
         float(
-            analyse(
-                period_s,
-                duty,
-                delay_s=float(d),
-                window_s=window_s,
-                hold_s=hold_s,
-                proportional_gain=0.0,
-                integral_gain_per_s=integral_gain_per_s,
-            ).coupling_per_s[0, 0]
+            np.imag(
+                ClosedLoopResponse(
+                    period_s=hold_s,
+                    gain=integral_gain_per_s * hold_s,
+                    window_s=window_s,
+                    dead_s=float(d),
+                    actuation_s=actuation_s,
+                ).response(w)
+            )
         )
         for d in delays
     ]
@@ -230,7 +240,7 @@ def run_lock(
     say(
         f"lock lab: {jobs} jobs, T = {PERIOD_S:g} s within {JOB_SPREAD:.1%}, d = {DUTY:g}; "
         f"the event asks for {reduction_kw:.1f} kW; the meter's delay {delay_s:.2f} s (most "
-        f"attractive for an integrating loop, window {UNSAFE_WINDOW_S:g} s)"
+        f"attractive for the site loop as it runs, window {UNSAFE_WINDOW_S:g} s)"
     )
 
     async def event(site: SimulatedSite, run: LockRun, seconds: float) -> None:

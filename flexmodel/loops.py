@@ -37,6 +37,7 @@ from flexmodel.sync import (
     HARMONICS,
     MIN_DUTY,
     Analysis,
+    ClosedLoopResponse,
     LoopResponse,
     analyse_loop,
     critical_coupling_per_s,
@@ -52,7 +53,7 @@ FIRMWARE_DELAY_S = 0.05
 @dataclass(frozen=True)
 class ControlLoop:
     name: str
-    response: LoopResponse
+    response: LoopResponse | ClosedLoopResponse  #: as it runs, for a sampled loop
     couples_jobs: bool
 
     def evaluate(
@@ -84,9 +85,12 @@ class ControlLoop:
         result = analyse_loop(
             periods, duty, self.response, unit_coupling_per_s=gain_per_s, spread=spread
         )
+        pulls = np.where(result.attractive & result.significant, result.coupling_per_s, 0.0)
         return base | {
             "verdict": worst_verdict(result.verdict),
             "max_safe_delay_s": finite_or_none(result.max_safe_delay_s.min()),
+            #: the strongest attraction on any significant harmonic of any job [rad/s]
+            "coupling_per_s": float(pulls.max()),
         }
 
 
@@ -293,3 +297,43 @@ def detune(
         throughput_cost=float((before - throughput).sum()),
         power_change_w=float((gpus * (placed - power)).sum()),
     )
+
+
+#: `unlocking_spread`'s factor over the onset (the simulator's unlocking starts within 10% of
+#: `pi K / 4`: `tests/flexmodel/test_scattering_sizing.py`).
+UNLOCK_MARGIN = 1.25
+
+
+def unlocking_spread(coupling_per_s: float, period_s: float, *, delay_s: float = 0.0) -> float:
+    """The rate spread (`detune`'s half-width, a fraction of the rate) that unlocks a fleet
+    held together by a loop's attraction `coupling_per_s` [rad/s] on jobs of `period_s`.
+
+    `detune` spaces the offsets evenly: a uniform spread of half-width `D = spread * w`. A
+    Lorentzian spread unlocks above `2 gamma = K`, but a fleet already locked under a uniform
+    spread stays locked until `D > pi K / 4` (the Kuramoto model's locking boundary for a
+    uniform distribution: the slowest and fastest jobs' offset equals the pull `K r` with
+    `r = pi / 4` at the boundary). The margin: `UNLOCK_MARGIN`, and the delay's decoherence
+    factor `exp(D tau)` as in `sync.critical_coupling_per_s`."""
+    if not (coupling_per_s >= 0 and period_s > 0 and delay_s >= 0):
+        raise FlexModelError("coupling_per_s and delay_s must be at least 0, period_s positive")
+    onset_per_s = np.pi * coupling_per_s / 4.0
+    w = 2.0 * np.pi / period_s
+    return float(UNLOCK_MARGIN * onset_per_s * np.exp(onset_per_s * delay_s) / w)
+
+
+def locked_coupling_per_s(r1: float, spread: float, period_s: float) -> float | None:
+    """The coupling [rad/s] that holds a fleet at order `r1` under `detune`'s uniform spread
+    of half-width `spread` (a fraction of the rate) on jobs of `period_s`; None where `r1`
+    says nothing (no spread, or a fleet not locked: `r1` below `pi / 4`).
+
+    A fully locked Kuramoto fleet under a uniform spread of half-width `D` [rad/s] holds at
+    `r = f(x) = (sqrt(1 - x^2) + arcsin(x) / x) / 2`, `x = D / (K r)`: from 1 at no spread
+    to `pi / 4` at the boundary. So `r1` measured under a known spread gives `x`, and
+    `K = D / (x r1)`: how hard the loop pulls, whatever pulls it."""
+    if not (spread > 0 and period_s > 0) or not np.pi / 4 <= r1 < 1.0:
+        return None
+    x_grid = np.linspace(1e-6, 1.0, 4001)
+    f = (np.sqrt(1.0 - x_grid**2) + np.arcsin(x_grid) / x_grid) / 2.0  # falls from 1 to pi/4
+    x = float(np.interp(r1, f[::-1], x_grid[::-1]))
+    d_per_s = spread * 2.0 * np.pi / period_s
+    return d_per_s / (x * r1)

@@ -208,7 +208,7 @@ class Analysis:
 
     period_s: Array
     duty: Array
-    loop: LoopResponse
+    loop: LoopResponse | ClosedLoopResponse
     spread: float
     gain_per_s: Array  #: the coupling at the fundamental before filters and delay, K |C(i w)|
     weight: Array  #: |c_m|^2 * F_m
@@ -296,7 +296,7 @@ def analyse(
 def analyse_loop(
     period_s: ArrayLike,
     duty: ArrayLike,
-    loop: LoopResponse,
+    loop: LoopResponse | ClosedLoopResponse,
     *,
     unit_coupling_per_s: ArrayLike,
     spread: float = 0.0,
@@ -315,6 +315,8 @@ def analyse_loop(
     mw = m * w[:, None]
     power = harmonic_power(m, d[:, None])
     fundamental = power[:, :1]
+    if isinstance(loop, ClosedLoopResponse):
+        return _analyse_closed(t, d, unit, loop, spread)
     filters = loop.filter_gain(mw)
     controller = np.abs(loop.controller(mw))
     reference = np.abs(loop.controller(w))[:, None]
@@ -333,6 +335,42 @@ def analyse_loop(
         coupling_per_s=coupling,
         critical_per_s=critical_coupling_per_s(m, spread * w[:, None], loop.effective_delay_s),
         in_phase_sum=in_phase_sum(t, d, loop),
+        max_safe_delay_s=max_safe_delay_s(t, significant, loop),
+    )
+
+
+def _analyse_closed(
+    t: Array, d: Array, unit: Array, loop: ClosedLoopResponse, spread: float
+) -> Analysis:
+    """`analyse_loop` on a loop as it runs: the harmonics weighed by its whole response
+    (significant at 10% of the fundamental's `|c_1|^2` at the loop's peak gain), `S` summed over
+    `CLOSED_LOOP_HARMONICS` harmonics."""
+    w = 2.0 * np.pi / t
+    m = HARMONICS[None, :].astype(float)
+    power = harmonic_power(m, d[:, None])
+    fundamental = power[:, :1]
+    response = loop.response(m * w[:, None])
+    gain = np.abs(response)
+    reference = gain[:, :1]
+    # As the open loop's filters against its bare controller: a harmonic counts when its
+    # response is a tenth of what the fundamental would get at the loop's peak gain (a loop
+    # that passes the swing hardly at all couples nothing, whatever its phase).
+    peak = loop.peak_gain()
+    significant = power * gain >= SIGNIFICANT_SHARE * fundamental * peak * (1 - 1e-12)
+    many = np.arange(1, CLOSED_LOOP_HARMONICS + 1, dtype=float)[None, :]
+    all_power = harmonic_power(many, d[:, None])
+    in_phase = -np.sum(many * all_power * np.imag(loop.response(many * w[:, None])), axis=1)
+    return Analysis(
+        period_s=t,
+        duty=d,
+        loop=loop,
+        spread=float(spread),
+        gain_per_s=unit * reference[:, 0],
+        weight=power * gain / np.maximum(reference, 1e-300),
+        significant=significant,
+        coupling_per_s=unit[:, None] * (power / fundamental) * np.imag(response),
+        critical_per_s=critical_coupling_per_s(m, spread * w[:, None], loop.effective_delay_s),
+        in_phase_sum=np.asarray(in_phase, dtype=float),
         max_safe_delay_s=max_safe_delay_s(t, significant, loop),
     )
 
@@ -405,7 +443,9 @@ def _step_antiderivative(x: Array, pulse: Array, order: int) -> Array:
     )
 
 
-def max_safe_delay_s(period_s: Array, significant: Mask, loop: LoopResponse) -> Array:
+def max_safe_delay_s(
+    period_s: Array, significant: Mask, loop: LoopResponse | ClosedLoopResponse
+) -> Array:
     """The largest delay [s] below which no significant harmonic attracts (for one fixed
     delay; a loop with a measured distribution is judged on all of it by its verdict).
 
@@ -445,3 +485,246 @@ def _check(period: Array, duty: Array, unit: Array, spread: float) -> None:
         raise FlexModelError("gain_per_s (the unit coupling) must be finite and at least 0")
     if not np.isfinite(spread) or spread < 0:
         raise FlexModelError(f"spread must be a finite number of at least 0, got {spread!r}")
+
+
+#: Harmonics summed in a closed loop's two-job criterion (its response falls off as a low
+#: pass, so the sum converges well before; the sampled loop's aliases are not followed).
+CLOSED_LOOP_HARMONICS = 64
+#: A first-order lag is taken as settled after this many time constants (exp(-21) < 1e-9: the
+#: site loop counts a move as seen whole at 1 - 1e-9).
+_SETTLED_TAUS = 21.0
+
+
+@dataclass(frozen=True)
+class ClosedLoopResponse:
+    """A sampled loop as it runs (docs/sync.md, "The closed loop"): the site loop of
+    `gateway.services.tracking`, from the jobs' power swing to the correction they get.
+
+    Every `period_s` the loop averages the last `window_s` of meter readings; a reading shows
+    the GPUs' power through the meter path (`dead_s`, a first-order `lag_s`, each reading's
+    own `averaging_s`). A Smith predictor (`predicted`) adds what the loop's own moves will
+    still do to the window by its model of the path (`model_dead_s`, `model_lag_s`), so the
+    error is the swing read at the meter less the correction so far, plus the model's mismatch.
+    The controller `C(z) = k / (1 - z^-1) + k_p` (`gain`: the integral gain times the period)
+    sets the correction, which the jobs get after `actuation_s` (plan, dispatch, the agents'
+    actuation; `actuation_samples_s` where measured) and hold for a period:
+
+        c(z) = C W_N P / (1 + C F) * swing          (the correction, sampled)
+        H(i w) = c(z) ZOH(w) E[exp(-i w actuation)]  (what the jobs get)
+
+    `W_N` the window's mean of N readings, `P` the meter path at `w`, `F` what the loop's error
+    sees of its own correction: `z^-1` with a right model, plus `(1 - z^-1) M(z)` with
+    `M(z) = sum_l (S(l) - S0(l)) z^-(l+1)`, `S` and `S0` the true and modelled share of a move
+    that the window shows `l + 1` samples on (without the predictor: `S` alone).
+    """
+
+    period_s: float
+    gain: float
+    window_s: float = 0.0
+    dead_s: float = 0.0
+    lag_s: float = 0.0
+    averaging_s: float = 0.0
+    actuation_s: float = 0.0
+    proportional_gain: float = 0.0
+    model_dead_s: float | None = None  #: the predictor's meter dead time (None: the true one)
+    model_lag_s: float | None = None  #: the predictor's lag (None: the true one)
+    predicted: bool = True
+    actuation_samples_s: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.period_s) and self.period_s > 0):
+            raise FlexModelError(f"period_s must be positive, got {self.period_s!r}")
+        for name in (
+            "gain",
+            "window_s",
+            "dead_s",
+            "lag_s",
+            "averaging_s",
+            "actuation_s",
+            "proportional_gain",
+        ):
+            value = getattr(self, name)
+            if not np.isfinite(value) or value < 0:
+                raise FlexModelError(f"{name} must be a finite number of at least 0, got {value!r}")
+        samples = np.asarray(self.actuation_samples_s, dtype=float)
+        if np.any(~np.isfinite(samples)) or np.any(samples < 0):
+            raise FlexModelError("actuation_samples_s must be finite delays of at least 0")
+
+    # The attributes the open-loop `LoopResponse` offers to `ControlLoop.evaluate`.
+    @property
+    def delay_s(self) -> float:
+        """The loop's delay: actuation, the meter's dead time and lag [s]."""
+        return self.actuation_s + self.dead_s + self.lag_s
+
+    @property
+    def delay_samples_s(self) -> tuple[float, ...]:
+        return tuple(d + self.dead_s + self.lag_s for d in self.actuation_samples_s)
+
+    @property
+    def hold_s(self) -> float:
+        return self.period_s
+
+    @property
+    def effective_delay_s(self) -> float:
+        """The delay a rate spread decoheres over: the loop's delay and the lags of the
+        readings' averaging, the window and the hold [s]."""
+        return self.delay_s + (self.averaging_s + self.window_s + self.period_s) / 2.0
+
+    @property
+    def readings(self) -> int:
+        """Readings the window averages (at least one)."""
+        return max(round(self.window_s / self.period_s), 1)
+
+    def _share(self, since_s: Array, dead_s: float, lag_s: float) -> Array:
+        """The share of a move that a reading `since_s` after its plan shows."""
+        after = since_s[..., None] - self.actuation_s - dead_s
+        if self.averaging_s > 0:
+            points = 16  # as `flexmodel.meterpath.step_share`
+            after = after - self.averaging_s * (np.arange(points) + 0.5) / points
+        after = np.maximum(after, 0.0)
+        shown = (after > 0).astype(float) if lag_s <= 0 else -np.expm1(-after / lag_s)
+        return np.asarray(shown.mean(axis=-1), dtype=float)
+
+    def _window_shares(self, lags: Array, dead_s: float, lag_s: float) -> Array:
+        """`S(l)`: the window's mean share of a move planned `l + 1` samples before."""
+        n = np.arange(self.readings)
+        since = (lags[:, None] + 1.0 - n[None, :]) * self.period_s
+        return np.asarray(self._share(since, dead_s, lag_s).mean(axis=1), dtype=float)
+
+    def _feedback(self, z_inv: Complex) -> Complex:
+        """`F(z)`: what the loop's error sees of its own correction."""
+        dead0 = self.dead_s if self.model_dead_s is None else self.model_dead_s
+        lag0 = self.lag_s if self.model_lag_s is None else self.model_lag_s
+        horizon_s = (
+            self.actuation_s
+            + max(self.dead_s, dead0)
+            + _SETTLED_TAUS * max(self.lag_s, lag0)
+            + self.averaging_s
+            + self.window_s
+        )
+        lags = np.arange(math.ceil(horizon_s / self.period_s) + 2, dtype=float)
+        true = self._window_shares(lags, self.dead_s, self.lag_s)
+        powers = z_inv[..., None] ** (lags + 1.0)
+        if not self.predicted:
+            # Without the predictor every reading shows the moves as they arrive; a move
+            # past the horizon is whole.
+            tail = z_inv ** (lags[-1] + 2.0) / (1.0 - z_inv)
+            return np.asarray((1.0 - z_inv) * ((powers @ true) + tail))
+        model = self._window_shares(lags, dead0, lag0)
+        return np.asarray(z_inv + (1.0 - z_inv) * (powers @ (true - model)))
+
+    def meter(self, w_rad_per_s: ArrayLike) -> Complex:
+        """`P(i w)`: a reading of a unit swing of the GPUs' power (dead time, lag, averaging)."""
+        w = np.asarray(w_rad_per_s, dtype=float)
+        lag = np.exp(-1j * w * self.dead_s) / (1.0 + 1j * w * self.lag_s)
+        return np.asarray(lag * _box(w, self.averaging_s))
+
+    def correction(self, w_rad_per_s: ArrayLike) -> Complex:
+        """The correction per unit swing of the jobs' power at `w`, as the loop samples it
+        [kW/kW]: what a lock-in on the loop's correction measures."""
+        w = np.asarray(w_rad_per_s, dtype=float)
+        z_inv = np.exp(-1j * w * self.period_s)
+        n = self.readings
+        with np.errstate(divide="ignore", invalid="ignore"):
+            window = np.where(
+                np.abs(1.0 - z_inv) < 1e-12, 1.0, (1.0 - z_inv**n) / (n * (1.0 - z_inv))
+            )
+            controller = self.gain / (1.0 - z_inv) + self.proportional_gain
+            loop = controller * window * self.meter(w) / (1.0 + controller * self._feedback(z_inv))
+        return np.asarray(loop)
+
+    def actuation(self, w_rad_per_s: ArrayLike) -> Complex:
+        """`E[exp(-i w actuation)]` over the measured actuation delays (or the one given)."""
+        w = np.asarray(w_rad_per_s, dtype=float)
+        if not self.actuation_samples_s:
+            return np.asarray(np.exp(-1j * w * self.actuation_s))
+        samples = np.asarray(self.actuation_samples_s, dtype=float)
+        return np.asarray(np.exp(-1j * np.multiply.outer(w, samples)).mean(axis=-1))
+
+    def undelayed(self, w_rad_per_s: ArrayLike) -> Complex:
+        """The jobs' response without the actuation delay: the sampled correction, held."""
+        w = np.asarray(w_rad_per_s, dtype=float)
+        return np.asarray(self.correction(w) * _box(w, self.period_s))
+
+    def response(self, w_rad_per_s: ArrayLike) -> Complex:
+        """`H(i w)`: the correction the jobs get per unit swing of their power."""
+        return np.asarray(self.undelayed(w_rad_per_s) * self.actuation(w_rad_per_s))
+
+    def peak_gain(self) -> float:
+        """The largest `|c|` of the sampled correction up to the Nyquist frequency."""
+        w = np.linspace(1e-3, 1.0, 512) * math.pi / self.period_s
+        return float(np.max(np.abs(self.correction(w))))
+
+
+def _box(w: Array, width_s: float) -> Complex:
+    """A mean over the last `width_s`: `(1 - exp(-i w W)) / (i w W)`."""
+    x = np.asarray(w * width_s, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(np.abs(x) < 1e-12, 1.0 + 0j, -np.expm1(-1j * x) / (1j * x))
+    return np.asarray(out)
+
+
+#: The band of a large load's oscillation that grid rules watch by default [Hz] (arXiv
+#: 2508.14318: 0.1-20 Hz, AI training's swings at 0.2-3 Hz).
+OSCILLATION_BAND_HZ = (0.1, 20.0)
+
+
+def site_oscillation(
+    power_kw: ArrayLike,
+    sample_period_s: float,
+    *,
+    periods_s: ArrayLike = (),
+    band_hz: tuple[float, float] = OSCILLATION_BAND_HZ,
+) -> dict[str, Any]:
+    """The site power's swing at the fleet's dominant periods and its spectral energy in a band,
+    from evenly spaced samples, clamped to what they can observe.
+
+    A source sampled every `sample_period_s` sees up to its Nyquist frequency and no lower than
+    one cycle over the record: the band is cut to that (`band_observed_hz`), and where nothing
+    of it is left the energy is None with the reason. Each period's swing is the amplitude of
+    the sinusoid fitted at it [kW] (None where it is beyond the source). `rms_kw`: the root of
+    the power's variance within the observed band [kW] (Parseval, a Hann window)."""
+    x = np.asarray(power_kw, dtype=float)
+    if x.ndim != 1 or x.size < 4 or not np.all(np.isfinite(x)) or not sample_period_s > 0:
+        raise FlexModelError("power_kw must be at least 4 finite samples, sample_period_s > 0")
+    low_hz, high_hz = band_hz
+    if not 0 <= low_hz < high_hz:
+        raise FlexModelError(f"band_hz must be (low, high) with 0 <= low < high, got {band_hz!r}")
+    nyquist_hz = 0.5 / sample_period_s
+    lowest_hz = 1.0 / (x.size * sample_period_s)
+    seen = (max(low_hz, lowest_hz), min(high_hz, nyquist_hz))
+    t = sample_period_s * np.arange(x.size)
+    swings = []
+    for period in np.atleast_1d(np.asarray(periods_s, dtype=float)):
+        f = 1.0 / period
+        if not lowest_hz <= f < nyquist_hz:
+            swings.append({"period_s": float(period), "swing_kw": None})
+            continue
+        design = np.column_stack(
+            [np.ones_like(t), np.cos(2 * np.pi * f * t), np.sin(2 * np.pi * f * t)]
+        )
+        fit, *_ = np.linalg.lstsq(design, x, rcond=None)
+        swings.append({"period_s": float(period), "swing_kw": float(np.hypot(fit[1], fit[2]))})
+    out: dict[str, Any] = {
+        "band_hz": [low_hz, high_hz],
+        "band_observed_hz": None,
+        "rms_kw": None,
+        "reason": None,
+        "swings": swings,
+    }
+    if seen[0] >= seen[1]:
+        out["reason"] = (
+            f"a source read every {sample_period_s:g} s sees {lowest_hz:.3g}-{nyquist_hz:.3g} Hz: "
+            f"nothing of {low_hz:g}-{high_hz:g} Hz"
+        )
+        return out
+    window = np.hanning(x.size)
+    spectrum = np.fft.rfft((x - x.mean()) * window)
+    freqs = np.fft.rfftfreq(x.size, sample_period_s)
+    # Parseval over the window's energy: the one-sided spectrum counts each frequency twice.
+    density = np.abs(spectrum) ** 2 / np.sum(window**2)
+    density[1:] *= 2.0
+    inside = (freqs >= seen[0]) & (freqs <= seen[1])
+    out["band_observed_hz"] = [float(seen[0]), float(seen[1])]
+    out["rms_kw"] = float(np.sqrt(density[inside].sum() / x.size))
+    return out

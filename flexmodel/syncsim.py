@@ -138,8 +138,11 @@ def simulate_sync(
     samples: int = 600,
     initial_phases: Array | None = None,
     progress: Callable[[float], None] | None = None,
+    offsets: str = "lorentzian",
 ) -> SyncRun:
-    """Integrate the model; `initial_phases` (cycles) default to uniform random draws."""
+    """Integrate the model; `initial_phases` (cycles) default to uniform random draws.
+    `offsets="even"` spreads the rates as the gateway's scattering does (`loops.detune`):
+    evenly over `[-2 spread, 0]`, a uniform spread of half-width `spread`."""
     loop = LoopResponse(delay_s, window_s, hold_s, proportional_gain, integral_gain_per_s)
     _check(jobs, period_s, duty, gain_per_s, spread, duration_s, throttle)
     rng = np.random.default_rng(seed)
@@ -147,6 +150,10 @@ def simulate_sync(
     steps = round(duration_s / dt)
     f0 = 1.0 / period_s
     lorentz = np.clip(np.tan(np.pi * (rng.random(jobs) - 0.5)), -5.0, 5.0)
+    if offsets == "even":
+        lorentz = np.linspace(-2.0, 0.0, jobs)
+    elif offsets != "lorentzian":
+        raise FlexModelError(f"offsets must be 'lorentzian' or 'even', got {offsets!r}")
     rate_dt = f0 * (1.0 + spread * lorentz) * dt
     phase = rng.random(jobs) if initial_phases is None else np.mod(np.asarray(initial_phases), 1.0)
     phase = phase.astype(float).copy()

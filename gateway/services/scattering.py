@@ -9,9 +9,14 @@ After every watch of the jobs' phases (each reconciliation) the scatterer looks 
   `flexmodel.loops.detune`): small per-job cap offsets within each job's bounds (QoS floor,
   protected jobs untouched); during an event the total stays at the target (the slowed jobs
   pay for the sped-up ones), outside one caps can only slow.
-- **Widens** the spread (doubling, up to `scatter_max_spread`) while the fleet stays above the
-  threshold for as long as the spread needs to pull the most detuned jobs a whole cycle apart
-  (`T / (2 spread)`, T the longest measured period): a loop that still binds them.
+- **Widens** the spread while the fleet stays above the threshold for as long as the spread
+  needs to pull the most detuned jobs a whole cycle apart (`T / (2 spread)`, T the longest
+  measured period): a loop that still binds them. To the spread the coupling asks: a fleet
+  locked under a uniform spread holds at an `r1` that says how hard it is pulled
+  (`flexmodel.loops.locked_coupling_per_s`), and `unlocking_spread` sizes the spread to it
+  (about `pi K / 4`, with a margin for the site loop's delay); doubling where `r1` tells
+  nothing or the estimate asks for no more. Up to `scatter_max_spread` (the QoS floors bound
+  each job's offset in `detune`).
 - **Ends** once every `r_m` has been below the threshold for the confirmation time and no loop
   that couples the jobs attracts any more (`safe`): under a loop that still attracts, the
   offsets are what keeps the jobs apart, so they stay.
@@ -28,6 +33,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from flexmodel.loops import locked_coupling_per_s, unlocking_spread
 from flexmodel.phases import MIN_JOBS_FOR_RAYLEIGH, order_parameters, rayleigh_threshold
 from flexmodel.sync import VERDICTS, worst_verdict
 from gateway.clock import Clock
@@ -40,6 +46,10 @@ from gateway.store.models import iso
 log = logging.getLogger("flexgate.gateway")
 #: Ended episodes kept for `GET /v1/sync`.
 EPISODES_KEPT = 10
+#: After a spread sized to the coupling, this many dephasing times before it is widened again:
+#: at `UNLOCK_MARGIN` above the onset the slowest jobs slip a cycle in about 3.3 of them (their
+#: drift is `sqrt(D^2 - D_c^2)`, `D_c = pi K / 4`: 0.6 D at D = 1.25 D_c).
+SIZED_WAIT = 4.0
 #: Verdicts under which a loop still pulls the jobs together.
 ATTRACTING = ("at-risk", "unsafe")
 
@@ -56,6 +66,9 @@ class Episode:
     throughput_cost: float = 0.0  #: the last plan's, by the job curves [tokens/s]
     throughput_cost_fraction: float = 0.0  #: of the site's uncapped throughput
     widened: list[float] = field(default_factory=list)  #: the spreads it was widened to
+    #: the coupling the spread was last sized to, from r1 under the spread [rad/s]
+    coupling_per_s: float | None = None
+    sized: bool = False  #: the spread now is sized to the coupling (not doubled)
 
 
 class Scatterer:
@@ -107,10 +120,18 @@ class Scatterer:
             widest = self.settings.scatter_max_spread
             waited_s = self.clock.monotonic() - self._spread_at
             if waited_s >= self._dephasing_s(episode) and episode.rate_spread < widest:
-                episode.rate_spread = min(2 * episode.rate_spread, widest)
+                sized = self._sized_spread(episode, r1)
+                episode.sized = sized > episode.rate_spread
+                grown = sized if episode.sized else 2 * episode.rate_spread
+                episode.rate_spread = min(grown, widest)
                 episode.widened.append(episode.rate_spread)
                 self._spread_at = self.clock.monotonic()
-                log.warning("scattering: still locked, spread widened to %g", episode.rate_spread)
+                log.warning(
+                    "scattering: still locked (r1 %.2f, coupling %s rad/s), spread widened to %g",
+                    r1,
+                    "?" if episode.coupling_per_s is None else f"{episode.coupling_per_s:.3g}",
+                    episode.rate_spread,
+                )
                 await self.targets.spread_rates(episode.rate_spread)
         else:
             self._clear += 1
@@ -155,10 +176,26 @@ class Scatterer:
         log.warning("scattering ended: %s", _orders(order))
         await self.targets.spread_rates(0.0)
 
+    def _sized_spread(self, episode: Episode, r1: float) -> float:
+        """The spread that unlocks the coupling holding the fleet (`flexmodel.loops`): the
+        coupling from how far the spread in force has loosened it (`locked_coupling_per_s`),
+        the spread from that (`unlocking_spread`, a margin for the site loop's delay); 0 where
+        `r1` tells nothing (the doubling then stands). Noted on the episode."""
+        periods = self.fleet.loop_measurements().periods_s.values()
+        longest_s = max(periods, default=0.0)
+        coupling = locked_coupling_per_s(r1, episode.rate_spread, longest_s)
+        episode.coupling_per_s = coupling
+        if coupling is None:
+            return 0.0
+        tracker = self.tracker
+        delay_s = tracker.delay_s + (tracker.window_s + tracker.period_s) / 2.0
+        return unlocking_spread(coupling, longest_s, delay_s=delay_s)
+
     def _dephasing_s(self, episode: Episode) -> float:
         """How long the spread takes to move the most detuned jobs a cycle apart [s]."""
         periods = self.fleet.loop_measurements().periods_s.values()
-        return max(periods, default=0.0) / (2.0 * episode.rate_spread)
+        wait = SIZED_WAIT if episode.sized else 1.0
+        return wait * max(periods, default=0.0) / (2.0 * episode.rate_spread)
 
     def _note_cost(self, episode: Episode) -> None:
         scattering = (self.targets.last_plan or {}).get("scattering")

@@ -51,7 +51,7 @@ from flexmodel.jobs import Job, JobMix
 from flexmodel.looprobust import SiteLoop, parameter_error, robust_gain
 from flexmodel.loops import ControlLoop, combine_delays
 from flexmodel.meterpath import step_share
-from flexmodel.sync import LoopResponse, rate_coupling_per_s, worst_verdict
+from flexmodel.sync import ClosedLoopResponse, rate_coupling_per_s, worst_verdict
 from gateway.clock import Clock
 from gateway.meter.watch import MeterWatch
 from gateway.services.fleet import Fleet, job_readings
@@ -164,6 +164,8 @@ class Tracker:
         self.delays_s: tuple[float, ...] = (0.0,)  #: its distribution (delay_s is the mean)
         self.verdict: str | None = None
         self.reason: str | None = None  #: why the loop was adjusted, held or refused
+        #: the strongest attraction the loop puts on any job's harmonic, as checked [rad/s]
+        self.coupling_per_s = 0.0
         self._checked: tuple[float, float] | None = None  #: (longest period, delay) checked
         self._plan_s = 0.0  #: how long the last re-plan took to be acked [s]
         self._ready_s = -math.inf  #: no loop step before (the last re-plan's end plus its length)
@@ -546,22 +548,38 @@ class Tracker:
         log.warning("site loop: %s", self.reason)
 
     def _verdict(self, mix: JobMix, periods: np.ndarray, duties: np.ndarray) -> tuple[str, str]:
+        """The sync analysis on the loop as it runs (`flexmodel.sync.ClosedLoopResponse`):
+        sampled every period, the window's readings through the meter path, the Smith
+        predictor and the integral gain in closed loop, the correction applied after the
+        plan and the agents' measured actuation. (An integrator with the lag counted as delay
+        got the phase wrong by up to 180 degrees: docs/sync.md, "The closed loop".)"""
         if not periods.size:
+            self.coupling_per_s = 0.0
             return "safe", ""
-        loop = ControlLoop(
-            "site",
-            LoopResponse.measured(
-                self.delays_s,
-                window_s=self.window_s,
-                hold_s=self.period_s,
-                proportional_gain=0.0,
-                integral_gain_per_s=self.integral_gain_per_s,
-            ),
-            couples_jobs=True,
-        )
+        loop = ControlLoop("site", self._closed_loop(), couples_jobs=True)
         result = loop.evaluate(periods, duties, gain_per_s=self._unit_coupling(mix, periods))
+        self.coupling_per_s = float(result["coupling_per_s"])  # what scattering is sized to
         verdict = worst_verdict([result["verdict"]])
         return verdict, f"the sync analysis says {verdict}"
+
+    def _closed_loop(self) -> ClosedLoopResponse:
+        """The loop's configuration now, as `flexmodel.sync` models it."""
+        path = self.site.meter_path()
+        meter = self.site.meter_doc(0.0)
+        age_s = float(meter["age_s"] or 0.0) if not meter["estimated"] else 0.0
+        # The delays measured are the reading's age, the path, the plan and the actuation;
+        # the jobs get the correction after the last two.
+        shown_s = age_s + path.dead_s + path.tau_s
+        return ClosedLoopResponse(
+            period_s=self.period_s,
+            gain=self.gain,
+            window_s=self.window_s,
+            dead_s=age_s + path.dead_s,
+            lag_s=path.tau_s,
+            averaging_s=path.averaging_s,
+            actuation_s=max(self.delay_s - shown_s, 0.0),
+            actuation_samples_s=tuple(max(d - shown_s, 0.0) for d in self.delays_s),
+        )
 
     def _waving(self, mix: JobMix) -> tuple[np.ndarray, np.ndarray]:
         """The capped periods (measured where the agents resolve them) and duties of the
@@ -620,6 +638,7 @@ class Tracker:
             "gain_rule": self.gain_rule,
             "verdict": self.verdict,
             "reason": self.reason,
+            "coupling_per_s": self.coupling_per_s,
         }
 
 

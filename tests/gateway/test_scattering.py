@@ -156,7 +156,9 @@ def test_a_fleet_at_risk_under_an_attracting_loop_is_scattered_before_the_alarm(
     """During an event under a site loop the analysis finds attractive (kept only by the
     lab's FLEXGATE_LOOP_UNSAFE), phases above the threshold start scattering at once, and the
     spread keeps the event's total."""
-    site = Site(tmp_path, meter_delay_s=0.6, loop_window_s=0.5, loop_gain=1.0, loop_unsafe=True)
+    # Gain 0.3: attractive by the loop as it runs (at gain 1 the integrator model called it
+    # attractive, the closed loop does not).
+    site = Site(tmp_path, meter_delay_s=0.6, loop_window_s=0.5, loop_gain=0.3, loop_unsafe=True)
 
     async def run():
         await site.start()
