@@ -99,8 +99,10 @@ def lock_in(
         loop_max_correction=1.0,
         loop_unsafe=True,
         loop_gain_error=0.0,
+        gpu_idle_w=0.0,
     )
-    book = SimpleNamespace(mix=lambda: SimpleNamespace(baseline_gpu_kw=BASE_KW, waving=[]))
+    mix = SimpleNamespace(baseline_gpu_kw=BASE_KW, waving=[], placed=())
+    book = SimpleNamespace(mix=lambda: mix)
     fleet = SimpleNamespace(
         loop_measurements=lambda: SimpleNamespace(actuation_s=[loop.actuation_s]), last=None
     )
