@@ -115,7 +115,9 @@ def test_pfi_sets_aside_points_the_cap_did_not_bind_and_says_so(tmp_path):
     result = flexgate("pfi", path, "--json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert doc["pfi"] == pytest.approx(1.7413468, rel=1e-6)  # not 24.4: no division by 0.05%
+    # Not 24.4 (no division by 0.05%): the 650 W run, its power within the noise of the
+    # uncapped one's, is a repeat of it and pooled into the reference.
+    assert doc["pfi"] == pytest.approx(1.6742, abs=1e-4)
     assert doc["points"] == 6
     assert [p["cap_w"] for p in doc["set_aside"]] == [650.0]
     assert "did not bind" in doc["set_aside"][0]["reason"]
@@ -124,8 +126,8 @@ def test_pfi_sets_aside_points_the_cap_did_not_bind_and_says_so(tmp_path):
     people = flexgate("pfi", path)
     assert "set aside: 650 W" in people.stdout
     assert "+-" in people.stdout
-    wider = json.loads(flexgate("pfi", path, "--json", "--noise", "0.02").stdout)
-    assert wider["noise_fraction"] == 0.02
+    wider = json.loads(flexgate("pfi", path, "--json", "--noise", "0.008").stdout)
+    assert wider["noise_fraction"] >= 0.008  # or the repeats' own spread, if larger
     assert wider["pfi_stderr"] > doc["pfi_stderr"]
 
 
