@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from flexmodel.curves import FamilyShape, family_point, operating_point
 from flexmodel.errors import InvalidJobError, InvalidSweepError
 from flexmodel.jobmix import parse_job_mix
-from flexmodel.jobs import pfi_on_own_grid
+from flexmodel.jobs import fit_carry_shape_rel, pfi_on_own_grid
 from flexmodel.pfi import FINE_GRID_W, family_pfi, grid_matrix, pfi_of_sweep, pfi_rows
 from flexmodel.sweeps import DEFAULT_NOISE, fit_sweep, monotone_fit
 
@@ -385,3 +385,31 @@ def test_a_trend_that_is_no_sweep_is_still_refused_with_repeats():
     points = [(100, 99.0, 1.2), (200, 150.0, 1.0), (250, 151.0, 1.01), (300, 150.5, 0.99)]
     with pytest.raises(InvalidSweepError, match="throughput falls"):
         fit_sweep(points)
+
+
+def test_a_carried_pfi_has_the_familys_shape_error_and_is_never_more_certain():
+    """Issue 34, case 2: `examples/sweep.csv` measured exactly on 400-700 W (2.036) carried to
+    the study's grid gave 1.818 +/- 0 (or +/- 0.040 from a probe) where the truth is 1.741."""
+    job = parse_job_mix(
+        {"jobs": [{"id": "a", "gpus": 8, "power_w": 603.0, "throughput": 21800.0}]}
+    ).jobs[0]
+    truth = pfi_of_sweep(EXAMPLE).pfi
+    value, stderr = pfi_on_own_grid(job, 2.0364035, 0.0, (400.0, 500.0, 600.0, 700.0))
+    assert value == pytest.approx(1.818, abs=0.001)
+    assert abs(value - truth) < 1.5 * stderr  # was 1.9 and more standard errors off
+    source = (2.0364035, 0.1)
+    value, stderr = pfi_on_own_grid(job, *source, (400.0, 500.0, 600.0, 700.0))
+    assert stderr / value >= source[1] / source[0]
+    assert pfi_on_own_grid(job, *source, job.grid_w) == source  # its own grid: as given
+
+
+def test_the_shape_error_refits_from_measured_jobs_leaving_each_out():
+    rng = np.random.default_rng(3)
+    measured = rng.uniform(1.1, 2.6, 400)
+    carried = measured * (1 + 0.05 * rng.standard_normal(400)) + 0.02 * rng.standard_normal(400)
+    fitted = fit_carry_shape_rel(carried, np.full(400, 0.02), measured, np.zeros(400))
+    assert fitted == pytest.approx(0.05, rel=0.15)
+    errors = (np.full(400, 0.02), measured, np.zeros(400))
+    one_out = fit_carry_shape_rel(carried, *errors, leave_out=0)
+    assert one_out != fitted
+    assert one_out == pytest.approx(fitted, rel=0.05)
