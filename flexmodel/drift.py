@@ -32,6 +32,10 @@ from flexmodel.curves import Array
 from flexmodel.errors import InvalidSweepError
 from flexmodel.sweeps import DEFAULT_NOISE, MeasuredSweep, fit_sweep, pfi_with_error
 
+#: Degrees of freedom the stated noise counts for beside the references' scatter about their
+#: line (a probe's references are few: three give one degree of freedom).
+PRIOR_DOF = 4
+
 
 @dataclass(frozen=True)
 class ProbeLevel:
@@ -67,9 +71,15 @@ def probe_sequence(caps_w: list[float], reference_every: int | None = None) -> l
 
 
 def fit_probe(
-    levels: list[ProbeLevel], *, name: str = "probe", noise: float = DEFAULT_NOISE
+    levels: list[ProbeLevel],
+    *,
+    name: str = "probe",
+    noise: float = DEFAULT_NOISE,
+    power_noise: float | None = None,
 ) -> DriftFit:
-    """The probe's sweep with its drift measured and removed (see the module's docstring)."""
+    """The probe's sweep with its drift measured and removed (see the module's docstring);
+    `noise` and `power_noise` as `fit_sweep` takes them (one level's relative noise)."""
+    noise_p = noise if power_noise is None else power_noise
     uncapped = max(level.cap_w for level in levels)
     refs = [lv for lv in levels if lv.cap_w == uncapped]
     if len(refs) < 1 or len(levels) - len(refs) < 1:
@@ -77,7 +87,7 @@ def fit_probe(
     t_ref = np.array([lv.time_s for lv in refs])
     t_mid = float(t_ref.mean())
     sxx = float(np.sum((t_ref - t_mid) ** 2))
-    p_slope, p_se, p_sigma = _slope(t_ref, np.array([lv.power_w for lv in refs]), sxx, noise)
+    p_slope, p_se, p_sigma = _slope(t_ref, np.array([lv.power_w for lv in refs]), sxx, noise_p)
     t_slope, t_se, t_sigma = _slope(t_ref, np.array([lv.throughput for lv in refs]), sxx, noise)
 
     def corrected(p_rate: float, t_rate: float) -> list[tuple[float, float, float, float]]:
@@ -93,7 +103,9 @@ def fit_probe(
 
     points = _pooled_points(corrected(p_slope, t_slope), uncapped)
     # The references' scatter about their line is noise the sweep's points carry too.
-    sweep = fit_sweep(points, name=name, noise=min(max(noise, p_sigma, t_sigma), 0.5))
+    sweep = fit_sweep(
+        points, name=name, noise=min(max(noise, t_sigma), 0.5), power_noise=min(p_sigma, 0.5)
+    )
     k = len(refs)
     if sweep.pfi is None:
         return DriftFit(sweep, p_slope, t_slope, p_se, t_se, 0.0, k)
@@ -125,16 +137,21 @@ def fit_probe(
 
 def _slope(t: Array, values: Array, sxx: float, noise: float) -> tuple[float, float, float]:
     """The relative drift per second through the references, its standard error, and one
-    reference's noise: from their scatter about the line with three or more, never below the
-    noise floor."""
+    reference's noise: the stated noise, pooled with their scatter about the line with three
+    or more."""
     if t.size < 2 or sxx <= 0:
         return 0.0, 0.0, noise
     rel = values / values.mean()
     slope = float(np.sum((t - t.mean()) * (rel - 1.0)) / sxx)
     sigma = noise
     if t.size >= 3:
+        # The stated noise counts as PRIOR_DOF degrees of freedom beside the references' own
+        # scatter: a floor taken as `max` would overstate the noise whenever a scatter of one
+        # or two degrees of freedom happens to come out high (and those are most of them).
         resid = rel - 1.0 - slope * (t - t.mean())
-        sigma = max(noise, math.sqrt(float(np.sum(resid**2)) / (t.size - 2)))
+        dof = t.size - 2
+        squares = float(np.sum(resid**2)) + PRIOR_DOF * noise**2
+        sigma = math.sqrt(squares / (dof + PRIOR_DOF))
     return slope, sigma / math.sqrt(sxx), sigma
 
 

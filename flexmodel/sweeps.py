@@ -94,10 +94,16 @@ class MeasuredSweep:
 
 
 def fit_sweep(
-    points: list[Point] | tuple[Point, ...], *, name: str = "sweep", noise: float = DEFAULT_NOISE
+    points: list[Point] | tuple[Point, ...],
+    *,
+    name: str = "sweep",
+    noise: float = DEFAULT_NOISE,
+    power_noise: float | None = None,
 ) -> MeasuredSweep:
     """Check, fit and weigh a measured sweep (see the module's docstring); `InvalidSweepError`
-    names the sweep and the caps at fault."""
+    names the sweep and the caps at fault. `noise` is the floor of one point's relative noise,
+    `power_noise` that of its power where it differs (a probe measures mean power better than
+    throughput)."""
     if not 0.0 <= noise < 1.0:
         raise InvalidSweepError(f"{name}: the noise must be a fraction from 0 to 1, got {noise:g}")
     if len(points) < 2:
@@ -111,7 +117,12 @@ def fit_sweep(
         raise InvalidSweepError(f"{name}: two points share the cap {caps[same[0]]:g} W")
     if power[-1] <= 0 or thr[-1] <= 0:
         raise InvalidSweepError(f"{name}: the uncapped point needs positive power and throughput")
-    repeat = _repeats(caps, power, noise)
+    noise_p = noise if power_noise is None else power_noise
+    if not 0.0 <= noise_p < 1.0:
+        raise InvalidSweepError(
+            f"{name}: the noise must be a fraction from 0 to 1, got {noise_p:g}"
+        )
+    repeat = _repeats(caps, power, noise_p)
     n_ref = int(repeat.sum())
     # The repeats are one level measured n_ref times: their mean is the reference, their
     # spread about it the sweep's own noise (measured, so never capped at MAX_NOISE).
@@ -124,7 +135,7 @@ def fit_sweep(
     ft = monotone_fit(np.append(thr[bound], ref_thr), weights)
     fit_power[bound], fit_thr[bound] = fp[:-1], ft[:-1]
     fit_power[repeat], fit_thr[repeat] = fp[-1], ft[-1]
-    sigma_p = _noise(power, fit_power, repeat, ref_power, floor=noise, name=name)
+    sigma_p = _noise(power, fit_power, repeat, ref_power, floor=noise_p, name=name)
     sigma_t = _noise(thr, fit_thr, repeat, ref_thr, floor=noise, name=name)
     sigma = max(sigma_p, sigma_t)
     # Two standard deviations of a point's difference from the (pooled) reference.
