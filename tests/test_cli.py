@@ -705,3 +705,18 @@ def test_a_gateway_without_agents_warns_that_it_caps_nothing(tmp_path, agents, w
     finally:
         gateway.send_signal(signal.SIGTERM)
         gateway.wait(timeout=20)
+
+
+def test_pfi_gives_the_real_a40_sweep_a_pfi_from_its_repeats(tmp_path):
+    """Issue 34, case 4: refused before ("throughput falls ... beyond the measurement noise")."""
+    rows = [(100, 12957.11, 100.36), (150, 6796.56, 147.24), (200, 6282.47, 182.08)]
+    rows += [(250, 6475.60, 183.99), (300, 6640.18, 181.33)]
+    text = "cap_w,power_w,throughput\n" + "".join(
+        f"{c},{p},{1000.0 / ms:.6f}\n" for c, ms, p in rows
+    )
+    result = flexgate("pfi", write(tmp_path, "a40.csv", text), "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["pfi"] == pytest.approx(0.898, abs=0.002)
+    assert doc["repeats"] == 3
+    assert doc["grid_w"] == [100.0, 300.0]

@@ -53,6 +53,13 @@ def pfi_document(sweep: MeasuredSweep) -> dict[str, Any]:
         "pfi_stderr": sweep.pfi_stderr,
         "pfi_measured": sweep.pfi_measured,
         "noise_fraction": sweep.noise_fraction,
+        "power_noise_fraction": sweep.power_noise_fraction,
+        "throughput_noise_fraction": sweep.throughput_noise_fraction,
+        "repeats": sweep.repeats,
+        "out_of_order": [
+            {"cap_w": p.cap_w, "power_w": p.power_w, "throughput": p.throughput, "reason": p.reason}
+            for p in sweep.out_of_order
+        ],
         "set_aside": [
             {"cap_w": p.cap_w, "power_w": p.power_w, "throughput": p.throughput, "reason": p.reason}
             for p in sweep.set_aside
