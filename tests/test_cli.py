@@ -234,6 +234,13 @@ def test_trace_gives_period_duty_levels_phase_and_confidence(tmp_path):
     people = flexgate("trace", path)
     assert "period 6.70" in people.stdout
     assert "duty 0.92" in people.stdout
+    # The sensor's lag taken out: an H200's instant field (0.1 s) reads 2 pi 0.1 / 6.7 late.
+    lagged = json.loads(flexgate("trace", path, "--json", "--sensor-lag-s", "0.1").stdout)
+    moved = (lagged["phase_rad"] - doc["phase_rad"]) % (2 * np.pi)
+    assert moved == pytest.approx(2 * np.pi * 0.1 / doc["period_s"], abs=1e-6)
+    refused = flexgate("trace", path, "--sensor-lag-s", "-1")
+    assert refused.returncode == 2
+    assert "--sensor-lag-s" in refused.stderr
 
 
 def test_trace_without_a_period_says_so(tmp_path):
