@@ -55,6 +55,18 @@ SENSORS: dict[str, SensorModel] = {
 DEFAULT_SENSOR = SensorModel("average", 0.1, 1.0)
 
 
+def sensor_of(gpu_name: str, averaging_s: float) -> SensorModel:
+    """The sensor a backend reads: an average over `averaging_s` updated every 100 ms where it
+    averages, else the GPU model's instant field by the table, else an instantaneous reading
+    (lag 0: the simulated GPUs')."""
+    if averaging_s > 0:
+        return SensorModel("average", 0.1, averaging_s)
+    for model, sensor in SENSORS.items():
+        if model in gpu_name.upper():
+            return sensor
+    return SensorModel("instant", 0.0, 0.0)
+
+
 def sensor_for(gpu_name: str) -> SensorModel:
     """The sensor of a GPU by its name as NVML reports it ("NVIDIA H200", ...)."""
     for model, sensor in SENSORS.items():
