@@ -14,6 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flexmodel.sensors import SensorModel
+
 #: Bearer tokens: at least this long, and never a placeholder (outside the lab).
 MIN_TOKEN_CHARS = 16
 PLACEHOLDER_TOKENS = frozenset(
@@ -156,6 +158,25 @@ class RestoreResponse(BaseModel):
     results: list[CapResult]
 
 
+class SensorInfo(BaseModel):
+    """The GPU's power sensor as modelled (`flexmodel.sensors`): the phases the agent reports
+    are corrected by its lag."""
+
+    field: str  #: instant, average, or given (FLEXGATE_AGENT_SENSOR_LAG_S)
+    update_s: float  #: each reading held this long [s]
+    average_s: float  #: each reading the mean over this long [s]
+    lag_s: float  #: the effective lag, (update_s + average_s) / 2 [s]
+
+    @classmethod
+    def of(cls, sensor: SensorModel) -> SensorInfo:
+        return cls(
+            field=sensor.field,
+            update_s=sensor.update_s,
+            average_s=sensor.average_s,
+            lag_s=sensor.lag_s,
+        )
+
+
 class GpuInfo(BaseModel):
     index: int
     uuid: str
@@ -168,6 +189,7 @@ class GpuInfo(BaseModel):
     power_capped: bool | None = None  #: the SW power cap is slowing the clocks now
     energy_j: float | None = None  #: the GPU's energy counter, where it has one
     persistence_mode: bool | None = None  #: without it a driver reload forgets the limits
+    sensor: SensorInfo | None = None  #: its power sensor as modelled
 
 
 class GpusResponse(BaseModel):

@@ -38,6 +38,7 @@ def build_node(settings: AgentSettings) -> AgentNode:
         dram=dram_source(settings, backend),
         feature_period_s=settings.agent_feature_period_s,
         feature_samples=settings.agent_feature_samples,
+        sensor_lag_s=settings.agent_sensor_lag_s,
     )
     node.configuration = configuration(settings)
     return node

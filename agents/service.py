@@ -38,6 +38,7 @@ from agents.protocol import (
     GpusResponse,
     Health,
     RestoreResponse,
+    SensorInfo,
     TelemetryResponse,
     TelemetrySummary,
     problems,
@@ -62,6 +63,7 @@ class AgentNode:
         dram: DramActivitySource | None = None,
         feature_period_s: float = 5.0,
         feature_samples: int = 120,
+        sensor_lag_s: float | None = None,
     ) -> None:
         self.node_id = node_id
         #: what the agent runs on, for /health (set by `agents.run` from its settings)
@@ -71,7 +73,12 @@ class AgentNode:
         self.controller = CapController(backend, OriginalLimits(state_dir), clock, node_id=node_id)
         # sample_hz = 0: no sampling thread (many simulated nodes in one process).
         self.sampler = Sampler(
-            backend, jobs or {}, sample_hz=sample_hz or 10.0, window_s=window_s, clock=clock
+            backend,
+            jobs or {},
+            sample_hz=sample_hz or 10.0,
+            window_s=window_s,
+            clock=clock,
+            sensor_lag_s=sensor_lag_s,
         )
         self.sampling = bool(sample_hz)
         # DRAM activity from `dram` (DCGM), else from the backend where it has it (simulated).
@@ -125,6 +132,7 @@ class AgentNode:
                     power_capped=self.backend.power_capped(index),
                     energy_j=self.backend.energy_j(index),
                     persistence_mode=self.backend.persistence_mode(index),
+                    sensor=SensorInfo.of(self.sampler.sensor),
                 )
             )
         return GpusResponse(gpus=out)

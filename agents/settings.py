@@ -58,6 +58,8 @@ class AgentSettings(BaseSettings):
     agent_dcgm_timeout_s: float = Field(default=2.0, gt=0.0, le=60.0)
     agent_feature_period_s: float = Field(default=5.0, gt=0.0, le=3600.0)
     agent_feature_samples: int = Field(default=120, ge=1, le=100_000)
+    #: The power sensor's effective lag [s] (`flexmodel.sensors`); None: from the GPU model
+    agent_sensor_lag_s: float | None = Field(default=None, ge=0.0, le=10.0)
     lab: bool = False
 
     @model_validator(mode="before")

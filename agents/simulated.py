@@ -51,6 +51,7 @@ from flexmodel.errors import FlexModelError
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.jobs import Job, JobMix
 from flexmodel.predictor import DRAM_NOISE, dram_copy_product
+from flexmodel.sensors import SensorModel
 
 MIN_W, MAX_W, DEFAULT_W = 200.0, 700.0, 700.0
 IDLE_W = 80.0
@@ -146,6 +147,8 @@ class _Gpu:
 class SimulatedBackend:
     kind = "sim"
     averaging_s = 0.0
+    #: Its readings are the power as it is, whatever model its GPUs are named after.
+    sensor = SensorModel("instant", 0.0, 0.0)
 
     def __init__(
         self,

@@ -23,6 +23,7 @@ from agents.levels import CapLevels
 from agents.protocol import GpuPower, JobTelemetry
 from flexmodel.errors import FlexModelError
 from flexmodel.phases import estimate_phase, estimate_waveform, phase_at_end
+from flexmodel.sensors import SensorModel, sensor_of
 
 MIN_SAMPLE_HZ = 10.0
 
@@ -36,6 +37,7 @@ class Sampler:
         sample_hz: float = 20.0,
         window_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        sensor_lag_s: float | None = None,
     ) -> None:
         if sample_hz < MIN_SAMPLE_HZ:
             raise ValueError(f"sample rate {sample_hz:g} Hz is below {MIN_SAMPLE_HZ:g} Hz")
@@ -47,6 +49,17 @@ class Sampler:
         self._power = np.full((backend.count(), size), np.nan)
         self._limits = np.full((backend.count(), size), np.nan)
         self.levels = CapLevels()
+        #: The power sensor read (FLEXGATE_AGENT_SENSOR_LAG_S, else by the GPU model): the
+        #: phases are corrected by its lag, so GPUs of different models compare.
+        # A backend may know its sensor (the simulated one's readings have no lag).
+        known: SensorModel | None = getattr(backend, "sensor", None)
+        if sensor_lag_s is not None:
+            self.sensor = SensorModel.of_lag(sensor_lag_s)
+        elif known is not None:
+            self.sensor = known
+        else:
+            name = backend.identity(0)[1] if backend.count() else ""
+            self.sensor = sensor_of(name, backend.averaging_s)
         self._times = np.full(size, np.nan)
         self._next = 0
         self._filled = 0
@@ -151,7 +164,11 @@ class Sampler:
             job_id=job_id,
             period_s=found.period_s,
             duty=found.duty,
-            phase_rad=None if phase is None else phase_at_end(phase, times, found.period_s),
+            phase_rad=None
+            if phase is None
+            else self.sensor.corrected_phase_rad(
+                phase_at_end(phase, times, found.period_s), found.period_s
+            ),
             phase_at=None if phase is None else float(times[-1]),
             power_w=mean,
             period_confidence=found.confidence,

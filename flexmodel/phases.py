@@ -3,7 +3,8 @@
 Pure functions over sampled power; the agents call them on their ring buffers.
 
 - `estimate_waveform`: iteration period (autocorrelation peak, refined between samples), duty
-  and both levels (the best two-cluster split of the samples), with a confidence; robust to
+  (the share of the samples above the midpoint of the two levels) and both levels (the
+  two-medians split of the samples, started from Otsu's), with a confidence; robust to
   noise, slow drift, missing samples, pauses and a cap that clips the compute level, and
   `NoPeriodError` for a trace that does not repeat.
 - `estimate_phase`: the phase of a job's iteration from its power (band-pass around the job's
@@ -90,7 +91,7 @@ def estimate_waveform(
         raise NoPeriodError("pauses fill the trace: no iteration waveform to measure")
     lag, periodicity = _find_period(steady, kept, lags)
     samples = steady[kept]
-    high = samples > split_levels(samples)
+    high = _midpoint_split(samples)
     compute_w, comm_w = float(np.median(samples[high])), float(np.median(samples[~high]))
     noise = _noise(steady, kept)
     if compute_w - comm_w < MIN_LEVEL_SEPARATION * noise:
@@ -106,6 +107,55 @@ def estimate_waveform(
         confidence=float(np.clip(periodicity, 0.0, 1.0)),
         paused_share=float(np.mean(pauses[valid])),
     )
+
+
+#: The midpoint split stops after this many moves (it settles in two or three).
+MIDPOINT_ITERATIONS = 20
+#: The levels' extremes the midpoint split starts from: these percentiles of the samples (a low
+#: phase under 1% of the period is then missed: such a trace has no two levels to speak of).
+EXTREME_PERCENT = 1.0
+
+
+def _midpoint_split(samples: Array) -> NDArray[np.bool_]:
+    """The samples above the midpoint of the two levels: the midpoint of the two clusters'
+    medians, moved until the clusters no longer change (two-medians), started from Otsu's
+    threshold and from the midpoint of the extremes (robust percentiles); of the two, the
+    split whose levels stand furthest apart against their spread (median absolute deviations).
+
+    The duty is the share of the period above that midpoint: a slow edge then counts for each
+    level what its half of the ramp lasts, whatever the ramp's length. Otsu's threshold alone
+    is pulled inside a high level that wanders widely or has two sub-levels (real compute
+    phases do), which read 0.85 for a duty of 0.90 on real slow-edged traces; the extremes'
+    midpoint alone is pulled inside a noisy high level when the low one is short."""
+    lo_w, hi_w = np.percentile(samples, [EXTREME_PERCENT, 100.0 - EXTREME_PERCENT])
+    best, best_score = None, -math.inf
+    for start in (split_levels(samples), 0.5 * (float(lo_w) + float(hi_w))):
+        high = _two_medians(samples, samples > start)
+        if high.all() or not high.any():
+            continue
+        up, down = samples[high], samples[~high]
+        spread = float(
+            np.median(np.abs(up - np.median(up))) + np.median(np.abs(down - np.median(down)))
+        )
+        score = (float(np.median(up)) - float(np.median(down))) / max(spread, 1e-12)
+        if score > best_score:
+            best, best_score = high, score
+    if best is None:
+        raise NoPeriodError("one level only: no split into two")
+    return best
+
+
+def _two_medians(samples: Array, high: NDArray[np.bool_]) -> NDArray[np.bool_]:
+    """Split at the midpoint of the two sides' medians until the sides no longer change."""
+    for _ in range(MIDPOINT_ITERATIONS):
+        if high.all() or not high.any():
+            break
+        mid = 0.5 * (float(np.median(samples[high])) + float(np.median(samples[~high])))
+        moved = samples > mid
+        if np.array_equal(moved, high):
+            break
+        high = moved
+    return high
 
 
 def split_levels(samples: ArrayLike) -> float:

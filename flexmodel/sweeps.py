@@ -4,19 +4,22 @@ A sweep is points `(cap_w, power_w, throughput)`, the highest cap the uncapped r
 (MODEL.md sections 2 and 3). `fit_sweep`:
 
 1. checks the points: two or more, distinct caps, positive uncapped power and throughput;
-2. fits power and throughput monotone in the cap (isotonic: pool adjacent violators), and takes
-   the measurement noise `noise_fraction` (one point's standard deviation, relative) as the
-   larger of the given floor and the scatter of the points about that fit, at most
-   `max(MAX_NOISE, floor)`;
-3. refuses a sweep where power or throughput rises as the cap falls by more than the margin
-   (`BINDING_SIGMAS` standard deviations of the difference of two points): that is no noise,
-   but rows mixed up or another job;
-4. sets aside, and reports, the capped points whose throughput is within that margin of the
-   uncapped run's: the cap did not bind beyond the noise, and Eq. 1, which divides by the
-   throughput lost, is undefined or meaningless there;
-5. gives the PFI (Eq. 1 on the fit at the kept caps) with its standard error (first-order
+2. takes as repeats of the uncapped run the caps that did not bind (power clearly below the cap
+   and not below the uncapped run's beyond the noise): their mean is the reference, their
+   spread the sweep's own noise;
+3. fits power and throughput monotone in the cap (isotonic: pool adjacent violators), and takes
+   each column's noise (one point's standard deviation, relative) from the repeats' spread and
+   the scatter about that fit (the latter at most `max(MAX_NOISE, floor)`), at least the floor;
+4. refuses a sweep only where its trend is no sweep: power or throughput rising as the cap falls
+   beyond what that noise (and, from few repeats, its own uncertainty) could do;
+5. sets aside, and reports, the repeats and the capped points whose throughput is within the
+   noise margin of the reference: the cap did not bind beyond the noise, and Eq. 1, which
+   divides by the throughput lost, is undefined or meaningless there;
+6. gives the PFI (Eq. 1 on the fit at the kept caps) with its standard error (first-order
    propagation of the noise), and Eq. 1 on the kept points as measured, for comparison with
    the study's values. The PFI is on the kept caps' grid (`grid_w`): nothing is extrapolated.
+
+docs/model.md, "Measured sweeps and their noise", has the formulas.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
+from scipy.stats import t as student_t
 
 from flexmodel.curves import Array, Curves, sweep_curve
 from flexmodel.errors import InvalidSweepError
@@ -35,6 +39,8 @@ from flexmodel.pfi import pfi_of_sweep
 DEFAULT_NOISE = 0.005
 #: Scatter above this is not noise: a sweep departing further from monotone is refused.
 MAX_NOISE = 0.02
+#: Runs of one level that scatter beyond this are no sweep (a point's relative deviation).
+MAX_REPEAT_NOISE = 0.2
 #: A cap binds when it lowers throughput by more than this many standard deviations of the
 #: difference of two points (each with the noise): about 1.4% at the default noise.
 BINDING_SIGMAS = 2.0
@@ -42,6 +48,8 @@ BINDING_SIGMAS = 2.0
 _LEAST_LOSS = 1e-9
 
 Point = tuple[float, float, float]
+BoolArray = NDArray[np.bool_]
+IndexArray = NDArray[np.intp]
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,10 @@ class MeasuredSweep:
     pfi: float | None  #: Eq. 1 on the fit at the kept caps; None when no cap bound
     pfi_stderr: float | None
     pfi_measured: float | None  #: Eq. 1 on the kept points as measured (the study's value)
+    power_noise_fraction: float = 0.0  #: one point's relative power noise
+    throughput_noise_fraction: float = 0.0  #: one point's relative throughput noise
+    repeats: int = 1  #: runs of the uncapped level (the uncapped one and caps that did not bind)
+    out_of_order: tuple[SetAside, ...] = ()  #: kept points pooled in the monotone fit
 
     @property
     def grid_w(self) -> tuple[float, ...]:
@@ -82,10 +94,16 @@ class MeasuredSweep:
 
 
 def fit_sweep(
-    points: list[Point] | tuple[Point, ...], *, name: str = "sweep", noise: float = DEFAULT_NOISE
+    points: list[Point] | tuple[Point, ...],
+    *,
+    name: str = "sweep",
+    noise: float = DEFAULT_NOISE,
+    power_noise: float | None = None,
 ) -> MeasuredSweep:
     """Check, fit and weigh a measured sweep (see the module's docstring); `InvalidSweepError`
-    names the sweep and the caps at fault."""
+    names the sweep and the caps at fault. `noise` is the floor of one point's relative noise,
+    `power_noise` that of its power where it differs (a probe measures mean power better than
+    throughput)."""
     if not 0.0 <= noise < 1.0:
         raise InvalidSweepError(f"{name}: the noise must be a fraction from 0 to 1, got {noise:g}")
     if len(points) < 2:
@@ -99,29 +117,87 @@ def fit_sweep(
         raise InvalidSweepError(f"{name}: two points share the cap {caps[same[0]]:g} W")
     if power[-1] <= 0 or thr[-1] <= 0:
         raise InvalidSweepError(f"{name}: the uncapped point needs positive power and throughput")
-    fit_power, fit_thr = monotone_fit(power), monotone_fit(thr)
-    sigma = _noise([(power, fit_power, power[-1]), (thr, fit_thr, thr[-1])], floor=noise, name=name)
-    margin = BINDING_SIGMAS * math.sqrt(2.0) * sigma
-    for label, col in (("power_w", power), ("throughput", thr)):
-        _refuse_rise(caps, col, margin, label, name, sigma)
-    loss = 1.0 - thr / thr[-1]
+    noise_p = noise if power_noise is None else power_noise
+    if not 0.0 <= noise_p < 1.0:
+        raise InvalidSweepError(
+            f"{name}: the noise must be a fraction from 0 to 1, got {noise_p:g}"
+        )
+    repeat = _repeats(caps, power, noise_p)
+    n_ref = int(repeat.sum())
+    # The repeats are one level measured n_ref times: their mean is the reference, their
+    # spread about it the sweep's own noise (measured, so never capped at MAX_NOISE).
+    ref_power, ref_thr = float(power[repeat].mean()), float(thr[repeat].mean())
+    bound = np.flatnonzero(~repeat)
+    weights = np.append(np.ones(bound.size), float(n_ref))
+    fit_power = np.full(caps.size, ref_power)
+    fit_thr = np.full(caps.size, ref_thr)
+    fp = monotone_fit(np.append(power[bound], ref_power), weights)
+    ft = monotone_fit(np.append(thr[bound], ref_thr), weights)
+    fit_power[bound], fit_thr[bound] = fp[:-1], ft[:-1]
+    fit_power[repeat], fit_thr[repeat] = fp[-1], ft[-1]
+    sigma_p = _noise(power, fit_power, repeat, ref_power, floor=noise_p, name=name)
+    sigma_t = _noise(thr, fit_thr, repeat, ref_thr, floor=noise, name=name)
+    sigma = max(sigma_p, sigma_t)
+    # Two standard deviations of a point's difference from the (pooled) reference.
+    margin_p = BINDING_SIGMAS * sigma_p * math.sqrt(1.0 + 1.0 / n_ref)
+    margin_t = BINDING_SIGMAS * sigma_t * math.sqrt(1.0 + 1.0 / n_ref)
+    # Refused only beyond what the noise could do, its own uncertainty included: with the noise
+    # measured from a few repeats, Student's t for their degrees of freedom, not 2.
+    refuse_p, refuse_t = margin_p, margin_t
+    if n_ref > 1:
+        t_ratio = float(student_t.ppf(0.975, n_ref - 1)) / BINDING_SIGMAS
+        refuse_p, refuse_t = margin_p * t_ratio, margin_t * t_ratio
+    trend_caps = np.append(caps[bound], caps[-1])
+    _refuse_rise(trend_caps, np.append(power[bound], ref_power), refuse_p, "power_w", name, sigma_p)
+    _refuse_rise(trend_caps, np.append(thr[bound], ref_thr), refuse_t, "throughput", name, sigma_t)
+    loss = 1.0 - thr / ref_thr
     # The fit's loss too: Eq. 1 runs on the fit, and must never divide by nothing.
-    kept = (loss > max(margin, _LEAST_LOSS)) & (1.0 - fit_thr / fit_thr[-1] > _LEAST_LOSS)
+    kept = (loss > max(margin_t, _LEAST_LOSS)) & (1.0 - fit_thr / fit_thr[-1] > _LEAST_LOSS)
+    kept &= ~repeat
     kept[-1] = True
+    raw_loss = 1.0 - thr / thr[-1]
+    reference = "the uncapped run's" if n_ref == 1 else f"the mean of the {n_ref} runs no cap bound"
     aside = tuple(
         SetAside(
             cap_w=float(caps[i]),
             power_w=float(power[i]),
             throughput=float(thr[i]),
-            reason=f"throughput {100 * abs(loss[i]):.2g}% {'below' if loss[i] > 0 else 'above'} "
-            f"the uncapped run's, within the noise margin of {100 * margin:.2g}%: the cap did "
-            "not bind",
+            reason=(
+                f"a repeat of the uncapped run (power {power[i]:.4g} W, below the cap and not "
+                f"below the uncapped {power[-1]:.4g} W beyond the noise): the cap did not bind; "
+                if repeat[i]
+                else ""
+            )
+            + (
+                f"throughput {100 * abs(raw_loss[i]):.2g}% "
+                f"{'below' if raw_loss[i] > 0 else 'above'} the uncapped run's"
+                if repeat[i]
+                else f"throughput {100 * abs(loss[i]):.2g}% "
+                f"{'below' if loss[i] > 0 else 'above'} {reference}, within the noise margin "
+                f"of {100 * margin_t:.2g}%: the cap did not bind"
+            ),
         )
         for i in np.flatnonzero(~kept)
     )
+    out_of_order = tuple(
+        SetAside(
+            cap_w=float(caps[i]),
+            power_w=float(power[i]),
+            throughput=float(thr[i]),
+            reason="out of order within the noise: pooled with its neighbours in the monotone fit",
+        )
+        for i in bound
+        if kept[i] and (_pooled(fp, bound, int(i)) or _pooled(ft, bound, int(i)))
+    )
     pfi = stderr = measured = None
     if kept.sum() >= 2:
-        pfi, stderr = pfi_with_error(fit_power[kept], fit_thr[kept], sigma)
+        pfi, stderr = pfi_with_error(
+            fit_power[kept],
+            fit_thr[kept],
+            sigma_p,
+            throughput_noise=sigma_t,
+            reference_repeats=n_ref,
+        )
         rows = [(float(c), float(p), float(t)) for c, p, t in arr[kept]]
         measured = pfi_of_sweep(rows, name=name).pfi
     return MeasuredSweep(
@@ -136,29 +212,68 @@ def fit_sweep(
         pfi=pfi,
         pfi_stderr=stderr,
         pfi_measured=measured,
+        power_noise_fraction=sigma_p,
+        throughput_noise_fraction=sigma_t,
+        repeats=n_ref,
+        out_of_order=out_of_order,
     )
 
 
-def monotone_fit(values: ArrayLike) -> Array:
-    """The non-decreasing sequence nearest `values` in least squares (pool adjacent violators)."""
+def _repeats(caps: Array, power: Array, floor: float) -> BoolArray:
+    """Caps that did not bind: the uncapped run and every capped run whose power is clearly
+    below its cap and not below the uncapped run's beyond the noise (a cap only lowers power,
+    so the test is one-sided: `BINDING_SIGMAS` standard deviations of the difference of two
+    points)."""
+    tol = BINDING_SIGMAS * math.sqrt(2.0) * floor
+    repeat: BoolArray = (power < caps * (1.0 - tol)) & (power >= power[-1] * (1.0 - tol))
+    repeat[-1] = True
+    return repeat
+
+
+def _pooled(fit: Array, bound: IndexArray, i: int) -> bool:
+    """Whether bound point `i` shares its fitted value with a neighbour (a pooled violator)."""
+    j = int(np.flatnonzero(bound == i)[0])
+    return bool((j > 0 and fit[j - 1] == fit[j]) or (j + 1 < fit.size and fit[j + 1] == fit[j]))
+
+
+def monotone_fit(values: ArrayLike, weights: ArrayLike | None = None) -> Array:
+    """The non-decreasing sequence nearest `values` in (weighted) least squares (pool adjacent
+    violators)."""
     v = np.asarray(values, dtype=float)
+    w = np.ones(v.size) if weights is None else np.asarray(weights, dtype=float)
     means: list[float] = []
+    mass: list[float] = []
     sizes: list[int] = []
-    for value in v:
+    for value, weight in zip(v, w, strict=True):
         means.append(float(value))
+        mass.append(float(weight))
         sizes.append(1)
         while len(means) > 1 and means[-2] > means[-1]:
-            size = sizes[-2] + sizes[-1]
-            means[-2] = (means[-2] * sizes[-2] + means[-1] * sizes[-1]) / size
-            sizes[-2] = size
+            total = mass[-2] + mass[-1]
+            means[-2] = (means[-2] * mass[-2] + means[-1] * mass[-1]) / total
+            mass[-2] = total
+            sizes[-2] += sizes[-1]
             means.pop()
+            mass.pop()
             sizes.pop()
-    return np.repeat(np.array(means), sizes)
+    fitted: Array = np.repeat(np.array(means), sizes)
+    return fitted
 
 
-def pfi_with_error(power_w: Array, throughput: Array, noise: float) -> tuple[float, float]:
+def pfi_with_error(
+    power_w: Array,
+    throughput: Array,
+    noise: float,
+    *,
+    throughput_noise: float | None = None,
+    reference_repeats: int = 1,
+) -> tuple[float, float]:
     """Eq. 1 over points ascending in cap (the last uncapped), and its standard error when each
-    power and throughput carries an independent relative error `noise` (first order)."""
+    power carries an independent relative error `noise` and each throughput
+    `throughput_noise` (`noise` if not given), the uncapped values being the mean of
+    `reference_repeats` runs (first order)."""
+    noise_t = noise if throughput_noise is None else throughput_noise
+    ref_scale = 1.0 / math.sqrt(reference_repeats)
     p, t = power_w[:-1], throughput[:-1]
     p_max, t_max = power_w[-1], throughput[-1]
     saved, lost = 1.0 - p / p_max, 1.0 - t / t_max
@@ -166,23 +281,39 @@ def pfi_with_error(power_w: Array, throughput: Array, noise: float) -> tuple[flo
     ratio = saved / lost
     # d PFI / d value, each times the value's standard deviation (noise x value).
     d_p = -1.0 / (p_max * lost) * noise * p / n
-    d_t = saved / lost**2 / t_max * noise * t / n
-    d_p_max = float(np.sum(p / (p_max**2 * lost))) * noise * p_max / n
-    d_t_max = -float(np.sum(saved / lost**2 * t / t_max**2)) * noise * t_max / n
+    d_t = saved / lost**2 / t_max * noise_t * t / n
+    d_p_max = float(np.sum(p / (p_max**2 * lost))) * noise * ref_scale * p_max / n
+    d_t_max = -float(np.sum(saved / lost**2 * t / t_max**2)) * noise_t * ref_scale * t_max / n
     variance = float(np.sum(d_p**2) + np.sum(d_t**2)) + d_p_max**2 + d_t_max**2
     return float(ratio.mean()), math.sqrt(variance)
 
 
-def _noise(columns: list[tuple[Array, Array, float]], *, floor: float, name: str) -> float:
-    """One point's relative noise: the scatter about the monotone fit (its degrees of freedom:
-    each pooled run of m points has m - 1), kept within [floor, max(MAX_NOISE, floor)]."""
-    squares, freedom = 0.0, 0
-    for raw, fit, scale in columns:
-        squares += float(np.sum(((raw - fit) / scale) ** 2))
-        _, sizes = np.unique(fit, return_counts=True)
-        freedom += int(np.sum(sizes - 1))
-    scatter = math.sqrt(squares / freedom) if freedom else 0.0
-    return min(max(scatter, floor), max(MAX_NOISE, floor))
+def _noise(
+    col: Array, fit: Array, repeat: BoolArray, ref: float, *, floor: float, name: str
+) -> float:
+    """One point's relative noise in one column: the repeats' spread about their mean
+    (`n - 1` degrees of freedom; measured, so not capped at MAX_NOISE) pooled with the bound
+    points' scatter about the monotone fit (each pooled run of m points gives m - 1; capped at
+    `max(MAX_NOISE, floor)`: scatter beyond that is no noise), at least `floor`."""
+    rep = col[repeat]
+    ss_rep = float(np.sum(((rep - ref) / ref) ** 2))
+    dof_rep = rep.size - 1
+    if dof_rep and math.sqrt(ss_rep / dof_rep) > MAX_REPEAT_NOISE:
+        raise InvalidSweepError(
+            f"{name}: the runs whose cap did not bind scatter by "
+            f"{100 * math.sqrt(ss_rep / dof_rep):.2g}% (beyond {100 * MAX_REPEAT_NOISE:.2g}%): "
+            "no sweep"
+        )
+    bound = ~repeat
+    ss_b = float(np.sum(((col[bound] - fit[bound]) / ref) ** 2))
+    _, sizes = np.unique(np.append(fit[bound], fit[-1]), return_counts=True)
+    dof_b = int(np.sum(sizes - 1))
+    if dof_b:
+        s_b = min(math.sqrt(ss_b / dof_b), max(MAX_NOISE, floor))
+        ss_b = s_b**2 * dof_b
+    freedom = dof_rep + dof_b
+    scatter = math.sqrt((ss_rep + ss_b) / freedom) if freedom else 0.0
+    return max(scatter, floor)
 
 
 def _refuse_rise(

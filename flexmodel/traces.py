@@ -18,6 +18,7 @@ from numpy.typing import ArrayLike
 from flexmodel.curves import Array
 from flexmodel.errors import FlexModelError, NoPeriodError
 from flexmodel.phases import Waveform, estimate_phase, estimate_waveform, phase_at_end
+from flexmodel.sensors import SensorModel
 
 #: Fewer samples than this cannot show two periods of anything.
 MIN_TRACE_SAMPLES = 32
@@ -73,11 +74,14 @@ def analyse_trace(
     *,
     min_period_s: float | None = None,
     max_period_s: float = 60.0,
+    sensor_lag_s: float = 0.0,
 ) -> TraceAnalysis:
     """Period, duty, levels, phase and confidence of a recorded trace (see the module).
 
     `min_period_s` defaults to `MIN_PERIOD_SAMPLES` intervals; the longest period sought is
     `max_period_s` or what the trace covers `PERIODS_COVERED` times, the shorter.
+    `sensor_lag_s`: the power sensor's effective lag (`flexmodel.sensors`); the phase is
+    corrected by the sensor's phase at the period (the readings are late).
     """
     grid, x, dt = resample_uniform(times_s, power_w)
     span = float(grid[-1] - grid[0])
@@ -101,6 +105,9 @@ def analyse_trace(
         filled = np.interp(index, index[valid], x[valid])
         phase = estimate_phase(filled, dt, found.period_s)
         phase_rad = None if phase is None else phase_at_end(phase, grid, found.period_s)
+        if phase_rad is not None and sensor_lag_s > 0:
+            sensor = SensorModel.of_lag(sensor_lag_s)
+            phase_rad = sensor.corrected_phase_rad(phase_rad, found.period_s)
     return TraceAnalysis(
         samples=int(np.asarray(times_s).size),
         span_s=span,

@@ -7,6 +7,7 @@ what a command computes is flexmodel's (or, for the services, their own packages
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -53,6 +54,13 @@ def pfi_document(sweep: MeasuredSweep) -> dict[str, Any]:
         "pfi_stderr": sweep.pfi_stderr,
         "pfi_measured": sweep.pfi_measured,
         "noise_fraction": sweep.noise_fraction,
+        "power_noise_fraction": sweep.power_noise_fraction,
+        "throughput_noise_fraction": sweep.throughput_noise_fraction,
+        "repeats": sweep.repeats,
+        "out_of_order": [
+            {"cap_w": p.cap_w, "power_w": p.power_w, "throughput": p.throughput, "reason": p.reason}
+            for p in sweep.out_of_order
+        ],
         "set_aside": [
             {"cap_w": p.cap_w, "power_w": p.power_w, "throughput": p.throughput, "reason": p.reason}
             for p in sweep.set_aside
@@ -67,8 +75,16 @@ def pfi_document(sweep: MeasuredSweep) -> dict[str, Any]:
 def run_trace(args: argparse.Namespace) -> int:
     times, power = read_trace(args.trace)
     try:
+        if not (args.sensor_lag_s >= 0 and math.isfinite(args.sensor_lag_s)):
+            raise BadInputError(
+                f"--sensor-lag-s must be 0 or more seconds, got {args.sensor_lag_s}"
+            )
         found = analyse_trace(
-            times, power, min_period_s=args.min_period_s, max_period_s=args.max_period_s
+            times,
+            power,
+            min_period_s=args.min_period_s,
+            max_period_s=args.max_period_s,
+            sensor_lag_s=args.sensor_lag_s,
         )
     except FlexModelError as exc:
         raise BadInputError(f"{args.trace}: {exc}") from None

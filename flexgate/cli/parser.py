@@ -93,6 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="longest period sought [s] (default 60, at most the trace's span / 2.5)",
     )
+    trace.add_argument(
+        "--sensor-lag-s",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="the power sensor's effective lag [s] (0.1: an H200's instant field; 0.55: a 1 s "
+        "average updated every 100 ms); the phase is corrected by it (default 0: as read)",
+    )
     trace.add_argument("--json", action="store_true", help="print one JSON document")
     trace.set_defaults(command=commands.run_trace, name="trace")
 

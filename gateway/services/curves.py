@@ -29,7 +29,7 @@ from typing import Any
 from agents.protocol import JobTelemetry
 from flexmodel.errors import FlexModelError
 from flexmodel.jobmix import PFI_RANGE
-from flexmodel.jobs import Job, pfi_on_own_grid
+from flexmodel.jobs import CARRY_SHAPE_REL, Job, pfi_on_own_grid
 from flexmodel.pfi import combined_estimate, default_grid_w
 from flexmodel.sweeps import fit_sweep
 from gateway.clock import Clock
@@ -114,6 +114,7 @@ def fields_in_force(
     extension: str,
     interpolation: str,
     combine: bool = True,
+    carry_shape_rel: float = CARRY_SHAPE_REL,
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The job-mix fields a fit sets over the job `job` (as declared, with its prediction),
     and why the measured curve itself is not in force (None when it is).
@@ -124,6 +125,8 @@ def fields_in_force(
     own grid through the fleet family (`flexmodel.jobs.pfi_on_own_grid`), is weighed with the
     PFI it would replace (a prediction, a declaration with its error, the default) by their
     precisions. A declared sweep, or a PFI declared without an error, is kept as it is.
+    `carry_shape_rel`: the family shape's own relative error in that carrying (0 where the
+    family is known to be the job's shape, as in tests of family jobs).
     """
     replaced = 0.0 if job.sweep is not None else job.pfi_error
     why = verdict(fit, max_stderr, replaced)
@@ -141,7 +144,9 @@ def fields_in_force(
     plausible = fit is not None and PFI_RANGE[0] <= (fit.get("pfi") or 0.0) <= PFI_RANGE[1]
     if not (combine and plausible and replaced > 0 and fit and fit["pfi_stderr"] > 0):
         return None, why
-    measured = pfi_on_own_grid(job, fit["pfi"], fit["pfi_stderr"], tuple(fit["grid_w"]))
+    measured = pfi_on_own_grid(
+        job, fit["pfi"], fit["pfi_stderr"], tuple(fit["grid_w"]), shape_rel=carry_shape_rel
+    )
     if not measured[1] > 0:
         return None, why
     pfi, stderr = combined_estimate((job.pfi_value, replaced), measured)

@@ -100,3 +100,24 @@ def test_samples_taken_late_are_put_back_on_the_uniform_grid_and_gaps_stay_gaps(
     )
     assert gap.any()
     assert not known[gap].any()
+
+
+def test_the_phase_is_corrected_by_the_sensors_lag():
+    """FLEXGATE_AGENT_SENSOR_LAG_S (here 0.1 s, an H200's instant field): the phase reported
+    is the one read plus the sensor's phase at the job's period, 2 pi 0.1 / T."""
+    from flexmodel.sensors import SensorModel, sensor_of
+
+    clock = Clock()
+    sim = SimulatedBackend(8, mix=MIX, node_id="n1", clock=clock, noise_w=2.0, seed=5)
+    sampler = Sampler(sim, JOBS, sample_hz=20, window_s=60, clock=clock)
+    assert sampler.sensor.lag_s == 0.0  # simulated readings are instantaneous
+    assert Sampler(sim, JOBS, sensor_lag_s=0.1).sensor.lag_s == pytest.approx(0.1)
+    read = run(sampler, clock, 30.0)["big"]
+    sampler.sensor = SensorModel.of_lag(0.1)
+    corrected = {j.job_id: j for j in sampler.job_telemetry()}["big"]
+    assert read.phase_rad is not None
+    assert corrected.phase_rad is not None
+    moved = (corrected.phase_rad - read.phase_rad) % (2 * np.pi)
+    assert moved == pytest.approx(2 * np.pi * 0.1 / read.period_s, abs=1e-6)
+    assert sensor_of("NVIDIA H200", 0.0).lag_s == pytest.approx(0.1)  # the instant field
+    assert sensor_of("NVIDIA A100", 1.0).lag_s == pytest.approx(0.55)  # the 1 s average

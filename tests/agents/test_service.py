@@ -56,8 +56,16 @@ def test_health_and_inventory(agent):
         "default_limit_w",
         "enforced_limit_w",
         "power_w",
+        "sensor",
     }
     assert (gpus[0]["min_limit_w"], gpus[0]["max_limit_w"]) == (200.0, 700.0)
+    # The simulated GPUs read their power as it is: no lag to take out of the phases.
+    assert gpus[0]["sensor"] == {
+        "field": "instant",
+        "update_s": 0.0,
+        "average_s": 0.0,
+        "lag_s": 0.0,
+    }
     assert gpus[0]["persistence_mode"] is True
 
 

@@ -94,3 +94,31 @@ def test_phase_locking_value():
     assert phase_locking_value(rng.uniform(0, 2 * np.pi, 2000), t) < 0.1
     with pytest.raises(FlexModelError):
         phase_locking_value([1.0, 2.0], [1.0])
+
+
+def _slow_edged(seed, ramp, hold, duty, period_s=6.0, dt_s=0.01, periods=8):
+    """A compute/idle loop sampled at 100 Hz like the real V100 traces: idle at 58 W, compute
+    drawing 150 W for its first 30% then 200 W, edges rising linearly over `ramp` samples
+    (the share of time above the midpoint of the two levels is `duty`), noise, and each
+    reading held for `hold` samples."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(periods * period_s / dt_s)) * dt_s
+    phase = (t % period_s) / period_s
+    r = ramp * dt_s / period_s
+    frac = np.minimum(np.clip((phase + r / 2) / r, 0, 1), np.clip((duty - phase + r / 2) / r, 0, 1))
+    high = np.where(phase < 0.3 * duty, 150.0, 200.0) + 4.0 * rng.standard_normal(t.size)
+    low = 58.0 + 2.0 * rng.standard_normal(t.size)
+    x = low + (high - low) * frac
+    return x[(np.arange(t.size) // hold) * hold]
+
+
+@pytest.mark.parametrize("ramp", [1, 3, 5, 10])
+@pytest.mark.parametrize("hold", [1, 3])
+@pytest.mark.parametrize("duty", [0.5, 0.9, 0.93])
+def test_the_duty_is_the_share_above_the_levels_midpoint_on_slow_edges(ramp, hold, duty):
+    """Issue 34, case 5: Otsu's threshold fell inside a compute phase of two sub-levels and
+    read 0.65 for 0.93; the duty is now the share above the midpoint of the two levels."""
+    found = estimate_waveform(_slow_edged(ramp * 10 + hold, ramp, hold, duty), 0.01)
+    assert found.period_s == pytest.approx(6.0, rel=0.002)
+    assert found.duty == pytest.approx(duty, abs=0.01)
+    assert found.comm_w == pytest.approx(58.0, abs=2.0)

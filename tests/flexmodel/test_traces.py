@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from flexmodel.errors import FlexModelError
+from flexmodel.sensors import DEFAULT_SENSOR, SensorModel, sensor_for
 from flexmodel.traces import analyse_trace, resample_uniform
 from tests.flexmodel.synthetic_traces import Loop, power_at, uneven_times, uniform_times
 
@@ -61,3 +62,41 @@ def test_a_trace_too_short_for_the_periods_sought_is_refused():
     t = uniform_times(10.0, 10.0)
     with pytest.raises(FlexModelError, match="too short to find periods of 5 s"):
         analyse_trace(t, power_at(Loop(period_s=1.0), t), min_period_s=5.0)
+
+
+def _sensed(period_s, dt_s=0.01, span_s=40.0, seed=0):
+    """A compute/communication loop and what an H200's instant field reads of it: each reading
+    the mean over 100 ms, held for 100 ms (a 120 ms rise), with noise."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(0.0, span_s, dt_s)
+    true = np.where((t % period_s) / period_s < 0.7, 600.0, 250.0)
+    k = round(0.1 / dt_s)
+    held = np.convolve(true, np.ones(k) / k)[: t.size][(np.arange(t.size) // k) * k]
+    noise = 2.0 * rng.standard_normal((2, t.size))
+    return t, true + noise[0], held + noise[1]
+
+
+@pytest.mark.parametrize("period_s", [0.6, 1.0, 2.0, 4.0])
+def test_the_sensors_lag_is_taken_out_of_the_phase(period_s):
+    """Issue 34, case 6: the H200 read phases late by 0.2-0.8 rad; corrected within 0.3."""
+    t, true, sensed = _sensed(period_s)
+    truth = analyse_trace(t, true).phase_rad
+    late = analyse_trace(t, sensed).phase_rad
+    corrected = analyse_trace(t, sensed, sensor_lag_s=0.1).phase_rad
+
+    def gap(a, b):
+        return (a - b + np.pi) % (2 * np.pi) - np.pi
+
+    assert abs(gap(corrected, truth)) < 0.3
+    assert abs(gap(corrected, truth)) < abs(gap(late, truth))
+
+
+def test_a_sensor_model_by_gpu_and_by_lag():
+    assert sensor_for("NVIDIA H200").lag_s == pytest.approx(0.1)
+    assert sensor_for("Tesla V100-SXM2-16GB") == DEFAULT_SENSOR
+    assert SensorModel.of_lag(0.1).phase_lag_rad(2.0) == pytest.approx(2 * np.pi * 0.1 / 2.0)
+    assert SensorModel.of_lag(0.1).phase_lag_rad(2.0, harmonic=2) == pytest.approx(
+        2 * np.pi * 0.2 / 2.0
+    )
+    with pytest.raises(ValueError, match="lag"):
+        SensorModel.of_lag(-1.0)

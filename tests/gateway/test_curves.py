@@ -225,12 +225,20 @@ def test_weighing_a_probe_with_a_prediction_beats_either_alone():
         if fit["pfi"] is None:
             continue
         bare = parse_job_mix({"jobs": [doc]}).jobs[0]
-        on_own, se_own = pfi_on_own_grid(bare, fit["pfi"], fit["pfi_stderr"], tuple(fit["grid_w"]))
+        # Family jobs: the family is their shape, whose own error in carrying is then nil.
+        on_own, se_own = pfi_on_own_grid(
+            bare, fit["pfi"], fit["pfi_stderr"], tuple(fit["grid_w"]), shape_rel=0.0
+        )
         stderr = min(se_own, fit["pfi_stderr"])  # the fit is never better known
         predicted = float(pfi + stderr * rng.standard_normal())
         job = parse_job_mix({"jobs": [doc | {"pfi": predicted, "pfi_stderr": stderr}]}).jobs[0]
         weighed, why = fields_in_force(
-            job, fit, max_stderr=0.0, extension="family", interpolation="pchip"
+            job,
+            fit,
+            max_stderr=0.0,
+            extension="family",
+            interpolation="pchip",
+            carry_shape_rel=0.0,
         )
         assert why is not None
         errors["predicted"].append(predicted - pfi)
