@@ -448,7 +448,11 @@ def main() -> None:
     parser.add_argument("--plot", nargs="+", type=Path, help="only plot these results")
     args = parser.parse_args()
     if args.plot:
-        docs = {p.stem: json.loads(p.read_text()) for p in args.plot}
+        # campaign.json is this tree's run, campaign_<rev>.json another loop's
+        names = [
+            p.stem.removeprefix("campaign_") if "_" in p.stem else "this tree" for p in args.plot
+        ]
+        docs = {n: json.loads(p.read_text()) for n, p in zip(names, args.plot, strict=True)}
         plot(docs, RESULTS / "campaign.png")
         return
     if args.loop_root:
