@@ -171,7 +171,7 @@ def test_the_compose_lab_meets_the_vtns_target_and_leaves_nothing(tmp_path):
         code = run_compose_lab(stack, out=tmp_path, console=Console(file=out, width=140), keep=True)
         shown = out.getvalue()
         assert code == 0, shown
-        for line in ("requested at the meter", "achieved (settled mean)", "within 5%"):
+        for line in ("requested at the meter", "achieved at the meter (settled half)", "within 5%"):
             assert line in shown
         for job in JOBS:
             assert job["id"] in shown

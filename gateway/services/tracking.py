@@ -347,7 +347,10 @@ class Tracker:
             self.settled_errors_kw.append(measured - target)
             if not short:
                 pursuit.settled_at[round(pursuit.reduction_kw, 3)] = pursuit.correction_kw
-            if reference is not None and pursuit.achieved_kw >= GAIN_MIN_SHARE * reference:
+            # Not from a loop the sync analysis finds attracting (the lab's lock scenario): its
+            # readings swing with the jobs it locks, and say little of the model's gain.
+            learn = self.verdict == "safe" and reference is not None
+            if learn and pursuit.achieved_kw >= GAIN_MIN_SHARE * reference:
                 # Slowly: one reading is not evidence, and a meter found wrong later undoes it.
                 seen = float(np.clip((reference - measured) / pursuit.achieved_kw, 0.5, 1.5))
                 pursuit.gain += GAIN_WEIGHT * (seen - pursuit.gain)
