@@ -9,8 +9,18 @@ import logging
 
 import pytest
 
+from flexgate.mockvtn31 import LAB_CLIENT_ID, MockVtn31
+from flexgate.serve import ServerThread, free_port
 from gateway.openadr.safemode31 import parse_limits
-from tests.gateway.test_ven31 import capped, mock_vtn, simple_event, stored, uncapped, ven_site
+from tests.gateway.test_ven31 import (
+    SECRET,
+    capped,
+    mock_vtn,
+    simple_event,
+    stored,
+    uncapped,
+    ven_site,
+)
 from tests.gateway.test_ven31_security import settings
 
 FALLBACK = "fallback-flexgate-dr"  #: the mock's program is named flexgate-dr
@@ -83,3 +93,38 @@ def test_a_fallback_limit_that_is_not_program_equals_kw_is_refused_at_start(limi
         settings(vtn_url="https://vtn.example/openadr3/3.1.0", vtn_fallback_limits=limits)
     good = settings(vtn_url="https://vtn.example/openadr3/3.1.0", vtn_fallback_limits="a b=1.5")
     assert parse_limits(good.vtn_fallback_limits) == {"a b": 1.5}
+
+
+def test_the_fallback_limit_holds_while_the_vtn_is_stopped_and_lifts_when_it_restarts(
+    tmp_path, database_url, logs
+):
+    """The VTN's server stopped (connections refused, not a 503) and started again on the same
+    port: the configured limit is held while it is gone and lifted once it answers."""
+    vtn = MockVtn31(clients={LAB_CLIENT_ID: SECRET})
+    port = free_port()
+    server = ServerThread(vtn.app, port=port)
+    vtn.url = server.__enter__()
+    vtn.program = vtn.add_program({"programName": "flexgate-dr"})
+    try:
+        with ven_site(
+            tmp_path,
+            database_url,
+            vtn,
+            webhook=False,
+            vtn_poll_s=0.2,
+            vtn_fallback_limits="flexgate-dr=35",
+            vtn_fallback_after_s=1.0,
+        ) as site:
+            assert uncapped(site)
+            server.__exit__(None, None, None)  # the VTN is gone: nothing listens on its port
+            site.wait(
+                lambda: (e := stored(site, FALLBACK)) and e["status"] == "active",
+                what="the fallback limit held",
+            )
+            site.wait(lambda: capped(site), what="caps under the fallback limit")
+            server = ServerThread(vtn.app, port=port)  # back, the same VTN on the same port
+            server.__enter__()
+            site.wait(lambda: stored(site, FALLBACK)["status"] == "cancelled", what="lifted")
+            site.wait(lambda: uncapped(site), what="the restore")
+    finally:
+        server.__exit__(None, None, None)
