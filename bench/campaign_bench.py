@@ -21,7 +21,7 @@ by their settled mean; limits by the share of 1-minute intervals above the limit
 ramp allowance; time to 90% of the request on the true power and at the meter; the largest
 overshoot. Faulted events apart.
 
-    python bench/campaign_bench.py [--events 200] [--loop-root /work/base] [--out campaign]
+    python bench/campaign_bench.py [--events 200] [--loop-root ../base] [--out campaign]
 
 `--loop-root` runs the same events against another tree's gateway and loop (its `gateway`,
 `flexmodel`, `agents` and `flexgate.simsite`), with this tree's site model.
@@ -443,7 +443,11 @@ def plot(docs: dict[str, dict[str, Any]], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=200)
-    parser.add_argument("--loop-root", type=Path, help="another tree's loop, e.g. /work/base")
+    parser.add_argument(
+        "--loop-root",
+        type=Path,
+        help="another checkout's loop, e.g. ../base from git worktree add ../base d96b321",
+    )
     parser.add_argument("--out", default="campaign", help="bench/results/<out>.json")
     parser.add_argument("--plot", nargs="+", type=Path, help="only plot these results")
     args = parser.parse_args()
