@@ -314,20 +314,7 @@ class Tracker:
         if pursuit.baseline_kw is not None and baseline_kw != pursuit.baseline_kw:
             pursuit.moves.append((self.clock.monotonic(), baseline_kw - pursuit.baseline_kw))
         pursuit.baseline_kw = baseline_kw
-        if self.watch is not None and self.clock.monotonic() >= pursuit.watch_from_s:
-            self.watch.observe(
-                self.clock.monotonic(),
-                (
-                    self._predicted_kw(pursuit, -self.dead_error_s),
-                    self._predicted_kw(pursuit, self.dead_error_s),
-                ),
-                settle_s=self.delay_s
-                + self.dead_error_s
-                + 2 * self.lag_s
-                + self.span_s
-                + self.period_s,
-                period_s=self.period_s,
-            )
+        self._watch_meter(pursuit)
         measured = self.site.filtered_kw(self.window_s)
         reference = self._reference_kw(pursuit, mix)
         target = None if pursuit.level_kw is None else pursuit.level_kw - pursuit.margin_kw
@@ -344,18 +331,7 @@ class Tracker:
         plan = self.targets.last_plan or {}
         short = float(plan.get("shortfall_kw", 0.0)) > 1e-6
         if self.clock.monotonic() - pursuit.target_since_s >= self._settle_s():
-            self.settled_errors_kw.append(measured - target)
-            if not short:
-                pursuit.settled_at[round(pursuit.reduction_kw, 3)] = pursuit.correction_kw
-            # Not from a loop the sync analysis finds attracting (the lab's lock scenario): its
-            # readings swing with the jobs it locks, and say little of the model's gain.
-            learn = self.verdict == "safe" and reference is not None
-            if learn and pursuit.achieved_kw >= GAIN_MIN_SHARE * reference:
-                # Slowly: one reading is not evidence, and a meter found wrong later undoes it.
-                seen = float(np.clip((reference - measured) / pursuit.achieved_kw, 0.5, 1.5))
-                pursuit.gain += GAIN_WEIGHT * (seen - pursuit.gain)
-            asked_kw = max(_asked_kw(pursuit), 1.0)
-            pursuit.settled_share = (pursuit.reduction_kw + pursuit.correction_kw) / asked_kw - 1
+            self._learn(pursuit, measured - target, reference, short)
         if pursuit.ceiling and pursuit.level_kw:
             pursuit.margin_kw = self.limit_margin_kw(pursuit.level_kw)
             target = pursuit.level_kw - pursuit.margin_kw
@@ -379,6 +355,47 @@ class Tracker:
         moved = abs(max(pursuit.reduction_kw + correction, 0.0) - pursuit.planned_kw)
         if moved > max(DEADBAND * pursuit.reduction_kw, 0.05):
             await self._plan(pursuit)
+
+    def _watch_meter(self, pursuit: Pursuit) -> None:
+        """The meter watch's sample: the predictor's reading now, with the dead time short and
+        long by its error, against the meter's (`gateway.meter.watch`)."""
+        if self.watch is None or self.clock.monotonic() < pursuit.watch_from_s:
+            return
+        settle_s = self.delay_s + self.dead_error_s + 2 * self.lag_s + self.span_s
+        self.watch.observe(
+            self.clock.monotonic(),
+            (
+                self._predicted_kw(pursuit, -self.dead_error_s),
+                self._predicted_kw(pursuit, self.dead_error_s),
+            ),
+            settle_s=settle_s + self.period_s,
+            period_s=self.period_s,
+        )
+
+    def _learn(
+        self, pursuit: Pursuit, error_kw: float, reference_kw: float | None, short: bool
+    ) -> None:
+        """What a settled sample says of the model: its error at the meter (a ceiling's
+        margin), the correction at this reduction (unless the plan is short), the site's gain
+        per planned kW, and the event's model error for the events after it."""
+        self.settled_errors_kw.append(error_kw)
+        if not short:
+            pursuit.settled_at[round(pursuit.reduction_kw, 3)] = pursuit.correction_kw
+        # Not from a loop the sync analysis finds attracting (the lab's lock scenario): its
+        # readings swing with the jobs it locks, and say little of the model's gain.
+        shows_gain = (
+            self.verdict == "safe"
+            and reference_kw is not None
+            and pursuit.measured_kw is not None
+            and pursuit.achieved_kw >= GAIN_MIN_SHARE * reference_kw
+        )
+        if shows_gain:
+            # Slowly: one reading is not evidence, and a meter found wrong later undoes it.
+            shed_kw = reference_kw - pursuit.measured_kw
+            seen = float(np.clip(shed_kw / pursuit.achieved_kw, 0.5, 1.5))
+            pursuit.gain += GAIN_WEIGHT * (seen - pursuit.gain)
+        asked_kw = max(_asked_kw(pursuit), 1.0)
+        pursuit.settled_share = (pursuit.reduction_kw + pursuit.correction_kw) / asked_kw - 1
 
     async def _undo_suspected(self, pursuit: Pursuit) -> bool:
         """Readings the meter watch no longer believes (stuck, no response, implausible:
