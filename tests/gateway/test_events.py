@@ -55,6 +55,13 @@ def test_manual_event_end_to_end(site):
         lambda: all(w == 700.0 for ws in site.limits().values() for w in ws),
         what="the restore after cancelling",
     )
+    # The caps are back a moment before the recovery is over: the list and each event's read
+    # below are two reads, so they compare only once nothing is stepping back (on a busy
+    # machine one read fell on either side of it).
+    site.wait(
+        lambda: not site.api.get(f"/v1/events/{event_id}").json()["recovering"],
+        what="the recovery's end",
+    )
     # The list (sent as built, not validated again) is exactly the documented shape, and shows
     # each event as its own read does.
     later = site.api.post(
