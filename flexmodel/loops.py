@@ -6,12 +6,14 @@ The loops of a flexgate site, each with its own delay and measurement window:
    milliseconds. It couples no jobs: always safe.
 2. `agent-node-budget`: an agent holding a node budget (rather than per-GPU caps) couples the
    jobs sharing the node; its delay is the agent's measured actuation delay.
-3. `gateway`: reconciliation and site tracking. Its window spans at least three of the longest
-   iteration periods it sees, so its gain at their frequencies is small; its effective delay
-   is the reconciliation period plus dispatch.
+3. `gateway`: the site loop (`gateway.services.tracking`), the one loop that moves caps on
+   what the meter reads, as it runs: its `sync.ClosedLoopResponse` (sample period, window, the
+   meter path, the Smith predictor, its gain, the measured actuation), so every verdict on it
+   comes from its closed-loop response. Reconciliation only sends the same caps again: it
+   reads no power and couples nothing.
 
-Each loop carries its `sync.LoopResponse` (delay, window, hold, proportional and integral
-gains), so an integrating site loop is checked with its own frequency response.
+Each loop carries its frequency response (`sync.LoopResponse` for the open loops,
+`sync.ClosedLoopResponse` for the site loop).
 
 `scatter` plans the mitigation: small per-job cap offsets that spread iteration rates beyond
 the locking range of every attractive harmonic, and splay phase offsets, with their cost.
@@ -28,9 +30,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from flexmodel.curves import cap_for_power, power_for_throughput, throughput_at_power
+from flexmodel.curves import Array, cap_for_power, power_for_throughput, throughput_at_power
 from flexmodel.errors import FlexModelError
-from flexmodel.jobs import JobMix
+from flexmodel.jobs import Job, JobMix
 from flexmodel.problem import AllocationProblem
 from flexmodel.sync import (
     DEFAULT_GAIN_PER_S,
@@ -42,11 +44,10 @@ from flexmodel.sync import (
     analyse_loop,
     critical_coupling_per_s,
     finite_or_none,
+    rate_coupling_per_s,
     worst_verdict,
 )
 
-#: The gateway averages site power over at least this many of the longest iteration periods.
-GATEWAY_WINDOW_PERIODS = 3.0
 FIRMWARE_DELAY_S = 0.05
 
 
@@ -82,8 +83,17 @@ class ControlLoop:
         }
         if not self.couples_jobs or periods.size == 0:
             return base | {"verdict": "safe", "max_safe_delay_s": None}
+        # Jobs alike (period, duty, coupling) are judged once: a site's jobs share few periods.
+        rows = np.column_stack(
+            np.broadcast_arrays(periods, np.asarray(duty, float), np.asarray(gain_per_s, float))
+        )
+        unique = np.unique(rows, axis=0)
         result = analyse_loop(
-            periods, duty, self.response, unit_coupling_per_s=gain_per_s, spread=spread
+            unique[:, 0],
+            unique[:, 1],
+            self.response,
+            unit_coupling_per_s=unique[:, 2],
+            spread=spread,
         )
         pulls = np.where(result.attractive & result.significant, result.coupling_per_s, 0.0)
         return base | {
@@ -111,30 +121,34 @@ def combine_delays(stages: Sequence[ArrayLike], points: int = 8) -> tuple[float,
 
 def site_loops(
     *,
-    periods_s: ArrayLike,
-    reconcile_period_s: float,
-    dispatch_delay_s: float = 0.0,
+    site_loop: ClosedLoopResponse | None,
     agent_delay_s: float | None = None,
     agent_window_s: float = 0.0,
-    measured_delays_s: Sequence[float] = (),
 ) -> list[ControlLoop]:
-    """The loops of a site; the agent loop only when agents hold node budgets.
-    `measured_delays_s`: the distribution of the gateway's dispatch and the agents' actuation
-    (`combine_delays`), which then replaces `dispatch_delay_s`."""
-    periods = np.atleast_1d(np.asarray(periods_s, dtype=float))
-    longest = float(periods.max()) if periods.size else 0.0
+    """The loops of a site: the firmware's, the agent's only when agents hold node budgets, and
+    the site loop (`gateway`) as it runs, where there is one."""
     loops = [ControlLoop("firmware", LoopResponse(FIRMWARE_DELAY_S), couples_jobs=False)]
     if agent_delay_s is not None:
         agent = LoopResponse(agent_delay_s, agent_window_s)
         loops.append(ControlLoop("agent-node-budget", agent, couples_jobs=True))
-    window_s = GATEWAY_WINDOW_PERIODS * longest
-    if measured_delays_s:
-        delays = [reconcile_period_s + d for d in measured_delays_s]
-        gateway = LoopResponse.measured(delays, window_s=window_s)
-    else:
-        gateway = LoopResponse(delay_s=reconcile_period_s + dispatch_delay_s, window_s=window_s)
-    loops.append(ControlLoop("gateway", gateway, couples_jobs=True))
+    if site_loop is not None:
+        loops.append(ControlLoop("gateway", site_loop, couples_jobs=True))
     return loops
+
+
+def job_unit_coupling(jobs: Sequence[Job], period_s: ArrayLike, overhead_factor: float) -> Array:
+    """Each job's coupling per unit of the site loop's response [rad/s], at its worst: its whole
+    swing read at the meter, and the whole correction on its own caps (its relative throughput
+    loss per watt at the facility, from its curve's steepest part: 1 / power at the floor
+    cap). A job with no placement gets no caps: none."""
+    k = overhead_factor
+    swing, rate, duties = [], [], []
+    for job in jobs:
+        compute_w = job.power_w / (job.duty + (1 - job.duty) * job.comm_power_fraction)
+        swing.append(k * job.gpus * compute_w * (1 - job.comm_power_fraction))
+        rate.append(1.0 / (k * job.gpus * max(job.min_cap_w, 1.0)) if job.placement else 0.0)
+        duties.append(job.duty)
+    return rate_coupling_per_s(period_s, duties, swing_w=np.array(swing), rate_per_w=rate)
 
 
 def required_spread(result: Analysis) -> float:

@@ -5,7 +5,8 @@ known agent cannot be capped, so they give nothing. While the jobs' phases are b
 (`gateway.services.scattering`), the allocation's rates are spread by `flexmodel.loops.detune`
 (within the same bounds, at the same total power during an event). Each node gets its whole
 desired state: a cap for every GPU of every capped job placed on it; GPUs not listed return to
-their original limit. The sync verdict of the site's control loops is attached.
+their original limit. The sync verdict of the site's control loops is attached: the site loop's
+from its closed-loop response as it runs (`site_loop`, `flexmodel.sync.ClosedLoopResponse`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import numpy as np
 
 from flexmodel.allocate import allocate_mix
 from flexmodel.jobs import JobMix
-from flexmodel.loops import combine_delays, detune, site_loops
-from flexmodel.sync import worst_verdict
+from flexmodel.loops import detune, job_unit_coupling, site_loops
+from flexmodel.sync import ClosedLoopResponse, worst_verdict
 from gateway.services.fleet import LoopMeasurements
 from gateway.settings import GatewaySettings
 
@@ -34,11 +35,13 @@ def plan(
     down: frozenset[str] = frozenset(),
     measured: LoopMeasurements | None = None,
     rate_spread: float = 0.0,
+    site_loop: ClosedLoopResponse | None = None,
 ) -> dict[str, Any]:
     """The allocation for `facility_kw` at the meter, as per-node commands. Jobs on a node
     that is `down` give nothing; that node is sent no caps. The loops' verdict is on what the
-    agents measure (`measured`), where they do. `rate_spread`: the half-width of the rate
-    offsets that scatter the jobs' phases (0: none)."""
+    agents measure (`measured`), where they do, and on the site loop as it runs (`site_loop`;
+    None: no site loop). `rate_spread`: the half-width of the rate offsets that scatter the
+    jobs' phases (0: none)."""
     up = nodes - down
     reachable = np.array(
         [bool(job.placement) and all(p.node in up for p in job.placement) for job in mix.jobs],
@@ -63,7 +66,7 @@ def plan(
     doc["unplaced_jobs"] = [j.id for j, ok in zip(mix.jobs, reachable, strict=True) if not ok]
     doc["unreachable_nodes"] = sorted(down & nodes)
     doc["shortfall_kw"] = max(facility_kw - doc["achieved_facility_kw"], 0.0)
-    doc["sync"] = loops_report(mix, settings, measured)
+    doc["sync"] = loops_report(mix, measured, site_loop)
     return doc
 
 
@@ -95,23 +98,21 @@ def _spread_rates(
 
 
 def loops_report(
-    mix: JobMix, settings: GatewaySettings, measured: LoopMeasurements | None = None
+    mix: JobMix,
+    measured: LoopMeasurements | None = None,
+    site_loop: ClosedLoopResponse | None = None,
 ) -> dict[str, Any]:
     """Each control loop's delay and window against the jobs it touches, and the verdict: on
-    the jobs' periods and duties under their present caps and the delays' whole distribution
-    as the agents and the dispatch measure them (`measured`); declared values where nothing
-    was measured yet."""
+    the jobs' periods and duties under their present caps as the agents measure them
+    (`measured`; declared values where nothing was measured yet), the site loop (`site_loop`)
+    from its closed-loop response at each job's own coupling (`job_unit_coupling`)."""
     measured = measured or LoopMeasurements({}, {})
-    periods = [measured.periods_s.get(j.id, j.period_s) for j in mix.waving]
-    duties = [measured.duties.get(j.id, j.duty) for j in mix.waving]
-    duties = [d if 0.0 < d < 1.0 else j.duty for d, j in zip(duties, mix.waving, strict=True)]
-    delays = combine_delays([measured.dispatch_s, measured.actuation_s])
+    jobs = mix.waving
+    periods = [measured.periods_s.get(j.id, j.period_s) for j in jobs]
+    duties = [measured.duties.get(j.id, j.duty) for j in jobs]
+    duties = [d if 0.0 < d < 1.0 else j.duty for d, j in zip(duties, jobs, strict=True)]
+    unit = job_unit_coupling(jobs, periods, mix.overhead_factor) if jobs else 0.0
     loops = [
-        loop.evaluate(periods, duties)
-        for loop in site_loops(
-            periods_s=periods or [1.0],
-            reconcile_period_s=settings.reconcile_period_s,
-            measured_delays_s=delays if measured.dispatch_s or measured.actuation_s else (),
-        )
+        loop.evaluate(periods, duties, gain_per_s=unit) for loop in site_loops(site_loop=site_loop)
     ]
     return {"loops": loops, "verdict": worst_verdict([loop["verdict"] for loop in loops])}

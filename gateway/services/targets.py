@@ -28,11 +28,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
 
 from agents.protocol import CapCommand, GpuCap
+from flexmodel.jobs import JobMix
+from flexmodel.sync import ClosedLoopResponse
 from gateway.agentclient import Ack, AgentClient, fan_out
 from gateway.clock import Clock
 from gateway.services.answers import PlanAnswers, dumps
@@ -76,6 +79,9 @@ class Targets:
         self._lock = asyncio.Lock()
         self._ramp: asyncio.Task[None] | None = None
         self.probe_id: str | None = None  #: the probe whose caps are the desired state
+        #: the site loop as it runs on a mix (`Tracker.loop_model`, set by the tracker that
+        #: drives these targets): every plan's sync verdict judges it; None: no site loop
+        self.site_loop: Callable[[JobMix], ClosedLoopResponse | None] | None = None
 
     def stop(self) -> None:
         if self._ramp is not None:
@@ -202,14 +208,16 @@ class Targets:
         await self.fleet.discover()
         self._target = (facility_kw, event_id, tracking)
         for _ in range(2):
+            mix = self.book.mix()
             doc = plan(
-                self.book.mix(),
+                mix,
                 facility_kw,
                 set(self.fleet.nodes),
                 self.settings,
                 frozenset(self.fleet.unreachable),
                 self.fleet.loop_measurements(),
                 self.rate_spread,
+                self.site_loop(mix) if self.site_loop else None,
             )
             if tracking is not None:
                 doc["tracking"] = tracking

@@ -49,9 +49,9 @@ import numpy as np
 
 from flexmodel.jobs import Job, JobMix
 from flexmodel.looprobust import SiteLoop, parameter_error, robust_gain
-from flexmodel.loops import ControlLoop, combine_delays
+from flexmodel.loops import ControlLoop, combine_delays, job_unit_coupling
 from flexmodel.meterpath import step_share
-from flexmodel.sync import ClosedLoopResponse, rate_coupling_per_s, worst_verdict
+from flexmodel.sync import ClosedLoopResponse, worst_verdict
 from gateway.clock import Clock
 from gateway.meter.watch import MeterWatch
 from gateway.services.fleet import Fleet, job_readings
@@ -169,6 +169,7 @@ class Tracker:
         self._checked: tuple[float, float] | None = None  #: (longest period, delay) checked
         self._plan_s = 0.0  #: how long the last re-plan took to be acked [s]
         self._ready_s = -math.inf  #: no loop step before (the last re-plan's end plus its length)
+        targets.site_loop = self.loop_model  # every plan's sync verdict judges this loop
 
     @property
     def period_s(self) -> float:
@@ -577,10 +578,25 @@ class Tracker:
             self.coupling_per_s = 0.0
             return "safe", ""
         loop = ControlLoop("site", self._closed_loop(), couples_jobs=True)
-        result = loop.evaluate(periods, duties, gain_per_s=self._unit_coupling(mix, periods))
+        result = loop.evaluate(
+            periods,
+            duties,
+            gain_per_s=job_unit_coupling(self._swinging(mix), periods, mix.overhead_factor),
+        )
         self.coupling_per_s = float(result["coupling_per_s"])  # what scattering is sized to
         verdict = worst_verdict([result["verdict"]])
         return verdict, f"the sync analysis says {verdict}"
+
+    def loop_model(self, mix: JobMix) -> ClosedLoopResponse | None:
+        """The loop as it runs during an event, or as it would start on `mix` now (its
+        configuration chosen and checked for it): what every plan's sync verdict judges
+        (`planner.loops_report`). None where the loop is off (`FLEXGATE_TRACKING`)."""
+        if not self.settings.tracking:
+            return None
+        if self.pursuit is None:
+            self._measure_delay()
+            self._choose(mix)
+        return self._closed_loop()
 
     def _closed_loop(self) -> ClosedLoopResponse:
         """The loop's configuration now, as `flexmodel.sync` models it."""
@@ -613,19 +629,6 @@ class Tracker:
             periods.append(seen.period_s if seen and seen.period_s else job.period_s)
             duties.append(seen.duty if seen and seen.duty else job.duty)
         return np.array(periods, dtype=float), np.array(duties, dtype=float)
-
-    def _unit_coupling(self, mix: JobMix, periods: np.ndarray) -> np.ndarray:
-        """Each job's coupling per unit of loop response, at its worst: its whole swing read
-        at the meter, and the whole correction on its own caps (its relative throughput loss
-        per watt at the facility, from its curve's steepest part: 1 / power at the cap)."""
-        k = self.site.overhead.current().k
-        swing, rate, duties = [], [], []
-        for job in self._swinging(mix):
-            compute_w = job.power_w / (job.duty + (1 - job.duty) * job.comm_power_fraction)
-            swing.append(k * job.gpus * compute_w * (1 - job.comm_power_fraction))
-            rate.append(1.0 / (k * job.gpus * max(job.min_cap_w, 1.0)))
-            duties.append(job.duty)
-        return rate_coupling_per_s(periods, duties, swing_w=np.array(swing), rate_per_w=rate)
 
     @staticmethod
     def _swinging(mix: JobMix) -> list[Job]:

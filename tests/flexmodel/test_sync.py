@@ -13,6 +13,7 @@ from flexmodel.jobmix import parse_job_mix
 from flexmodel.loops import ControlLoop, detune, required_spread, scatter, site_loops
 from flexmodel.sync import (
     DELAY_FACTOR_TERMS,
+    ClosedLoopResponse,
     LoopResponse,
     analyse,
     analyse_loop,
@@ -164,14 +165,29 @@ def test_bad_analysis_input(kwargs, message):
 
 
 def test_site_loops_and_their_verdicts():
-    loops = site_loops(periods_s=[2.0, 3.0], reconcile_period_s=5.0, agent_delay_s=1.2)
+    site = ClosedLoopResponse(period_s=1.0, gain=0.5, window_s=2.0, lag_s=3.0)
+    loops = site_loops(site_loop=site, agent_delay_s=1.2)
     names = [loop.name for loop in loops]
     assert names == ["firmware", "agent-node-budget", "gateway"]
-    gateway = loops[-1]
-    assert gateway.response.window_s == pytest.approx(9.0)  # three of the longest periods
+    assert loops[-1].response is site  # the site loop as it runs, closed
+    assert [loop.name for loop in site_loops(site_loop=None)] == ["firmware"]
     verdicts = {loop.name: loop.evaluate([2.0, 3.0], [0.5, 0.5])["verdict"] for loop in loops}
     assert verdicts["firmware"] == "safe"
     assert verdicts["agent-node-budget"] == "unsafe"  # 1.2 s > T/2 for the 2 s job
+
+
+def test_a_loop_judges_alike_jobs_once_with_the_same_verdict():
+    """`evaluate` judges each (period, duty, coupling) once: the same answer as job by job."""
+    loop = ControlLoop("gateway", ClosedLoopResponse(1.0, 0.3, 0.5, 0.6), couples_jobs=True)
+    periods, duties = [2.0, 2.0, 3.0, 2.0], [0.5, 0.5, 0.4, 0.5]
+    units = [0.05, 0.05, 0.02, 0.1]
+    whole = loop.evaluate(periods, duties, gain_per_s=units)
+    alone = [
+        loop.evaluate([t], [d], gain_per_s=[u])
+        for t, d, u in zip(periods, duties, units, strict=True)
+    ]
+    assert whole["coupling_per_s"] == max(a["coupling_per_s"] for a in alone)
+    assert whole["verdict"] == worst_verdict([a["verdict"] for a in alone])
 
 
 def test_an_integrating_site_loop_is_judged_at_its_real_gain_per_job():

@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from flexmodel.loops import ControlLoop, job_unit_coupling
+from flexmodel.sync import ClosedLoopResponse
 from gateway.services.fleet import LoopMeasurements
 from gateway.services.jobbook import site_mix
 from gateway.services.overhead import OverheadModel
@@ -44,23 +46,29 @@ def test_a_node_down_gets_no_caps_and_its_jobs_give_nothing():
     assert everyone["node-09"]  # the most flexible job is capped when its node answers
 
 
-def test_the_loops_are_judged_on_measured_periods_and_the_delays_distribution():
-    """Caps stretch periods and delays are spread: the verdict reads what the agents measure
-    (the capped periods, the dispatch's and the actuation's delays), not the declaration."""
+def test_the_loops_are_judged_on_measured_periods_and_the_site_loop_as_it_runs():
+    """Caps stretch periods: the verdict reads what the agents measure, not the declaration,
+    and judges the site loop it is given (its closed-loop response); no site loop, no verdict
+    on one."""
     mix = site_mix(JOBS, OVERHEAD)
-    declared = plan(mix, 30.0, NODES, SETTINGS)["sync"]["loops"]
-    longest = max(j.period_s for j in mix.waving)
+    assert [loop["name"] for loop in plan(mix, 30.0, NODES, SETTINGS)["sync"]["loops"]] == [
+        "firmware"
+    ]
+    site = ClosedLoopResponse(period_s=5.0, gain=0.5, window_s=20.0, dead_s=10.0, lag_s=3.0)
+    declared = plan(mix, 30.0, NODES, SETTINGS, site_loop=site)["sync"]["loops"]
     gateway = next(loop for loop in declared if loop["name"] == "gateway")
-    assert gateway["window_s"] == pytest.approx(3 * longest)
-    assert gateway["delays_measured"] == 0
+    assert gateway["window_s"] == 20.0
+    assert gateway["delay_s"] == pytest.approx(13.0)  # the meter's dead time and lag
     stretched = {j.id: 1.5 * j.period_s for j in mix.waving}
-    measured = LoopMeasurements(stretched, {}, dispatch_s=(0.02, 0.04), actuation_s=(0.1, 0.3, 0.2))
-    loops = plan(mix, 30.0, NODES, SETTINGS, measured=measured)["sync"]["loops"]
+    measured = LoopMeasurements(stretched, {})
+    unit = job_unit_coupling(mix.waving, list(stretched.values()), mix.overhead_factor)
+    expected = ControlLoop("gateway", site, couples_jobs=True).evaluate(
+        list(stretched.values()), [j.duty for j in mix.waving], gain_per_s=unit
+    )
+    loops = plan(mix, 30.0, NODES, SETTINGS, measured=measured, site_loop=site)["sync"]["loops"]
     gateway = next(loop for loop in loops if loop["name"] == "gateway")
-    assert gateway["window_s"] == pytest.approx(3 * 1.5 * longest)
-    assert gateway["delays_measured"] == 6  # every dispatch with every actuation
-    assert gateway["delay_s"] == pytest.approx(SETTINGS.reconcile_period_s + 0.03 + 0.2)
-    assert gateway["delay_p99_s"] > gateway["delay_s"]
+    assert gateway["coupling_per_s"] == pytest.approx(expected["coupling_per_s"])
+    assert gateway["verdict"] == expected["verdict"]
 
 
 def test_scattering_during_an_event_spreads_rates_at_the_same_total():

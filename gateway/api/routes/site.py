@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.api.deps import ServicesDep, SettingsDep, v1_router
+from gateway.api.deps import ServicesDep, v1_router
 from gateway.api.schemas import SiteState, SyncState
 from gateway.services.planner import loops_report
 from gateway.units import rounded
@@ -34,9 +34,11 @@ async def nodes(services: ServicesDep) -> dict[str, Any]:
 
 
 @router.get("/sync", response_model=SyncState)
-async def sync(services: ServicesDep, settings: SettingsDep) -> dict[str, Any]:
+async def sync(services: ServicesDep) -> dict[str, Any]:
+    mix = services.book.mix()
+    measured = services.fleet.loop_measurements()
     return {
         **await services.fleet.phase_doc(),
-        **loops_report(services.book.mix(), settings, services.fleet.loop_measurements()),
+        **loops_report(mix, measured, services.tracker.loop_model(mix)),
         "scattering": services.scatterer.doc(),
     }
