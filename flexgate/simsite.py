@@ -41,6 +41,7 @@ from gateway.meter import MeterFeed
 from gateway.services.delivery import Deliveries
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
+from gateway.services.oscillation import OscillationWatch
 from gateway.services.overhead import Overhead
 from gateway.services.scattering import Scatterer
 from gateway.services.site import SitePower
@@ -259,7 +260,10 @@ class SimulatedSite:
         self.tracker = Tracker(settings, clock, self.power, self.targets, self.book, self.fleet)
         self.power.subscribe(self.tracker.step)
         self.power.subscribe(Deliveries(self.store, clock, self.power, self.tracker).sample)
-        self.scatterer = Scatterer(settings, clock, self.fleet, self.targets, self.tracker)
+        self.oscillation = OscillationWatch(settings, self.power, self.fleet, self.book)
+        self.scatterer = Scatterer(
+            settings, clock, self.fleet, self.targets, self.tracker, self.oscillation
+        )
 
     async def start(self) -> None:
         await self.book.replace(self.declared, "simulation")

@@ -35,6 +35,7 @@ from gateway.services.events import Events
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.jobfeed import JobFeed
+from gateway.services.oscillation import OscillationWatch
 from gateway.services.overhead import Overhead
 from gateway.services.predictions import Predictions
 from gateway.services.quotes import Quotes
@@ -92,12 +93,13 @@ def create_app(
         quotes = Quotes(settings, store, book, fleet)
         events = Events(settings, store, clock, book, power, quotes, targets, tracker, ven)
         book.subscribe(events.apply_targets)
-        scatterer = Scatterer(settings, clock, fleet, targets, tracker)
+        oscillation = OscillationWatch(settings, power, fleet, book)
+        scatterer = Scatterer(settings, clock, fleet, targets, tracker, oscillation)
         reconciler = Reconciler(
             settings.reconcile_period_s, clock, fleet, targets, events, scatterer
         )
         feed = JobFeed(settings, clock, book, fleet, source) if source else None
-        status = Status(settings, fleet, book, power, targets, events, feed)
+        status = Status(settings, fleet, book, power, targets, events, oscillation, feed)
         curves = JobCurves(settings, store, clock, book, fleet)
         characteriser = Characteriser(settings, store, clock, book, fleet, targets, events, curves)
         predictions = Predictions(settings, store, clock, fleet, book)

@@ -161,6 +161,15 @@ class GatewaySettings(BaseSettings):
     scatter: Literal["auto", "off"] = "auto"  #: spread the jobs' rates when they lock
     scatter_spread: float = Field(default=0.01, gt=0.0, le=0.5)  #: first half-width of rates
     scatter_max_spread: float = Field(default=0.08, gt=0.0, le=0.5)  #: widened up to this
+    #: the site power's oscillation band watched [Hz], and the in-band swing (RMS) that raises
+    #: the alarm and starts scattering [kW]; None: watched, no alarm
+    oscillation_band_low_hz: float = Field(default=0.1, ge=0.0)
+    oscillation_band_high_hz: float = Field(default=20.0, gt=0.0)
+    oscillation_limit_kw: float | None = Field(default=None, gt=0.0)
+    #: the most the site's power may fall (down) or rise (up) per minute by the gateway's
+    #: plans, at the meter [kW/min]; None: no bound
+    ramp_down_kw_per_min: float | None = Field(default=None, gt=0.0)
+    ramp_up_kw_per_min: float | None = Field(default=None, gt=0.0)
     job_source: Literal["static", "slurm", "kubernetes"] = "static"  #: where the jobs come from
     job_source_poll_s: float = Field(default=15.0, gt=0.0)
     job_source_timeout_s: float = Field(default=10.0, gt=0.0)
@@ -267,6 +276,11 @@ class GatewaySettings(BaseSettings):
                 "jobs phase-lock: it is for the lab's lock scenario only (FLEXGATE_LAB=true)"
             )
         self._check_reads()
+        if self.oscillation_band_high_hz <= self.oscillation_band_low_hz:
+            raise ValueError(
+                f"FLEXGATE_OSCILLATION_BAND_HIGH_HZ ({self.oscillation_band_high_hz:g}) must be "
+                f"above FLEXGATE_OSCILLATION_BAND_LOW_HZ ({self.oscillation_band_low_hz:g})"
+            )
         if self.scatter_max_spread < self.scatter_spread:
             raise ValueError(
                 f"FLEXGATE_SCATTER_MAX_SPREAD ({self.scatter_max_spread:g}) must be at least "

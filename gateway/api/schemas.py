@@ -258,6 +258,12 @@ class SyncState(BaseModel):
         description="phase scattering: `mode` (auto or off), `active`, the `episode` under way "
         "(reason, start, rate spread, throughput cost) and the last `ended` ones"
     )
+    oscillation: dict[str, Any] | None = Field(
+        default=None,
+        description="the site power's oscillation: per source (`meter`, `agents`) the swing at "
+        "the fleet's dominant periods and the RMS within the band as far as the source sees "
+        "it (null with the `reason` where it cannot), the `limit_kw` and the `alarm`",
+    )
 
 
 class Health(_Open):

@@ -474,6 +474,7 @@ function drawSync() {
     cell(row, loop.verdict, `verdict ${loop.verdict}`);
     body.appendChild(row);
   }
+  drawOscillation(sync.oscillation);
   const axis = timeAxis(Number($("span").value));
   const shown = state.order.filter((p) => p.t >= axis.xDomain[0]);
   lineChart($("sync-chart"), {
@@ -485,6 +486,42 @@ function drawSync() {
     })),
   });
   if (shown.length === 0) emptyNote($("sync-chart"), "no job has reported a phase yet");
+}
+
+// The site's power swing in the grid's band, per source, as far as each can see it.
+function drawOscillation(osc) {
+  const badge = $("osc-alarm");
+  const body = $("osc-rows");
+  body.replaceChildren();
+  if (!osc) {
+    badge.textContent = "–";
+    setText("osc-note", "not checked yet");
+    return;
+  }
+  badge.textContent = osc.alarm ? "alarm" : "ok";
+  badge.className = `badge ${osc.alarm ? "unsafe" : "safe"}`;
+  const [low, high] = osc.band_hz;
+  setText("osc-note", osc.limit_kw === null
+    ? `band ${low}-${high} Hz; no limit set (FLEXGATE_OSCILLATION_LIMIT_KW)`
+    : `band ${low}-${high} Hz; limit ${num(osc.limit_kw, 3)} kW RMS`
+      + (osc.alarm ? `: above it at ${osc.alarm_sources.join(", ")}` : ""));
+  for (const name of ["meter", "agents"]) {
+    const seen = osc[name];
+    const row = document.createElement("tr");
+    row.dataset.source = name;
+    cell(row, name);
+    cell(row, seen.sample_period_s === null ? "–" : num(seen.sample_period_s, 3));
+    if (seen.rms_kw === null) {
+      const why = cell(row, seen.reason, "reason");
+      why.colSpan = 3;
+    } else {
+      cell(row, seen.band_observed_hz.map((v) => num(v, 2)).join("-"));
+      cell(row, num(seen.rms_kw, 3), "rms");
+      cell(row, seen.swings.map((s) => s.swing_kw === null ? `${num(s.period_s, 2)} s: –`
+        : `${num(s.period_s, 2)} s: ${num(s.swing_kw, 3)}`).join(", ") || "–");
+    }
+    body.appendChild(row);
+  }
 }
 
 function drawQuote(quote) {

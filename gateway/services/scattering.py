@@ -3,12 +3,14 @@
 After every watch of the jobs' phases (each reconciliation) the scatterer looks at the fleet:
 
 - **Starts** when the Rayleigh alarm has been held over its confirmation time (three windows)
-  on any harmonic, or when the fleet is at risk: some `r_m` above the Rayleigh threshold while
-  a loop that couples the jobs is `at-risk` or `unsafe` by the sync analysis. From then on
-  every plan spreads the jobs' rates by `scatter_spread` (`Targets.spread_rates`, applied by
-  `flexmodel.loops.detune`): small per-job cap offsets within each job's bounds (QoS floor,
-  protected jobs untouched); during an event the total stays at the target (the slowed jobs
-  pay for the sped-up ones), outside one caps can only slow.
+  on any harmonic, when the fleet is at risk (some `r_m` above the Rayleigh threshold while
+  a loop that couples the jobs is `at-risk` or `unsafe` by the sync analysis), or when the
+  site's oscillation is above its limit (`gateway.services.oscillation`, checked first).
+  From then on every plan spreads the jobs' rates by `scatter_spread`
+  (`Targets.spread_rates`, applied by `flexmodel.loops.detune`): small per-job cap offsets
+  within each job's bounds (QoS floor, protected jobs untouched); during an event the total
+  stays at the target (the slowed jobs pay for the sped-up ones), outside one caps can only
+  slow.
 - **Widens** the spread while the fleet stays above the threshold for as long as the spread
   needs to pull the most detuned jobs a whole cycle apart (`T / (2 spread)`, T the longest
   measured period): a loop that still binds them. To the spread the coupling asks: a fleet
@@ -17,13 +19,14 @@ After every watch of the jobs' phases (each reconciliation) the scatterer looks 
   (about `pi K / 4`, with a margin for the site loop's delay); doubling where `r1` tells
   nothing or the estimate asks for no more. Up to `scatter_max_spread` (the QoS floors bound
   each job's offset in `detune`).
-- **Ends** once every `r_m` has been below the threshold for the confirmation time and no loop
-  that couples the jobs attracts any more (`safe`): under a loop that still attracts, the
-  offsets are what keeps the jobs apart, so they stay.
+- **Ends** once every `r_m` has been below the threshold for the confirmation time, no loop
+  that couples the jobs attracts any more (`safe`) and the oscillation is within its limit:
+  under a loop that still attracts, the offsets are what keeps the jobs apart, so they stay.
 
 Each episode keeps its reason, start, end, spread and throughput cost (by the job curves, as
 each plan states it); `doc()` is `GET /v1/sync`'s `scattering`. Below 8 jobs the Rayleigh test
-is useless and the pairwise phase-locking values stand in; scattering does not act on them.
+is useless and the pairwise phase-locking values stand in; scattering does not act on them
+(only on the oscillation's alarm).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from flexmodel.phases import MIN_JOBS_FOR_RAYLEIGH, order_parameters, rayleigh_t
 from flexmodel.sync import VERDICTS, worst_verdict
 from gateway.clock import Clock
 from gateway.services.fleet import Fleet
+from gateway.services.oscillation import OscillationWatch
 from gateway.services.targets import Targets
 from gateway.services.tracking import Tracker
 from gateway.settings import GatewaySettings
@@ -79,9 +83,11 @@ class Scatterer:
         fleet: Fleet,
         targets: Targets,
         tracker: Tracker,
+        oscillation: OscillationWatch,
     ) -> None:
         self.settings, self.clock = settings, clock
         self.fleet, self.targets, self.tracker = fleet, targets, tracker
+        self.oscillation = oscillation
         self.mode = settings.scatter  #: `auto` or `off` (the lab switches it on a running site)
         self.episode: Episode | None = None  #: the one under way
         self.ended: deque[Episode] = deque(maxlen=EPISODES_KEPT)
@@ -98,9 +104,13 @@ class Scatterer:
         return worst_verdict(verdicts)
 
     async def step(self) -> None:
-        """After a watch of the phases: start, widen or end scattering."""
+        """After a watch of the phases: check the oscillation; start, widen or end scattering."""
+        await self.oscillation.check()
+        oscillating = self.oscillation.alarm_reason()
         phases = list(self.fleet.phases.values())
-        if self.mode == "off" or len(phases) < MIN_JOBS_FOR_RAYLEIGH:
+        if self.mode == "off" or not phases:
+            return
+        if len(phases) < MIN_JOBS_FOR_RAYLEIGH and oscillating is None and self.episode is None:
             return
         alarm = self.fleet.alarm
         r1, r2, r3 = (float(r) for r in order_parameters(phases))
@@ -110,7 +120,7 @@ class Scatterer:
         verdict = self.loop_verdict()
         episode = self.episode
         if episode is None:
-            reason = self._reason(above, order, limit, verdict)
+            reason = oscillating or self._reason(above, order, limit, verdict)
             if reason is not None:
                 await self._start(reason, order)
             return
@@ -135,7 +145,8 @@ class Scatterer:
                 await self.targets.spread_rates(episode.rate_spread)
         else:
             self._clear += 1
-            if self._clear >= alarm.hold and verdict not in ATTRACTING:
+            calm = oscillating is None
+            if self._clear >= alarm.hold and verdict not in ATTRACTING and calm:
                 await self._end(order)
                 return
         if not self.targets.holding and not self.targets.recovering:

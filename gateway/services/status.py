@@ -11,6 +11,7 @@ from gateway.services.events import Events
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.jobfeed import JobFeed
+from gateway.services.oscillation import OscillationWatch
 from gateway.services.site import SitePower
 from gateway.services.targets import Targets
 from gateway.settings import GatewaySettings
@@ -25,10 +26,12 @@ class Status:
         power: SitePower,
         targets: Targets,
         events: Events,
+        oscillation: OscillationWatch,
         feed: JobFeed | None = None,
     ) -> None:
         self.settings, self.fleet, self.book, self.power = settings, fleet, book, power
         self.targets, self.events, self.feed = targets, events, feed
+        self.oscillation = oscillation
 
     def health(self) -> dict[str, Any]:
         """`status` ok when the store answers, unhealthy (with the reason) when it does not;
@@ -113,8 +116,26 @@ class Status:
             f'flexgate_nodes_by_backend{{backend="{kind}"}} {count}'
             for kind, count in self._backend_counts().items()
         ]
-        lines += self._meter_lines() + self._job_source_lines()
+        lines += self._meter_lines() + self._job_source_lines() + self._oscillation_lines()
         return "\n".join(lines) + "\n"
+
+    def _oscillation_lines(self) -> list[str]:
+        """The last oscillation check (each reconciliation): the in-band RMS per source (NaN
+        where the band is out of its reach) and the alarm."""
+        last = self.oscillation.last
+        if last is None:
+            return []
+        rms = [
+            f'flexgate_oscillation_rms_kw{{source="{name}"}} '
+            f"{'NaN' if last[name]['rms_kw'] is None else round(last[name]['rms_kw'], 6)}"
+            for name in ("meter", "agents")
+        ]
+        return [
+            "# TYPE flexgate_oscillation_rms_kw gauge",
+            *rms,
+            f"# TYPE flexgate_oscillation_alarm gauge\nflexgate_oscillation_alarm "
+            f"{int(last['alarm'])}",
+        ]
 
     def _job_source_lines(self) -> list[str]:
         feed = self.feed

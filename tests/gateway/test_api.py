@@ -172,6 +172,16 @@ def test_health_metrics_and_sync(site):
     assert set(sync["clocks"]) == set(site.nodes)
     # Two jobs: no Rayleigh alarm, so scattering is on guard but idle.
     assert sync["scattering"] == {"mode": "auto", "active": False, "episode": None, "ended": []}
+    # The oscillation: per source, within what it sees; no limit set, no alarm.
+    oscillation = sync["oscillation"]
+    assert oscillation["band_hz"] == [0.1, 20.0]
+    assert oscillation["alarm"] is False
+    for source in ("meter", "agents"):
+        seen = oscillation[source]
+        assert (seen["rms_kw"] is None) == (seen["reason"] is not None), seen
+    text = site.api.get("/metrics").text  # the check each reconciliation makes
+    assert 'flexgate_oscillation_rms_kw{source="agents"}' in text
+    assert "flexgate_oscillation_alarm 0" in text
     nodes = site.api.get("/v1/nodes").json()["nodes"]
     assert all(len(n["gpus"]) == 8 for n in nodes)
 

@@ -242,11 +242,20 @@ def test_the_page_shows_what_the_api_says_without_console_errors(tmp_path, brows
         for loop in sync["loops"]:
             row = f'#loops-rows tr[data-loop="{loop["name"]}"]'
             # A measured delay moves between the page's read and this one (each re-plan's
-            # dispatch is measured anew): both hold the fixed reconciliation period and agree to
-            # within a loaded machine's dispatch jitter.
+            # dispatch is measured anew): they agree to within a loaded machine's jitter.
             shown_s = float(css_text(browser, f"{row} td.delay"))
             assert shown_s == pytest.approx(loop["delay_s"], abs=0.5)
             assert css_text(browser, f"{row} td.verdict") == loop["verdict"]
+        oscillation = sync["oscillation"]
+        assert text(browser, "osc-alarm") == ("alarm" if oscillation["alarm"] else "ok")
+        for source in ("meter", "agents"):
+            # Each source shows its RMS or, out of its reach, why (the agents' traces fill up
+            # between the page's read and this one: either may show).
+            row = f'#osc-rows tr[data-source="{source}"]'
+            rms, why = css_text(browser, f"{row} td.rms"), css_text(browser, f"{row} td.reason")
+            assert (rms is None) != (why is None), (source, rms, why)
+            assert rms is None or float(rms) >= 0.0
+        assert "no meter" in css_text(browser, '#osc-rows tr[data-source="meter"] td.reason')
 
         quote = site.api.post("/v1/quotes", json={}).json()
         assert shown(browser, "flex-expected-kw", "the quote") == f"{quote['achievable_kw']:.1f}"

@@ -41,4 +41,5 @@ async def sync(services: ServicesDep) -> dict[str, Any]:
         **await services.fleet.phase_doc(),
         **loops_report(mix, measured, services.tracker.loop_model(mix)),
         "scattering": services.scatterer.doc(),
+        "oscillation": await services.scatterer.oscillation.check(),
     }
