@@ -136,6 +136,15 @@ class Delivery(BaseModel):
     )
 
 
+class Ramp(BaseModel):
+    down_kw_per_min: float | None = Field(description="the limit on the power falling")
+    up_kw_per_min: float | None = Field(description="the limit on the power rising")
+    plans: int = Field(description="the event's plans (its shed and its caps stepping back)")
+    limited_plans: int = Field(description="of which the limit held back from the target")
+    steepest_down_kw_per_min: float = Field(description="the largest planned fall in a minute")
+    steepest_up_kw_per_min: float = Field(description="the largest planned rise in a minute")
+
+
 class Event(_Open):
     id: str
     source: str = Field(description="manual or openadr")
@@ -152,6 +161,11 @@ class Event(_Open):
         default=None,
         description="what the event shed at the meter while the site loop pursued it; null "
         "before its first sample, or with the loop off",
+    )
+    ramp: Ramp | None = Field(
+        default=None,
+        description="its plans against the ramp-rate limit; null with no limit set (or for an "
+        "event planned before this gateway started)",
     )
 
 

@@ -103,6 +103,7 @@ class Events:
             begun = [e.id for e in events if as_utc(e.start) <= when]
             deliveries = repo.deliveries(s, event_ids=begun) if begun else {}
         now, baseline_kw = when.isoformat(), self.power.envelope()[0]
+        ramps = self.targets.ramp.reports
         out = []
         for event in events:
             intervals = event.intervals or []
@@ -135,6 +136,7 @@ class Events:
                     "delivery": (
                         delivery_doc(deliveries[event.id]) if event.id in deliveries else None
                     ),
+                    "ramp": ramps[event.id].doc() if event.id in ramps else None,
                 }
             )
         return out

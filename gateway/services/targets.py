@@ -10,7 +10,11 @@
   back whatever drifted (an agent that restarted, a limit changed under us). From memory: an
   unreachable store does not drop caps mid-event.
 - **Release**: caps step back over `recovery_ramp_s` in `recovery_steps` plans of decreasing
-  reduction, then every GPU gets its original limit.
+  reduction, then every GPU gets its original limit; under a ramp-up limit over as long as it
+  needs, a step each site loop period at most.
+- **Ramp limit** (`gateway.services.ramp`): every plan's reduction moves from the one held by
+  at most the limits allow; a target held back is planned again every step until reached,
+  and each event's record says how its plans ramped.
 - **Probe** (`gateway.services.characterise`): outside targets, given caps for a few jobs,
   stored as a plan with no event, leased and renewed like any plan; `end_probe` restores every
   GPU. Holding a target ends the probe at once (the target's plan is the whole desired state),
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -42,11 +47,12 @@ from gateway.services.answers import PlanAnswers, dumps
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.planner import plan
+from gateway.services.ramp import RampLimit
 from gateway.services.site import SitePower
 from gateway.settings import GatewaySettings
 from gateway.store import repo
 from gateway.store.db import Store
-from gateway.store.models import PlanRow
+from gateway.store.models import PlanRow, as_utc
 from gateway.units import rounded
 
 log = logging.getLogger("flexgate.gateway")
@@ -82,10 +88,16 @@ class Targets:
         #: the site loop as it runs on a mix (`Tracker.loop_model`, set by the tracker that
         #: drives these targets): every plan's sync verdict judges it; None: no site loop
         self.site_loop: Callable[[JobMix], ClosedLoopResponse | None] | None = None
+        self.ramp = RampLimit(
+            settings.ramp_down_kw_per_min, settings.ramp_up_kw_per_min, settings.meter_period_s
+        )
+        self.planned_at_s = 0.0  #: when the last plan was made (monotonic) [s]
+        self._ramping: asyncio.Task[None] | None = None  #: a target held back, stepped on
 
     def stop(self) -> None:
-        if self._ramp is not None:
-            self._ramp.cancel()
+        for task in (self._ramp, self._ramping):
+            if task is not None:
+                task.cancel()
 
     @property
     def recovering(self) -> bool:
@@ -191,6 +203,10 @@ class Targets:
     async def _recover(self, from_kw: float) -> None:
         steps = self.settings.recovery_steps
         pause = self.settings.recovery_ramp_s / steps
+        if self.ramp.up_kw_per_min is not None:  # at the up limit's pace at most, a step a period
+            release_s = max(self.ramp.minimum_release_s(from_kw), self.settings.recovery_ramp_s)
+            steps = max(steps, math.ceil(release_s / self.ramp.step_s))
+            pause = release_s / steps
         for k in range(1, steps):
             await self.clock.sleep(pause)
             async with self._lock:
@@ -207,11 +223,22 @@ class Targets:
         down or came back meanwhile."""
         await self.fleet.discover()
         self._target = (facility_kw, event_id, tracking)
+        self.planned_at_s = self.clock.monotonic()
+        if self.ramp.held_at_s is None:
+            self.ramp.held_kw = self._stored_reduction_kw()
+        planned_kw = self.ramp.bound(facility_kw, self.planned_at_s)
+        self.ramp.note(
+            event_id or (self.recovering_from if self.recovering else None),
+            self.planned_at_s,
+            planned_kw,
+        )
+        if self.ramp.limited:
+            self._step_on()
         for _ in range(2):
             mix = self.book.mix()
             doc = plan(
                 mix,
-                facility_kw,
+                planned_kw,
                 set(self.fleet.nodes),
                 self.settings,
                 frozenset(self.fleet.unreachable),
@@ -219,6 +246,9 @@ class Targets:
                 self.rate_spread,
                 self.site_loop(mix) if self.site_loop else None,
             )
+            if self.ramp.active:
+                doc["ramp"] = self.ramp.doc(facility_kw)
+                doc["shortfall_kw"] = max(facility_kw - doc["achieved_facility_kw"], 0.0)
             if tracking is not None:
                 doc["tracking"] = tracking
             row = self._store_plan(doc, event_id)
@@ -229,6 +259,30 @@ class Targets:
             self.generation, self.plan_id = row.generation, row.id
             if not self.fleet.note_answers(await self._send()):
                 return
+
+    def _stored_reduction_kw(self) -> float:
+        """The reduction of the newest stored plan while the agents may still hold its caps
+        (sent within a lease): where this gateway's first plan starts from [kW]."""
+        with self.store.session() as s:
+            row = repo.newest_plan(s)
+        if row is None or (self.clock.now() - as_utc(row.created_at)).total_seconds() > (
+            self.settings.lease_s
+        ):
+            return 0.0
+        return float(row.doc.get("requested_facility_kw", 0.0))
+
+    def _step_on(self) -> None:
+        """Plan the target the ramp limit held back again every step, until it is reached."""
+        if self._ramping is None or self._ramping.done():
+            self._ramping = asyncio.create_task(self._ramp_on())
+
+    async def _ramp_on(self) -> None:
+        while self.ramp.limited:
+            await self.clock.sleep(self.ramp.step_s)
+            async with self._lock:
+                if self._target is None or not self.ramp.limited:
+                    return
+                await self._plan_and_send(*self._target)
 
     def _store_plan(self, doc: dict[str, Any], event_id: str | None) -> PlanRow:
         """The plan, stored with the next generation before it is sent."""

@@ -277,11 +277,20 @@ class Tracker:
         # period (thousands of nodes) is not followed by another at once, so the loop never
         # keeps the dispatch busy more than half the time and events' plans get through.
         self._ready_s = self.clock.monotonic() + self._plan_s
+        pursuit.planned_kw = requested
+        self._follow_plans(pursuit)
+
+    def _follow_plans(self, pursuit: Pursuit) -> None:
+        """What the plan held now sheds by the model, expected at the meter from when it was
+        made: the loop's own plans, and the steps the targets plan on their own towards what
+        it asked (a ramp limit holding it back: `gateway.services.ramp`)."""
         short_kw = float((self.targets.last_plan or {}).get("shortfall_kw", 0.0))
-        achieved_kw = max(requested - short_kw, 0.0)
-        # Each planned kW is expected at the meter as the site has answered the plans so far.
-        pursuit.moves.append((started_s, pursuit.gain * (pursuit.achieved_kw - achieved_kw)))
-        pursuit.planned_kw, pursuit.achieved_kw = requested, achieved_kw
+        achieved_kw = max(pursuit.planned_kw - short_kw, 0.0)
+        if achieved_kw != pursuit.achieved_kw:
+            # Each planned kW is expected at the meter as the site has answered the plans so far.
+            move_kw = pursuit.gain * (pursuit.achieved_kw - achieved_kw)
+            pursuit.moves.append((self.targets.planned_at_s, move_kw))
+            pursuit.achieved_kw = achieved_kw
 
     def _reference_kw(self, pursuit: Pursuit, mix: JobMix) -> float | None:
         """What the site would draw at the meter without the event: the meter before it,
@@ -306,6 +315,7 @@ class Tracker:
         if pursuit is None or not self.settings.tracking:
             return
         mix = self.book.mix()
+        self._follow_plans(pursuit)
         self._measure_delay()
         self._check(mix)
         if pursuit.start_facility_kw is None:

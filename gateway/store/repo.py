@@ -121,6 +121,11 @@ def get_plan(session: Session, *, plan_id: str) -> PlanRow | None:
     return session.get(PlanRow, plan_id)
 
 
+def newest_plan(session: Session) -> PlanRow | None:
+    """The plan of the highest generation: what the agents were last sent."""
+    return session.exec(select(PlanRow).order_by(col(PlanRow.generation).desc()).limit(1)).first()
+
+
 def add_commands(session: Session, *, commands: list[dict[str, Any]]) -> None:
     """One fan-out's answers (`CommandRow` fields), in one statement: at 10,000 nodes an ORM
     object per row held the event loop three times as long."""

@@ -163,3 +163,43 @@ def test_an_event_beyond_the_site_is_judged_infeasible_when_it_is_created(site):
     assert "can shed at most" in event["reason"]
     modest = {"reduction_kw": 1.0, "start": "2030-01-01T00:00:00Z", "duration_s": 600}
     assert site.api.post("/v1/events", json=modest, headers=API).json()["feasible"] is True
+
+
+def test_an_events_plans_keep_to_the_ramp_limit_and_say_so(tmp_path, database_url):
+    """Through the API on a running gateway: with a ramp-rate limit the event's target is
+    reached in steps, a site loop period apart, and released so; the event reports its plans
+    against the limits."""
+    down, up = 60.0, 120.0  # kW per minute: 0.5 and 1 kW a 0.5 s step
+    with running_site(
+        tmp_path,
+        database_url,
+        meter_period_s=0.5,
+        ramp_down_kw_per_min=down,
+        ramp_up_kw_per_min=up,
+    ) as site:
+        created = site.api.post(
+            "/v1/events",
+            headers=API,
+            json={"reduction_kw": 3.0, "start": now_iso(), "duration_s": 60},
+        )
+        assert created.status_code == 201, created.text
+        event_id = created.json()["id"]
+
+        def reached() -> dict | None:
+            event = site.api.get(f"/v1/events/{event_id}").json()
+            plan = site.api.get(f"/v1/plans/{event['plan_id']}").json() if event["plan_id"] else {}
+            return event if plan.get("requested_facility_kw", 0) >= 3.0 - 1e-6 else None
+
+        event = site.wait(reached, what="the target reached by the ramp")
+        ramp = event["ramp"]
+        assert ramp["down_kw_per_min"] == down
+        assert ramp["limited_plans"] >= 5  # 3 kW at 0.5 kW a step
+        assert 0 < ramp["steepest_down_kw_per_min"] <= down + 1e-6
+        assert site.api.delete(f"/v1/events/{event_id}", headers=API).status_code == 200
+        site.wait(
+            lambda: all(w == 700.0 for ws in site.limits().values() for w in ws),
+            what="the release",
+        )
+        ramp = site.api.get(f"/v1/events/{event_id}").json()["ramp"]
+        assert 0 < ramp["steepest_up_kw_per_min"] <= up + 1e-6
+        assert Event.model_validate(site.api.get(f"/v1/events/{event_id}").json())

@@ -30,7 +30,7 @@ RAMP_S = 120.0
 
 
 class Site:
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, **options):
         jobs = site_jobs()
         mix = parse_job_mix({"jobs": jobs})
         names = sorted({p.node for j in mix.jobs for p in j.placement})
@@ -50,7 +50,9 @@ class Site:
             allow_simulated=True,  # the agents run simulated GPUs
             recovery_ramp_s=RAMP_S,
             recovery_steps=2,
+            **options,
         )
+        self.settings = settings
         self.store = Store(settings.database_url)
         self.fleet = Fleet(settings, self.store, self.clock, self.client)
         overhead = Overhead(settings, self.store, self.clock)
@@ -253,3 +255,42 @@ def test_a_re_plan_sends_each_node_its_planned_caps_and_counts_its_fan_outs(site
         assert site.targets.fan_outs == site.targets.fan_outs_finished == 3
 
     asyncio.run(run())
+
+
+def test_a_restarted_gateway_ramps_from_the_caps_the_agents_still_hold(tmp_path):
+    """A gateway stopped mid-event: its successor, under a ramp-up limit, holds the stored
+    plan's reduction at once (no rebound to nothing, then a shed again) and releases it at the
+    limit's pace."""
+    limits = {"ramp_down_kw_per_min": 60.0, "ramp_up_kw_per_min": 6.0}
+    first = Site(tmp_path, **limits)
+
+    async def hold() -> None:
+        await first.book.replace(first.jobs, "test")
+        for _ in range(8):  # 5 kW a step at 60 kW/min and 5 s steps: 40 kW in eight
+            await first.targets.hold(40.0, "ev-1")
+            await first.step(first.settings.meter_period_s)
+        assert first.targets.last_plan["requested_facility_kw"] == pytest.approx(40.0)
+
+    asyncio.run(hold())
+    first.store.close()
+    successor = Site(tmp_path, **limits)
+
+    async def resume() -> list[float]:
+        await successor.fleet.discover()
+        await successor.targets.hold(40.0, "ev-1")
+        planned = [successor.targets.last_plan["requested_facility_kw"]]
+        successor.targets.release()
+        for _ in range(5):
+            await successor.step(successor.settings.meter_period_s)
+            kw = successor.targets.last_plan["requested_facility_kw"]
+            if kw != planned[-1]:
+                planned.append(kw)
+        return planned
+
+    try:
+        planned = asyncio.run(resume())
+    finally:
+        successor.store.close()
+    assert planned[0] == pytest.approx(40.0)
+    step_kw = 6.0 * successor.settings.meter_period_s / 60.0
+    assert planned[1:4] == pytest.approx([40.0 - step_kw * k for k in (1, 2, 3)])

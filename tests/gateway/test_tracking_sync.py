@@ -62,11 +62,12 @@ class _Site:
 
 class _Targets:
     def __init__(self, clock: _Clock) -> None:
-        self.clock, self.plans = clock, [(-math.inf, 0.0)]
+        self.clock, self.plans, self.planned_at_s = clock, [(-math.inf, 0.0)], 0.0
         self.held_reduction_kw, self.last_plan = 0.0, {"shortfall_kw": 0.0}
 
     async def hold(self, requested_kw: float, event_id: str, doc: dict) -> None:
-        self.plans.append((self.clock.monotonic(), requested_kw))
+        self.planned_at_s = self.clock.monotonic()
+        self.plans.append((self.planned_at_s, requested_kw))
 
 
 class _Quiet(Tracker):
