@@ -32,12 +32,11 @@ from flexgate.simsite import SimulatedSite, Truth, in_step_ids
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.loops import detune, locked_coupling_per_s, unlocking_spread
 from flexmodel.phases import order_parameters, rayleigh_threshold
-from flexmodel.sync import analyse
+from flexmodel.sync import ClosedLoopResponse, analyse
 from flexmodel.syncsim import gain_sweep, locking_gain, simulate_sync
 from gateway.services.fleet import LoopMeasurements
 from gateway.services.planner import loops_report
 from gateway.services.scattering import SIZED_WAIT
-from gateway.settings import GatewaySettings
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS, IMAGES = ROOT / "bench" / "results", ROOT / "docs" / "img"
@@ -182,7 +181,8 @@ def unlock(count: int, spread: float, most_s: float = 400.0) -> dict[str, Any]:
 
 def live_verdict_cost(count: int = 10_000) -> dict[str, float]:
     """What every plan adds for `count` jobs: the loops' verdict on the measured periods and
-    delays (`planner.loops_report`), and the rate spread (`loops.detune`), each against the
+    site loop (`planner.loops_report`, its closed-loop response), and the rate spread
+    (`loops.detune`), each against the
     allocation itself (`flexmodel.allocate.allocate_mix`) in the same run."""
     from flexmodel.allocate import allocate_mix
 
@@ -201,19 +201,25 @@ def live_verdict_cost(count: int = 10_000) -> dict[str, float]:
         for k in range(count)
     ]
     mix = parse_job_mix({"jobs": docs})
-    settings = GatewaySettings(lab=True)
     measured = LoopMeasurements(
-        {d["id"]: 1.1 * d["period_s"] for d in docs},
-        {d["id"]: d["duty"] for d in docs},
-        dispatch_s=tuple(rng.uniform(0.01, 0.2, count)),
-        actuation_s=tuple(rng.uniform(0.02, 0.3, count)),
+        {d["id"]: 1.1 * d["period_s"] for d in docs}, {d["id"]: d["duty"] for d in docs}
+    )
+    # The site loop at the defaults on a meter of 10 s dead time and 3 s lag, its actuation
+    # measured (64 delays, as `combine_delays` keeps of dispatch and actuation).
+    site = ClosedLoopResponse(
+        period_s=5.0,
+        gain=0.5,
+        window_s=44.0,
+        dead_s=10.0,
+        lag_s=3.0,
+        actuation_samples_s=tuple(rng.uniform(0.03, 0.5, 64)),
     )
     facility_kw = 0.2 * mix.overhead_factor * sum(d["power_w"] * 8 for d in docs) / 1000
-    loops_report(mix, settings, measured)  # warm up
+    loops_report(mix, measured, site)  # warm up
     allocation = allocate_mix(mix, facility_kw)
     power = np.array([j["power_w"] for j in allocation["jobs"]])
     best = {
-        "verdict_s": min(timed(lambda: loops_report(mix, settings, measured))[0] for _ in range(5)),
+        "verdict_s": min(timed(lambda: loops_report(mix, measured, site))[0] for _ in range(5)),
         "detune_s": min(
             timed(lambda: detune(mix.problem, power, 0.02, hold_power=True))[0] for _ in range(5)
         ),
@@ -255,11 +261,13 @@ def coupled_unlock(coupling_per_s: float, start_spread: float = 0.01) -> dict[st
     starts at `start_spread`; after `T / (2 spread)` still locked, it is sized from r1
     (`locked_coupling_per_s`, `unlocking_spread`), or doubled where r1 says nothing, as
     `gateway.services.scattering` does. Time to unlock: to r1 below the Rayleigh threshold.
-    Cost: the spread times the share of throughput that can move (here all of it), outside
-    events; during one the total is held and only the allocation's curvature costs."""
+    Cost: `scattering_cost` for each spread applied, weighted by how long it was: the
+    spread times the share of throughput that can move outside events; during one the total
+    is held and only the allocation off its optimum costs."""
     threshold = rayleigh_threshold(COUPLED_JOBS)
     phases, spread, elapsed_s, spreads = np.zeros(COUPLED_JOBS), start_spread, 0.0, []
-    unlocked_s, cost_s, wait = None, 0.0, 1.0
+    unlocked_s, wait = None, 1.0
+    stages: list[tuple[float, float]] = []  #: (spread, seconds it was applied)
     for _ in range(6):
         spreads.append(spread)
         stage_s = wait * T / (2.0 * spread)
@@ -278,23 +286,69 @@ def coupled_unlock(coupling_per_s: float, start_spread: float = 0.01) -> dict[st
         below = np.flatnonzero(run.order[:, 0] < threshold)
         if below.size:
             unlocked_s = elapsed_s + float(run.time_s[below[0]])
-            cost_s += spread * float(run.time_s[below[0]])
+            stages.append((spread, float(run.time_s[below[0]])))
             break
         elapsed_s += stage_s
-        cost_s += spread * stage_s
+        stages.append((spread, stage_s))
         phases = run.final_phases
         r1 = float(run.order[-max(len(run.order) // 10, 1) :, 0].mean())
         estimate = locked_coupling_per_s(r1, spread, T)
         sized = 0.0 if estimate is None else unlocking_spread(estimate, T, delay_s=0.75 * T)
         spread, wait = (sized, SIZED_WAIT) if sized > spread else (2.0 * spread, 1.0)
-    return {
+    costs = {spread: scattering_cost(spread) for spread, _ in stages}
+    out: dict[str, Any] = {
         "coupling_per_s": coupling_per_s,
         "spreads": spreads,
         "unlock_s": unlocked_s,
         "final_spread": spreads[-1],
-        "cost_while_scattering": spreads[-1],
-        "throughput_lost_s": cost_s,
     }
+    for where in ("outside", "inside"):
+        out[f"cost_{where}_events"] = costs[spreads[-1]][where]
+        out[f"throughput_lost_{where}_events_s"] = sum(costs[d][where] * t for d, t in stages)
+    return out
+
+
+def cost_mix() -> Any:
+    """The fleet whose throughput the scattering costs are measured on: 60 jobs of the study's
+    PFI range, a quarter protected (they do not move): the movable share is what it is."""
+    rng = np.random.default_rng(7)
+    return parse_job_mix(
+        {
+            "jobs": [
+                {
+                    "id": f"j{k}",
+                    "gpus": 8,
+                    "power_w": float(rng.uniform(450, 650)),
+                    "throughput": float(rng.uniform(1e4, 5e4)),
+                    "pfi": float(rng.uniform(1.1, 2.67)),
+                    "period_s": T,
+                    "duty": 0.5,
+                    "protected": k % 4 == 0,
+                    "placement": [{"node": f"n{k}", "gpus": list(range(8))}],
+                }
+                for k in range(COUPLED_JOBS)
+            ]
+        }
+    )
+
+
+def scattering_cost(spread: float, cut: float = 0.2) -> dict[str, float]:
+    """The share of the fleet's uncapped throughput a spread costs, measured the same way
+    inside and outside events: `loops.detune` on the allocation the gateway would send, by
+    the job curves. Outside events, on the uncapped allocation (caps can only slow); during an
+    event of `cut` of the site, at the same total (the sped-up jobs pay for the slowed)."""
+    from flexmodel.allocate import allocate_mix
+
+    mix = cost_mix()
+    uncapped = float(mix.curves.uncapped_throughput.sum())
+    site_kw = mix.overhead_factor * mix.baseline_gpu_kw
+    out = {}
+    for where, facility_kw in (("outside", 0.0), ("inside", cut * site_kw)):
+        allocation = allocate_mix(mix, facility_kw)
+        power = np.array([j["power_w"] for j in allocation["jobs"]])
+        tuned = detune(mix.problem, power, spread, hold_power=facility_kw > 0)
+        out[where] = tuned.throughput_cost / uncapped
+    return out
 
 
 def coupled() -> list[dict[str, Any]]:
@@ -302,8 +356,10 @@ def coupled() -> list[dict[str, Any]]:
     for f in out:
         print(
             f"coupling {f['coupling_per_s']:.2f} rad/s: spreads {f['spreads']}, unlocked "
-            f"{f['unlock_s']} s, cost while scattering {f['cost_while_scattering']:.2%}, "
-            f"{f['throughput_lost_s']:.2f} s of throughput lost",
+            f"{f['unlock_s']} s, cost while scattering {f['cost_outside_events']:.2%} outside "
+            f"events, {f['cost_inside_events']:.2%} inside; throughput lost "
+            f"{f['throughput_lost_outside_events_s']:.2f} s, "
+            f"{f['throughput_lost_inside_events_s']:.2f} s",
             flush=True,
         )
     return out

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -215,8 +216,14 @@ class Analysis:
     significant: Mask
     coupling_per_s: Array  #: a_m, positive = attractive
     critical_per_s: Array  #: the attraction at which harmonic m locks, for the spread
-    in_phase_sum: Array  #: S of the exact two-job criterion
     max_safe_delay_s: Array
+
+    @cached_property
+    def in_phase_sum(self) -> Array:
+        """`S` of the exact two-job criterion (worked out when asked: the verdict needs none)."""
+        if isinstance(self.loop, ClosedLoopResponse):
+            return closed_in_phase_sum(self.period_s, self.duty, self.loop)
+        return in_phase_sum(self.period_s, self.duty, self.loop)
 
     @property
     def attractive(self) -> Mask:
@@ -334,7 +341,6 @@ def analyse_loop(
         significant=significant,
         coupling_per_s=coupling,
         critical_per_s=critical_coupling_per_s(m, spread * w[:, None], loop.effective_delay_s),
-        in_phase_sum=in_phase_sum(t, d, loop),
         max_safe_delay_s=max_safe_delay_s(t, significant, loop),
     )
 
@@ -357,9 +363,6 @@ def _analyse_closed(
     # that passes the swing hardly at all couples nothing, whatever its phase).
     peak = loop.peak_gain()
     significant = power * gain >= SIGNIFICANT_SHARE * fundamental * peak * (1 - 1e-12)
-    many = np.arange(1, CLOSED_LOOP_HARMONICS + 1, dtype=float)[None, :]
-    all_power = harmonic_power(many, d[:, None])
-    in_phase = -np.sum(many * all_power * np.imag(loop.response(many * w[:, None])), axis=1)
     return Analysis(
         period_s=t,
         duty=d,
@@ -370,9 +373,17 @@ def _analyse_closed(
         significant=significant,
         coupling_per_s=unit[:, None] * (power / fundamental) * np.imag(response),
         critical_per_s=critical_coupling_per_s(m, spread * w[:, None], loop.effective_delay_s),
-        in_phase_sum=np.asarray(in_phase, dtype=float),
         max_safe_delay_s=max_safe_delay_s(t, significant, loop),
     )
+
+
+def closed_in_phase_sum(period_s: Array, duty: Array, loop: ClosedLoopResponse) -> Array:
+    """`S = -sum_m m |c_m|^2 Im H(i m w)` of a loop as it runs, over `CLOSED_LOOP_HARMONICS`."""
+    w = 2.0 * np.pi / period_s
+    many = np.arange(1, CLOSED_LOOP_HARMONICS + 1, dtype=float)[None, :]
+    all_power = harmonic_power(many, duty[:, None])
+    response = loop.response(many * w[:, None])
+    return np.asarray(-np.sum(many * all_power * np.imag(response), axis=1), dtype=float)
 
 
 def in_phase_sum(period_s: Array, duty: Array, loop: LoopResponse) -> Array:

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from flexmodel.errors import FlexModelError
 from flexmodel.sync import site_oscillation
 from gateway.services.fleet import Fleet, Telemetry, job_readings
 from gateway.services.jobbook import JobBook
@@ -86,15 +85,7 @@ class OscillationWatch:
             why = f"{len(power_kw)} samples: at least {MIN_SAMPLES} are needed"
         if why is not None:
             return empty | {"band_observed_hz": None, "rms_kw": None, "swings": [], "reason": why}
-        try:
-            doc = site_oscillation(power_kw, sample_s, periods_s=periods, band_hz=self.band_hz)
-        except FlexModelError as exc:
-            return empty | {
-                "band_observed_hz": None,
-                "rms_kw": None,
-                "swings": [],
-                "reason": str(exc),
-            }
+        doc = site_oscillation(power_kw, sample_s, periods_s=periods, band_hz=self.band_hz)
         return empty | {key: doc[key] for key in ("band_observed_hz", "rms_kw", "swings", "reason")}
 
     def _meter_trace(self) -> tuple[list[float], float, str | None]:
