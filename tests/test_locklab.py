@@ -6,6 +6,8 @@ default durations)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -84,3 +86,28 @@ def test_an_unsafe_loop_is_refused_outside_the_lab() -> None:
 def test_the_lock_scenario_refuses_options_that_do_not_apply() -> None:
     assert_bad_input(flexgate("lab", "--scenario", "lock", "--mismatch"), "--mismatch")
     assert_bad_input(flexgate("lab", "--scenario", "lock", "--characterise"), "--characterise")
+
+
+@pytest.mark.timeout(600)
+def test_the_lock_lab_gives_the_same_answer_beside_four_cpu_burners(tmp_path: Path) -> None:
+    """The lab runs on the stepped clock (the simulated GPUs and the gateway's loop both on
+    it): four processes burning CPU beside it change nothing it measures (it had exited with
+    "still locked" on a busy machine when it ran in real time)."""
+
+    def trajectories(folder: Path) -> list[list[list[float]]]:
+        result = run_lock(
+            lock_s=8, default_s=2, scatter_s=4, folder=folder, say=lambda _: None, jobs=16
+        )
+        return [[list(map(float, o)) for o in run.order] for run in result["records"]]
+
+    quiet = trajectories(tmp_path / "quiet")
+    burn = "while True: pass"
+    burners = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(4)]
+    try:
+        busy = trajectories(tmp_path / "busy")
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert busy == quiet
+    assert sum(len(run) for run in quiet) > 50
