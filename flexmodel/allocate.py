@@ -1,4 +1,4 @@
-"""Dividing a power reduction among jobs (MODEL.md section 5).
+"""Dividing a power reduction among jobs (docs/model.md, section 5).
 
 Given a GPU-level reduction `R` [W], choose each job's mean power per GPU `p_j` in
 `[lo_j, P_j]` to
@@ -267,7 +267,7 @@ def allocation_dict(
     overhead_factor: float,
     requested_facility_kw: float,
 ) -> dict[str, Any]:
-    """The allocation in the JSON shape of CONTRACT.md (facility figures from `k`)."""
+    """The allocation in the JSON shape docs/cli.md shows (facility figures from `k`)."""
     k = overhead_factor
     before = allocation.throughput_before
     return {
@@ -310,7 +310,7 @@ def allocate_mix(
     objective: str = "throughput",
     excluded: ArrayLike | None = None,
 ) -> dict[str, Any]:
-    """Per-job caps that shed `facility_kw` at the meter, as the JSON of CONTRACT.md.
+    """Per-job caps that shed `facility_kw` at the meter, as the JSON docs/cli.md shows.
 
     `excluded` jobs (one flag per job) give nothing, as the jobs a site cannot reach now; the
     mix's hulls are reused for them.

@@ -1,4 +1,4 @@
-"""Calibrating the overhead factor from the facility meter (MODEL.md section 4).
+"""Calibrating the overhead factor from the facility meter (docs/model.md, section 3).
 
     facility_kw(t) = static_kw + k * (h * gpu_kw)(t)
 

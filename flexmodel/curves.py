@@ -1,4 +1,4 @@
-"""Power-throughput curves of training jobs (MODEL.md section 2).
+"""Power-throughput curves of training jobs (docs/model.md, section 1).
 
 A job's curve maps a per-GPU power cap to the job's mean power per GPU and its throughput.
 Every curve, whatever its source, is held as a table of points ascending in cap, and every
@@ -248,7 +248,7 @@ def sweep_curve(
 
     Power and throughput must not fall as the cap rises. Between the points the curve is
     joined by straight lines (`linear`) or, with `pchip`, by the monotone piecewise cubic of
-    Fritsch and Carlson through the same points (MODEL.md section 2), tabulated at
+    Fritsch and Carlson through the same points (docs/model.md, section 1), tabulated at
     `FAMILY_POINTS` caps besides the measured ones: both keep it monotone and pass through
     every point, and neither goes past the measured caps.
     """

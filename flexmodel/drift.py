@@ -3,7 +3,7 @@
 A job's throughput and power drift while it is probed (its data, its thermals, a neighbour):
 a probe that steps its uncapped level first and then goes down reads a drift of 1% across the
 probe as throughput lost to the caps, and biases the PFI (on `examples/sweep.csv`'s curve,
-grid 400-700 W, true PFI 2.036: 1.878 at 1% drift, 1.748 at 2%; MODEL.md section 3).
+grid 400-700 W, true PFI 2.036: 1.878 at 1% drift, 1.748 at 2%; docs/model.md, section 2).
 
 `probe_sequence` plans the levels: the uncapped level first, the caps going down, the uncapped
 level again at the end and, in a long probe, between every `reference_every` capped levels.

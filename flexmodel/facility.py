@@ -1,4 +1,4 @@
-"""From GPU power to the facility meter (MODEL.md section 4).
+"""From GPU power to the facility meter (docs/model.md, section 3).
 
     facility_kw = static_load_kw + k * gpu_kw        reduction at the meter = k * GPU reduction
 

@@ -1,4 +1,4 @@
-"""Jobs and job mixes (CONTRACT.md), with what the model derives from them.
+"""Jobs and job mixes (docs/model.md, section 6), with what the model derives from them.
 
 A `JobMix` holds its jobs and the site's overhead figures; on first use it builds every job's
 curve from the best source the job has (`job_curves`) and its allocation problem. It also
@@ -317,7 +317,7 @@ def pfi_on_own_grid(
     family shape's own error (`shape_rel` of the carried value) in quadrature; never, relative
     to the value, below the source's: a carried PFI is never more certain than its source.
 
-    PFIs compare only on one grid (MODEL.md section 3); this is how one measured on a probe's
+    PFIs compare only on one grid (docs/model.md, section 2); this is how one measured on a probe's
     few caps is set beside a prediction or a declaration on the study's grid. A value the
     family cannot reach on `grid_w` is taken as the nearest it reaches. On the job's own grid
     the PFI and its error are as given.

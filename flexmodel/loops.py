@@ -1,4 +1,4 @@
-"""A site's control loops, their phase-locking verdicts, and phase scattering (MODEL.md 8).
+"""A site's control loops, their phase-locking verdicts, and phase scattering (docs/sync.md).
 
 The loops of a flexgate site, each with its own delay and measurement window:
 

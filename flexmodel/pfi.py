@@ -1,4 +1,4 @@
-"""The Power Flexibility Index (MODEL.md section 3).
+"""The Power Flexibility Index (docs/model.md, section 2).
 
     PFI = mean over capped points i of (1 - P_i / P_max) / (1 - T_i / T_max)
 

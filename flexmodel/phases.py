@@ -1,4 +1,4 @@
-"""Phases of training jobs from their power, and whether they are locking (MODEL.md section 8).
+"""Phases of training jobs from their power, and whether they are locking (docs/sync.md).
 
 Pure functions over sampled power; the agents call them on their ring buffers.
 

@@ -1,4 +1,4 @@
-"""A job's PFI predicted from its telemetry (MODEL.md section 3, "PFI from telemetry").
+"""A job's PFI predicted from its telemetry (docs/model.md, section 10).
 
 The PFI study's best single feature is the DRAM copy product: DRAM activity
 (`DCGM_FI_PROF_DRAM_ACTIVE`, a fraction) times memory copy utilisation (NVML's memory

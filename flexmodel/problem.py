@@ -1,4 +1,4 @@
-"""The allocation problem (MODEL.md section 5): what every strategy of `allocate` solves.
+"""The allocation problem (docs/model.md, section 5): what every strategy of `allocate` solves.
 
 Each job's curve, GPU count, objective weight and power bounds (`power_bounds`: the GPU's
 minimum cap, the QoS floor `min_throughput_fraction`, and `protected` jobs that give nothing),

@@ -1,4 +1,4 @@
-"""Flexibility quotes (MODEL.md section 6): how many kW the site can shed, at what cost.
+"""Flexibility quotes (docs/model.md, section 7): how many kW the site can shed, at what cost.
 
 A quote covers a window. Jobs whose `remaining_s` is shorter than the window do not count
 toward what it can hold (they may be gone before it ends), nor do the jobs the caller leaves

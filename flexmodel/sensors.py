@@ -1,4 +1,6 @@
-"""GPU power sensors as models, so a phase read through one can be corrected (MODEL.md section 9).
+"""GPU power sensors as models, so a phase read through one can be corrected.
+
+docs/model.md, section 9, "The sensor's lag".
 
 A power reading is not the power now: NVML's instant field on an H200 holds each reading for
 100 ms and reaches 90% of a step about 120 ms after the work changes (a hold plus an

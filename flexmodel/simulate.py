@@ -1,4 +1,4 @@
-"""The PFI study's scheduling experiment (MODEL.md section 7), and beyond it.
+"""The PFI study's scheduling experiment (docs/model.md, section 8), and beyond it.
 
 For each of `workloads` generated job mixes and each global reduction (a fraction of the mix's
 uncapped GPU power), every strategy chooses each job's mean power per GPU from what it knows:
@@ -55,7 +55,7 @@ def simulate(
     seed: int = 1,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the experiment; the answer has the JSON shape of CONTRACT.md (`flexgate simulate`).
+    """Run the experiment; the answer has the JSON shape docs/cli.md shows (`flexgate simulate`).
 
     `progress(done, total)` is called after each workload.
     """

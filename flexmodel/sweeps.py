@@ -1,7 +1,7 @@
 """Measured sweeps read with their noise: the one rule `flexgate pfi` and job mixes share.
 
 A sweep is points `(cap_w, power_w, throughput)`, the highest cap the uncapped run
-(MODEL.md sections 2 and 3). `fit_sweep`:
+(docs/model.md, sections 1 and 2). `fit_sweep`:
 
 1. checks the points: two or more, distinct caps, positive uncapped power and throughput;
 2. takes as repeats of the uncapped run the caps that did not bind (power clearly below the cap

@@ -1,4 +1,4 @@
-"""Will a control loop make training jobs phase-lock? (MODEL.md section 8)
+"""Will a control loop make training jobs phase-lock? (docs/sync.md)
 
 A job's power alternates between a compute level (share `duty` of each iteration of period
 `T`) and a communication level. A loop that throttles jobs from its reading of shared power
@@ -11,7 +11,7 @@ the waveform its effective attraction is
 with `|c_m|^2 = sin(pi*m*d)^2 / (pi*m)^2` the waveform's harmonic power and `K`
 (`unit_coupling_per_s`) the coupling at the fundamental per unit of loop response: the jobs'
 rate per watt turned into rad/s (`rate_coupling_per_s`). Positive `a_m` attracts: the jobs
-drift into step on that harmonic. Two cases (MODEL.md section 8):
+drift into step on that harmonic. Two cases (docs/sync.md):
 
 - a proportional throttle behind a delay `tau` and a moving average over `W`:
   `H = F_m exp(-i m w (tau + W/2))`, so `a_m = -K_m F_m sin(m w (tau + W/2))`, with
@@ -26,7 +26,7 @@ the aliases it also makes beat at other frequencies and average out of the phase
 - A harmonic is **significant** when `|c_m|^2 |F_m| |C(i m w)| >= 0.1 |c_1|^2 |C(i w)|`
   (m = 1..5), `C` the controller's gain `k_p + k_i/(i W)`.
 - **Critical coupling** for a Lorentzian rate spread of half-width `gamma = spread * w`
-  (Ott-Antonsen, MODEL.md section 8): harmonic `m` locks when
+  (Ott-Antonsen, docs/sync.md): harmonic `m` locks when
   `a_m > 2 * gamma * exp(m * gamma * tau_eff)`. In the variable `m * phi` both the rate spread
   and the coupling scale by `m`, so the threshold on `a_m` is the fundamental's `2 gamma`; only
   the lag factor grows with `m`. The exponential is the order-of-magnitude decoherence a delay
@@ -85,7 +85,7 @@ def harmonic_power(m: ArrayLike, duty: ArrayLike) -> Array:
 
 def critical_coupling_per_s(m: ArrayLike, gamma_per_s: ArrayLike, tau_eff_s: float) -> Array:
     """The attraction [rad/s] at which harmonic `m` locks a Lorentzian population of rate
-    half-width `gamma_per_s` behind an effective delay `tau_eff_s` (MODEL.md section 8:
+    half-width `gamma_per_s` behind an effective delay `tau_eff_s` (docs/sync.md:
     `2 gamma exp(m gamma tau)`; the spread and the coupling both scale by m in `m * phi`)."""
     gamma = np.asarray(gamma_per_s, dtype=float)
     return np.asarray(2.0 * gamma * np.exp(np.asarray(m) * gamma * tau_eff_s), dtype=float)
@@ -99,8 +99,8 @@ def rate_coupling_per_s(
     `swing_w` is a job's compute power less its communication power (all its GPUs) [W], as
     the loop reads it; `rate_per_w` the fraction by which the job's compute phase slows per
     watt of the loop's correction [1/W]. Averaging `dphi/dt = w (1 - chi(phi) u)` with
-    `u = rate_per_w * (h * P)(t)` gives `K = 2 w |c_1|^2 swing_w rate_per_w` (MODEL.md
-    section 8; the same normalisation as `flexmodel.syncsim`).
+    `u = rate_per_w * (h * P)(t)` gives `K = 2 w |c_1|^2 swing_w rate_per_w` (docs/sync.md;
+    the same normalisation as `flexmodel.syncsim`).
     """
     w = 2.0 * np.pi / np.asarray(period_s, dtype=float)
     power = harmonic_power(1, duty)
@@ -116,7 +116,7 @@ def window_gain(m: ArrayLike, period_s: ArrayLike, window_s: ArrayLike) -> Array
 
 @dataclass(frozen=True)
 class LoopResponse:
-    """A linear loop from measured shared power to the jobs' throttle (MODEL.md section 8):
+    """A linear loop from measured shared power to the jobs' throttle (docs/sync.md):
     a delay, a moving average over `window_s`, a sample-and-hold every `hold_s`, then
     `proportional_gain` [W of correction per W of error] and `integral_gain_per_s` [W per
     W s]. The default is the delayed proportional throttle of unit gain."""
@@ -253,7 +253,7 @@ class Analysis:
         return np.asarray(HARMONICS[np.argmax(margin, axis=1)])
 
     def job_dict(self, j: int) -> dict[str, Any]:
-        """One job's analysis in the JSON shape of CONTRACT.md (`flexgate sync check`)."""
+        """One job's analysis in the JSON shape docs/cli.md shows (`flexgate sync check`)."""
         attractive = self.attractive[j]
         return {
             "period_s": float(self.period_s[j]),
@@ -308,7 +308,7 @@ def analyse_loop(
     unit_coupling_per_s: ArrayLike,
     spread: float = 0.0,
 ) -> Analysis:
-    """The coupling that `loop` puts on jobs of these periods and duties (MODEL.md section 8).
+    """The coupling that `loop` puts on jobs of these periods and duties (docs/sync.md).
 
     `unit_coupling_per_s` [rad/s], per job or one for all: the coupling at the fundamental per
     unit of loop response (`rate_coupling_per_s` from the jobs' swing and rate per watt).

@@ -1,4 +1,4 @@
-"""Integrating the delayed-throttle model of phase-locking (MODEL.md section 8).
+"""Integrating the delayed-throttle model of phase-locking (docs/sync.md).
 
 Each job `i` advances through its iteration with phase `phi_i` (held in cycles, in [0, 1)):
 

@@ -1,4 +1,4 @@
-"""Synthetic job mixes for the PFI study's scheduling experiment (MODEL.md section 7).
+"""Synthetic job mixes for the PFI study's scheduling experiment (docs/model.md, section 8).
 
 Job types are the H200 jobs of the PFI study's Table 6 (the 25 `main` jobs it fits on) and
 Table 7 (4 `heldout` validation jobs): architecture, task, GPU count, cap grid and PFI, written

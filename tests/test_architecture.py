@@ -1,4 +1,4 @@
-"""The one-way imports of ARCHITECTURE.md, checked on the source (no import needed).
+"""The one-way imports of docs/architecture.md, checked on the source (no import needed).
 
 - flexmodel: numpy and scipy and the pure parts of the standard library; nothing of ours, no
   framework, no clock, no environment, no I/O.

@@ -5,9 +5,10 @@
   telemetry. Answers are the `agents.protocol` models, parsed once, here.
 - `http.HttpAgentClient`: aiohttp, keep-alive connections (the default).
 - `memory.InMemoryAgentClient`: agents in this process, no network (unit tests, benchmarks).
+- `natsbus`: over a NATS server with JetStream (docs/nats.md).
 
-A new transport (NATS, say) is one more module with these three calls; nothing else changes.
-An agent is named by its address: a base URL for HTTP.
+A transport is one module with these three calls; nothing else changes. An agent is named by
+its address: a base URL for HTTP, its node id over NATS, `mem://...` in this process.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Request bodies of the gateway API (responses are documented in CONTRACT.md)."""
+"""Request bodies of the gateway API (responses: docs/gateway.md, "API")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What the core knows of grid protocols: external events from a named source, and the hook
 that tells the source when the site opts out of one.
 
-A grid protocol (OpenADR 2.0b in `gateway.openadr`, 3.1 later) turns its messages into
+A grid protocol (OpenADR 2.0b and 3.1, both in `gateway.openadr`) turns its messages into
 `ExternalEvent`s, hands them to the events service, and answers its VTN; the core never sees
 the protocol's own terms.
 """

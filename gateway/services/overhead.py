@@ -1,4 +1,4 @@
-"""The facility overhead in force: facility kW = static + k * GPU kW (MODEL.md section 4).
+"""The facility overhead in force: facility kW = static + k * GPU kW (docs/model.md, section 3).
 
 Precedence, highest first: the latest calibration on the site's meter (once one exists),
 then the site's settings (`FLEXGATE_OVERHEAD_FACTOR`, `FLEXGATE_STATIC_LOAD_KW`). A job-mix

@@ -1,4 +1,4 @@
-"""From a facility target to per-node cap commands (ARCHITECTURE.md, step 3).
+"""From a facility target to per-node cap commands (docs/architecture.md).
 
 The site's job mix goes to flexmodel's `optimal` allocation. Jobs without a placement on a
 known agent cannot be capped, so they give nothing. While the jobs' phases are being scattered

@@ -1,4 +1,4 @@
-"""Predicted PFIs for the jobs that declare none (MODEL.md section 3, "PFI from telemetry").
+"""Predicted PFIs for the jobs that declare none (docs/model.md, section 10).
 
 A job with neither `pfi` nor `sweep` in the job mix has the fleet default (1.35 +- 0.30)
 until its agents have read its features over its uncapped run (`agents.features`); then it

@@ -104,7 +104,7 @@ def test_spread_turns_unsafe_into_at_risk_and_scales_linearly():
 @pytest.mark.parametrize(("duty", "delay", "m"), [(0.5, 0.5, 3), (0.25, 0.75, 2)])
 def test_a_harmonic_locks_at_the_fundamentals_threshold_not_m_times_it(duty, delay, m):
     """In m*phi the spread and the coupling both scale by m: the onset is 2 gamma
-    exp(m gamma tau), the same attraction as the fundamental's (MODEL.md section 8)."""
+    exp(m gamma tau), the same attraction as the fundamental's (docs/sync.md)."""
     spread, period = 0.005, 2.0
     gamma = spread * 2 * np.pi / period
     result = analyse(period, duty, delay_s=delay, spread=spread, gain_per_s=0.4)
@@ -331,7 +331,7 @@ def test_the_proportional_loop_is_a_special_case_of_the_general_response(
 
 
 def test_integral_action_adds_a_quarter_period_lag_and_a_gain_falling_as_1_over_m_w():
-    """a_m = -K (|c_m|^2/|c_1|^2) (k_i / (m w)) F_m cos(m w tau_eff) (MODEL.md section 8)."""
+    """a_m = -K (|c_m|^2/|c_1|^2) (k_i / (m w)) F_m cos(m w tau_eff) (docs/sync.md)."""
     period, duty, delay, window, ki = 2.0, 0.3, 0.7, 0.4, 1.5
     loop = LoopResponse(
         delay_s=delay, window_s=window, proportional_gain=0.0, integral_gain_per_s=ki

@@ -1,4 +1,4 @@
-"""The simulator reproduces what the phase-locking study claims (MODEL.md section 8)."""
+"""The simulator reproduces what the phase-locking study claims (docs/sync.md)."""
 
 import numpy as np
 import pytest
