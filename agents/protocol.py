@@ -299,6 +299,11 @@ class Health(BaseModel):
         description="what the agent runs on (transport, TLS, state folder, job mix; no "
         "secrets); absent from agents before it was added",
     )
+    sensor: SensorInfo | None = Field(
+        default=None,
+        description="its GPUs' power sensor as modelled: the lag of every power figure it "
+        "reports (the site loop on the estimate reads it); absent from agents before it was added",
+    )
 
 
 def validation_detail(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -146,6 +146,7 @@ class AgentNode:
             generation=self.controller.generation,
             lease_remaining_s=self.controller.lease_remaining_s(),
             configuration=self.configuration,
+            sensor=SensorInfo.of(self.sampler.sensor),
         )
 
     def apply(self, command: CapCommand) -> CapResponse:

@@ -97,6 +97,8 @@ class Fleet:
         self.seen: dict[str, datetime] = {}  #: node id -> when it last answered
         #: node id -> its agent's GPU backend (`sim` or `nvml`), as its health said
         self.backends: dict[str, str] = {}
+        #: node id -> its GPUs' power sensor's effective lag, as the agent models it [s]
+        self.sensor_lags_s: dict[str, float] = {}
         #: node id -> why it is unreachable: its last command failed (after the retries). The
         #: one definition, used by plans (`unreachable_nodes`), /v1/nodes, quotes and metrics.
         self.unreachable: dict[str, str] = {}
@@ -145,6 +147,8 @@ class Fleet:
             self.nodes[health.node_id] = address
             self.seen[health.node_id] = now
             self.backends[health.node_id] = health.backend
+            if health.sensor is not None:
+                self.sensor_lags_s[health.node_id] = health.sensor.lag_s
         self.version += 1
         with self.store.session() as s:
             for address, health in found:

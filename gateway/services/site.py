@@ -97,9 +97,12 @@ class SitePower:
 
     def meter_path(self) -> MeterPath:
         """How a GPU step reaches the facility figure the loop reads: the meter's path, or
-        on the estimate the agents' averaging alone."""
+        on the estimate the agents' averaging behind their power sensors' lag (the slowest
+        agent's, as each models its GPUs' sensor: `flexmodel.sensors`)."""
         if self.feed is None:
-            return MeterPath(0.0, 0.0, self.averaging_s, 0.0, 0.0, "estimate")
+            lag_s = max(self.fleet.sensor_lags_s.values(), default=0.0)
+            source = f"estimate (the agents' sensor lag {lag_s:g} s)"
+            return MeterPath(lag_s, 0.0, self.averaging_s, 0.0, 0.0, source)
         return self.overhead.meter_path()
 
     def facility_kw(self, gpu_kw: float) -> float:
