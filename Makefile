@@ -33,7 +33,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=40  # the slowest tests, for whoever makes the suite faster
 
 reliability: $(STAMP)  # the fault, bad-input and security tests of docs/reliability.md
 	FLEXGATE_RECOVERY_REPORT=bench/results/reliability.json $(BIN)/pytest tests/agents/test_crash.py tests/agents/test_caps.py tests/agents/test_nvml.py \

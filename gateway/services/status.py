@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from sqlalchemy.exc import OperationalError
 
 from gateway.services.configuration import effective_configuration
@@ -32,6 +36,8 @@ class Status:
         self.settings, self.fleet, self.book, self.power = settings, fleet, book, power
         self.targets, self.events, self.feed = targets, events, feed
         self.oscillation = oscillation
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
 
     def health(self) -> dict[str, Any]:
         """`status` ok when the store answers, unhealthy (with the reason) when it does not;
@@ -100,79 +106,109 @@ class Status:
         return out
 
     def metrics(self) -> str:
-        live = self.events.live()
-        gauges = [
-            ("flexgate_agents_known", "gauge", len(self.fleet.nodes)),
-            ("flexgate_events_active", "gauge", sum(e.status == "active" for e in live)),
-            ("flexgate_events_pending", "gauge", sum(e.status == "pending" for e in live)),
-            ("flexgate_fan_outs_total", "counter", self.targets.fan_outs),
-            ("flexgate_fan_outs_finished_total", "counter", self.targets.fan_outs_finished),
-            ("flexgate_nodes_unreachable", "gauge", len(self.fleet.unreachable)),
-            ("flexgate_generation", "gauge", self.targets.generation or 0),
-            ("flexgate_jobs", "gauge", len(self.book.mix().jobs)),
-        ]
-        lines = [f"# TYPE {name} {kind}\n{name} {value}" for name, kind, value in gauges]
-        lines += ["# TYPE flexgate_nodes_by_backend gauge"] + [
-            f'flexgate_nodes_by_backend{{backend="{kind}"}} {count}'
-            for kind, count in self._backend_counts().items()
-        ]
-        lines += self._meter_lines() + self._job_source_lines() + self._oscillation_lines()
-        return "\n".join(lines) + "\n"
+        """`/metrics`: the Prometheus text exposition of `collect` (`prometheus_client`: HELP
+        and TYPE lines, label values escaped)."""
+        return generate_latest(self.registry).decode()
 
-    def _oscillation_lines(self) -> list[str]:
+    def collect(self) -> Iterator[Metric]:
+        """The gateway's metric families, read from the services when scraped."""
+        live = self.events.live()
+        yield _gauge("flexgate_agents_known", "Agents that have answered.", len(self.fleet.nodes))
+        active = sum(e.status == "active" for e in live)
+        yield _gauge("flexgate_events_active", "Events active now.", active)
+        pending = sum(e.status == "pending" for e in live)
+        yield _gauge("flexgate_events_pending", "Events accepted, not started.", pending)
+        targets = self.targets
+        yield CounterMetricFamily(
+            "flexgate_fan_outs", "Desired states sent to every node.", value=targets.fan_outs
+        )
+        yield CounterMetricFamily(
+            "flexgate_fan_outs_finished",
+            "Fan-outs that ended, their answers recorded.",
+            value=targets.fan_outs_finished,
+        )
+        unreachable = len(self.fleet.unreachable)
+        yield _gauge("flexgate_nodes_unreachable", "Nodes whose last command failed.", unreachable)
+        generation = targets.generation or 0
+        yield _gauge("flexgate_generation", "Generation of the plan held.", generation)
+        yield _gauge("flexgate_jobs", "Jobs in the mix.", len(self.book.mix().jobs))
+        backends = GaugeMetricFamily(
+            "flexgate_nodes_by_backend", "Nodes by GPU backend.", labels=["backend"]
+        )
+        for kind, count in self._backend_counts().items():
+            backends.add_metric([kind], count)
+        yield backends
+        yield from self._meter_families()
+        yield from self._job_source_families()
+        yield from self._oscillation_families()
+
+    def _meter_families(self) -> Iterator[Metric]:
+        feed = self.power.feed
+        if feed is None:
+            return
+        yield CounterMetricFamily(
+            "flexgate_meter_readings", "Meter readings believed.", value=feed.readings
+        )
+        for name, text, counts in (
+            ("flexgate_meter_rejected", "Meter readings rejected, by reason.", feed.rejected),
+            ("flexgate_meter_suspected", "Meter readings suspected, by reason.", feed.suspected),
+        ):
+            family = CounterMetricFamily(name, text, labels=["reason"])
+            for reason, count in counts.items():
+                family.add_metric([reason], count)
+            yield family
+        fault = int(self.power.meter_fault is not None)
+        yield _gauge("flexgate_meter_fault", "1 while the meter faults.", fault)
+        reading = feed.state()["facility_power_kw"]
+        yield _gauge(
+            "flexgate_meter_power_kw",
+            "The meter's last believed reading [kW] (NaN: none).",
+            math.nan if reading is None else reading,
+        )
+
+    def _job_source_families(self) -> Iterator[Metric]:
+        feed = self.feed
+        if feed is None:
+            return
+        yield CounterMetricFamily(
+            "flexgate_job_source_reads", "Reads of the job source.", value=feed.reads
+        )
+        yield CounterMetricFamily(
+            "flexgate_job_source_failures", "Failed reads of the job source.", value=feed.failures
+        )
+        fault = int(feed.fault is not None)
+        yield _gauge("flexgate_job_source_fault", "1 while the job source faults.", fault)
+        yield _gauge("flexgate_job_source_stale", "1 while the job mix is stale.", int(feed.stale))
+        yield _gauge(
+            "flexgate_job_source_age_seconds", "Age of the last good read [s].", feed.age_s
+        )
+        yield _gauge(
+            "flexgate_job_source_jobs_left_out",
+            "Jobs of the source left out of the mix.",
+            len(feed.problems),
+        )
+
+    def _oscillation_families(self) -> Iterator[Metric]:
         """The last oscillation check (each reconciliation): the in-band RMS per source (NaN
         where the band is out of its reach) and the alarm."""
         last = self.oscillation.last
         if last is None:
-            return []
-        rms = [
-            f'flexgate_oscillation_rms_kw{{source="{name}"}} '
-            f"{'NaN' if last[name]['rms_kw'] is None else round(last[name]['rms_kw'], 6)}"
-            for name in ("meter", "agents")
-        ]
-        return [
-            "# TYPE flexgate_oscillation_rms_kw gauge",
-            *rms,
-            f"# TYPE flexgate_oscillation_alarm gauge\nflexgate_oscillation_alarm "
-            f"{int(last['alarm'])}",
-        ]
+            return
+        rms = GaugeMetricFamily(
+            "flexgate_oscillation_rms_kw",
+            "The site power's RMS within the oscillation band, per source [kW] (NaN: out of "
+            "its reach).",
+            labels=["source"],
+        )
+        for name in ("meter", "agents"):
+            value = last[name]["rms_kw"]
+            rms.add_metric([name], math.nan if value is None else value)
+        yield rms
+        alarm = int(last["alarm"])
+        yield _gauge(
+            "flexgate_oscillation_alarm", "1 while the oscillation is over its limit.", alarm
+        )
 
-    def _job_source_lines(self) -> list[str]:
-        feed = self.feed
-        if feed is None:
-            return []
-        gauges = [
-            ("flexgate_job_source_reads_total", "counter", feed.reads),
-            ("flexgate_job_source_failures_total", "counter", feed.failures),
-            ("flexgate_job_source_fault", "gauge", int(feed.fault is not None)),
-            ("flexgate_job_source_stale", "gauge", int(feed.stale)),
-            ("flexgate_job_source_age_seconds", "gauge", round(feed.age_s, 3)),
-            ("flexgate_job_source_jobs_left_out", "gauge", len(feed.problems)),
-        ]
-        return [f"# TYPE {name} {kind}\n{name} {value}" for name, kind, value in gauges]
 
-    def _meter_lines(self) -> list[str]:
-        feed = self.power.feed
-        if feed is None:
-            return []
-        rejected = [
-            f'flexgate_meter_rejected_total{{reason="{reason}"}} {count}'
-            for reason, count in feed.rejected.items()
-        ]
-        suspected = [
-            f'flexgate_meter_suspected_total{{reason="{reason}"}} {count}'
-            for reason, count in feed.suspected.items()
-        ]
-        reading = feed.state()["facility_power_kw"]
-        return [
-            f"# TYPE flexgate_meter_readings_total counter\nflexgate_meter_readings_total "
-            f"{feed.readings}",
-            "# TYPE flexgate_meter_rejected_total counter",
-            *rejected,
-            "# TYPE flexgate_meter_suspected_total counter",
-            *suspected,
-            f"# TYPE flexgate_meter_fault gauge\nflexgate_meter_fault "
-            f"{int(self.power.meter_fault is not None)}",
-            f"# TYPE flexgate_meter_power_kw gauge\nflexgate_meter_power_kw "
-            f"{reading if reading is not None else 'NaN'}",
-        ]
+def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, text, value=value)

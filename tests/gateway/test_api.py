@@ -8,6 +8,7 @@ import pytest
 from gateway.api.schemas import Health
 from tests.conftest import EXAMPLES
 from tests.gateway.conftest import API, API_TOKEN, now_iso, running_site
+from tests.promtext import samples
 
 
 @pytest.fixture(params=["sqlite"])
@@ -132,9 +133,8 @@ def test_overlapping_events_the_strictest_target_wins(site):
     assert plan["requested_facility_kw"] == pytest.approx(5.0)  # back to the remaining event
 
 
-def metrics(site) -> dict[str, int]:
-    text = site.api.get("/metrics").text
-    return {k: int(v) for k, v in (x.split() for x in text.splitlines() if x[:1] != "#")}
+def metrics(site) -> dict[str, float]:
+    return samples(site.api.get("/metrics").text)
 
 
 def test_metrics_count_the_fan_outs_sent_and_finished(site):
@@ -180,8 +180,12 @@ def test_health_metrics_and_sync(site):
         seen = oscillation[source]
         assert (seen["rms_kw"] is None) == (seen["reason"] is not None), seen
     text = site.api.get("/metrics").text  # the check each reconciliation makes
-    assert 'flexgate_oscillation_rms_kw{source="agents"}' in text
-    assert "flexgate_oscillation_alarm 0" in text
+    assert 'flexgate_oscillation_rms_kw{source="agents"}' in samples(text)
+    assert samples(text)["flexgate_oscillation_alarm"] == 0
+    # Every family says what it is (HELP), as Prometheus's own text format has it.
+    families = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
+    helped = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP")]
+    assert families == helped
     nodes = site.api.get("/v1/nodes").json()["nodes"]
     assert all(len(n["gpus"]) == 8 for n in nodes)
 

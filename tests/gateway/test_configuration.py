@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from gateway.services.configuration import store_doc
 from tests.gateway.conftest import API, now_iso, running_site
+from tests.promtext import samples
 
 
 def test_health_names_the_store_and_meter_and_nodes_their_backend(tmp_path):
@@ -20,7 +21,8 @@ def test_health_names_the_store_and_meter_and_nodes_their_backend(tmp_path):
         assert health["status"] == "ok"  # a simulated site on purpose (FLEXGATE_ALLOW_SIMULATED)
         nodes = site.api.get("/v1/nodes").json()["nodes"]
         assert {n["backend"] for n in nodes} == {"sim"}
-        assert 'flexgate_nodes_by_backend{backend="sim"} 6' in site.api.get("/metrics").text
+        metrics = samples(site.api.get("/metrics").text)
+        assert metrics['flexgate_nodes_by_backend{backend="sim"}'] == 6
 
 
 def test_simulated_gpus_outside_the_lab_warn_and_refuse_events(tmp_path):

@@ -8,7 +8,6 @@ time out. tests/gateway/test_slurm.py runs it against a real Slurm.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 
 import pytest
@@ -22,6 +21,7 @@ from gateway.store.models import AuditRow
 from tests.conftest import wait_for
 from tests.gateway.conftest import API
 from tests.gateway.jobsites import ScriptedSqueue, following_site, squeue_job
+from tests.promtext import samples
 
 # --- squeue's answer ---------------------------------------------------------------------
 
@@ -270,12 +270,10 @@ def test_a_source_that_fails_keeps_the_last_good_mix_and_goes_stale(tmp_path, sq
         wait_for(lambda: site.api.get("/health").json()["job_source"]["stale"], "stale")
         health = site.api.get("/health").json()
         assert any("the job mix is stale" in r for r in health["degraded"])
-        metrics = site.api.get("/metrics").text
-        assert "flexgate_job_source_stale 1" in metrics
-        assert "flexgate_job_source_fault 1" in metrics
-        failures = re.search(r"^flexgate_job_source_failures_total (\d+)$", metrics, re.M)
-        assert failures is not None
-        assert int(failures[1]) >= 3
+        metrics = samples(site.api.get("/metrics").text)
+        assert metrics["flexgate_job_source_stale"] == 1
+        assert metrics["flexgate_job_source_fault"] == 1
+        assert metrics["flexgate_job_source_failures_total"] >= 3
         # The controller answers again: fresh, and the mix follows it.
         squeue.answer_jobs([squeue_job(2)])
         site.wait_jobs({"2"}, seconds=20)
@@ -317,7 +315,7 @@ def test_bad_jobs_are_reported_and_left_out_and_a_known_one_keeps_its_last_entry
         health = site.api.get("/health").json()
         assert health["status"] == "degraded"
         assert any("4 job(s) left out" in r for r in health["degraded"])
-        assert "flexgate_job_source_jobs_left_out 4" in site.api.get("/metrics").text
+        assert samples(site.api.get("/metrics").text)["flexgate_job_source_jobs_left_out"] == 4
         # Jobs that would share a GPU: the whole view is refused, the last good one kept.
         squeue.answer_jobs([squeue_job(1), squeue_job(6, gres=("gpu:1(IDX:0)",))])
         wait_for(
