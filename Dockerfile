@@ -12,7 +12,12 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 # The dependencies first, in their own layer: a change to flexgate's code rebuilds in seconds.
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" >requirements.txt \
+# Every role's (one image serves them all): the base and each extra's, less its references to
+# other extras.
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+        extras = [r for k in ('agent', 'agent-kubernetes', 'gateway', 'lab') \
+                  for r in p['optional-dependencies'][k] if not r.startswith('flexgate[')]; \
+        print('\n'.join(p['dependencies'] + extras))" >requirements.txt \
     && /opt/flexgate/bin/pip install --no-cache-dir -r requirements.txt
 COPY flexmodel flexmodel
 COPY agents agents

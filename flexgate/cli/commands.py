@@ -309,16 +309,25 @@ def _finish(
 def refuse_unknown_environment() -> None:
     """Every `FLEXGATE_*` variable must be a setting of the gateway or the agent (they often
     share one environment), or listed as not a setting: each program alone knows only its own
-    names, so a misspelt agent prefix (FLEXGATE_AGNET_BACKEND) is caught here."""
+    names, so a misspelt agent prefix (FLEXGATE_AGNET_BACKEND) is caught here. Where only the
+    agent is installed (`flexgate[agent]`: a GPU node) the gateway's names cannot be read, so
+    only the agent's own namespace is judged."""
     import os
 
-    from agents.protocol import unknown_variables
+    from agents.protocol import AGENT_NAMESPACE, unknown_variables
     from agents.settings import AgentSettings
-    from gateway.settings import GatewaySettings
 
-    problem = unknown_variables(
-        os.environ, [*GatewaySettings.model_fields, *AgentSettings.model_fields]
-    )
+    known = [*AgentSettings.model_fields]
+    try:
+        from gateway.settings import GatewaySettings
+    except ImportError:  # the gateway's extra is not installed
+
+        def foreign(name: str) -> bool:
+            return not name.startswith(AGENT_NAMESPACE)
+
+        problem = unknown_variables(os.environ, known, foreign=foreign)
+    else:
+        problem = unknown_variables(os.environ, [*GatewaySettings.model_fields, *known])
     if problem:
         raise BadInputError(problem)
 

@@ -372,9 +372,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_characterise(sub: Any) -> None:
-    from flexgate.cli.characterise import run_characterise
+def _characterise(args: argparse.Namespace) -> int:
+    from flexgate.cli.characterise import (
+        run_characterise,
+    )  # httpx: a gateway client's, not a node's
 
+    return run_characterise(args)
+
+
+def _add_characterise(sub: Any) -> None:
     verb = sub.add_parser(
         "characterise", help="ask a running gateway to probe jobs' caps and measure their curves"
     )
@@ -393,7 +399,7 @@ def _add_characterise(sub: Any) -> None:
         "--timeout-s", type=_positive, default=10.0, metavar="S", help="per request (default 10)"
     )
     verb.add_argument("--json", action="store_true", help="print one JSON document")
-    verb.set_defaults(command=run_characterise, name="characterise")
+    verb.set_defaults(command=_characterise, name="characterise")
 
 
 def _add_controller(verb: Any) -> None:
