@@ -15,7 +15,7 @@ import hmac
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Protocol
@@ -24,6 +24,8 @@ from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from agents.backend import GpuBackend
 from agents.caps import CapController
@@ -372,47 +374,72 @@ DCGM_FIELDS: tuple[tuple[str, str, str, Callable[[GpuBackend, int], float | None
 
 
 def prometheus_text(node: AgentNode) -> str:
-    """Prometheus text: DCGM exporter names where DCGM has the quantity, `flexgate_` otherwise."""
-    backend = node.backend
-    labels = {}
-    for index in range(backend.count()):
-        try:
-            uuid, _ = backend.identity(index)
-        except AgentError:
-            continue
-        labels[index] = f'gpu="{index}",UUID="{uuid}",Hostname="{node.node_id}"'
-    lines: list[str] = []
-    for name, kind, text, read in DCGM_FIELDS:
-        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-        for index, label in labels.items():
+    """Prometheus text (`prometheus_client`'s exposition: HELP and TYPE lines, label values
+    escaped): DCGM exporter names where DCGM has the quantity, `flexgate_` otherwise."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_NodeMetrics(node))
+    return generate_latest(registry).decode()
+
+
+class _NodeMetrics:
+    """A node's metric families, read from its GPUs and controller when scraped."""
+
+    def __init__(self, node: AgentNode) -> None:
+        self.node = node
+
+    def collect(self) -> Iterator[Metric]:
+        node, backend = self.node, self.node.backend
+        labels: dict[int, list[str]] = {}
+        for index in range(backend.count()):
             try:
-                value = read(backend, index)
+                uuid, _ = backend.identity(index)
             except AgentError:
                 continue
+            labels[index] = [str(index), uuid, node.node_id]
+        for name, kind, text, read in DCGM_FIELDS:
+            # dcgm-exporter's names, a counter's included (its energy has no `_total`), so
+            # its type is said only for gauges: the text format types a counter by that suffix.
+            family = Metric(name, text, "gauge" if kind == "gauge" else "unknown")
+            for index, label in labels.items():
+                try:
+                    value = read(backend, index)
+                except AgentError:
+                    continue
+                if value is not None:
+                    family.add_sample(name, dict(zip(DCGM_LABELS, label, strict=True)), value)
+            yield family
+        control = node.controller
+        generation = -1 if control.generation is None else control.generation
+        yield GaugeMetricFamily(
+            "flexgate_agent_generation", "Generation of the last accepted cap command.", generation
+        )
+        yield GaugeMetricFamily(
+            "flexgate_agent_lease_remaining_seconds",
+            "Time left on the cap lease.",
+            control.lease_remaining_s() or 0.0,
+        )
+        yield GaugeMetricFamily(
+            "flexgate_agent_saved_originals",
+            "GPUs whose original limit is saved (changed).",
+            len(control.originals.saved()),
+        )
+        yield CounterMetricFamily(
+            "flexgate_agent_power_read_errors",
+            "Failed power readings.",
+            node.sampler.read_errors,
+        )
+        delays = control.delay_stats()
+        summary = Metric(
+            "flexgate_agent_actuation_delay_seconds",
+            "Request to enforced limit, per GPU.",
+            "summary",
+        )
+        for quantile, value in (("0.5", delays.p50_s), ("0.99", delays.p99_s)):
             if value is not None:
-                lines.append(f"{name}{{{label}}} {value:.3f}")
-    control = node.controller
-    delays = control.delay_stats()
-    extra = [
-        "# HELP flexgate_agent_generation Generation of the last accepted cap command.",
-        "# TYPE flexgate_agent_generation gauge",
-        f"flexgate_agent_generation {-1 if control.generation is None else control.generation}",
-        "# HELP flexgate_agent_lease_remaining_seconds Time left on the cap lease.",
-        "# TYPE flexgate_agent_lease_remaining_seconds gauge",
-        f"flexgate_agent_lease_remaining_seconds {control.lease_remaining_s() or 0.0:.3f}",
-        "# HELP flexgate_agent_saved_originals GPUs whose original limit is saved (changed).",
-        "# TYPE flexgate_agent_saved_originals gauge",
-        f"flexgate_agent_saved_originals {len(control.originals.saved())}",
-        "# HELP flexgate_agent_power_read_errors_total Failed power readings.",
-        "# TYPE flexgate_agent_power_read_errors_total counter",
-        f"flexgate_agent_power_read_errors_total {node.sampler.read_errors}",
-        "# HELP flexgate_agent_actuation_delay_seconds Request to enforced limit, per GPU.",
-        "# TYPE flexgate_agent_actuation_delay_seconds summary",
-    ]
-    for quantile, value in (("0.5", delays.p50_s), ("0.99", delays.p99_s)):
-        if value is not None:
-            extra.append(
-                f'flexgate_agent_actuation_delay_seconds{{quantile="{quantile}"}} {value:.6f}'
-            )
-    extra.append(f"flexgate_agent_actuation_delay_seconds_count {delays.count}")
-    return "\n".join(lines + extra) + "\n"
+                summary.add_sample(summary.name, {"quantile": quantile}, value)
+        summary.add_sample(f"{summary.name}_count", {}, delays.count)
+        yield summary
+
+
+#: dcgm-exporter's labels, in its order.
+DCGM_LABELS = ("gpu", "UUID", "Hostname")

@@ -17,6 +17,7 @@ from flexmodel.predictor import DRAM_BASE, DRAM_SLOPE
 from tests.agents.fake_dcgm import FakeDcgmExporter
 from tests.agents.fake_nvml import FakeNvml
 from tests.conftest import wait_for
+from tests.promtext import samples
 
 TOKEN = "agent-token-0123456789abcdef"
 JOBS = {"moe-ft": [0, 1], "dense-pt": [2, 3]}
@@ -55,7 +56,9 @@ def test_features_come_from_nvml_memory_utilisation_and_dcgm_dram_activity(tmp_p
     assert moe["dram_active"] == pytest.approx(0.5)
     assert moe["dram_copy_product"] == pytest.approx(0.20)
     assert dense["dram_copy_product"] == pytest.approx(0.06)
-    assert 'DCGM_FI_DEV_MEM_COPY_UTIL{gpu="2",UUID="GPU-fake-0002"' in metrics
+    assert 'DCGM_FI_DEV_MEM_COPY_UTIL{Hostname="node-01",UUID="GPU-fake-0002",gpu="2"}' in (
+        samples(metrics)
+    )
     assert exporter.scrapes >= 3
 
 
