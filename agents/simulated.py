@@ -144,11 +144,13 @@ class _Gpu:
     job: _Job | None = field(default=None, repr=False)
 
 
+#: Points of the true power a simulated sensor's averaging reads.
+SENSOR_POINTS = 8
+
+
 class SimulatedBackend:
     kind = "sim"
     averaging_s = 0.0
-    #: Its readings are the power as it is, whatever model its GPUs are named after.
-    sensor = SensorModel("instant", 0.0, 0.0)
 
     def __init__(
         self,
@@ -162,9 +164,15 @@ class SimulatedBackend:
         firmware_s: float = FIRMWARE_S,
         irregularity: Irregularity | None = None,
         feature_noise: float = DRAM_NOISE,
+        sensor: SensorModel | None = None,
     ) -> None:
+        """`sensor`: what its power readings go through (`flexmodel.sensors`: each reading
+        held `update_s`, the mean of the last `average_s`), as a real GPU's do; None: the
+        power as it is."""
         if gpus < 1:
             raise InvalidSetupError("a simulated node needs at least one GPU")
+        #: the agent reads it (`agents.telemetry`) and corrects its phases by it
+        self.sensor = sensor or SensorModel("instant", 0.0, 0.0)
         self._clock = clock
         self._noise_w = noise_w
         self._firmware_s = firmware_s
@@ -323,8 +331,21 @@ class SimulatedBackend:
     def power_w(self, index: int) -> float:
         with self._lock:
             self._gpu(index)
-            value = self._power(index, self._clock())
+            value = self._reading(index, self._clock())
             return max(value + float(self._rng.normal(0.0, self._noise_w)), 0.0)
+
+    def _reading(self, index: int, now: float) -> float:
+        """What the sensor shows now: the reading made at its last update, the mean of the
+        power over its averaging before then. Times before the GPU's last cap change (or its
+        job's last retiming) read as at that moment: the pace before it is not kept."""
+        update_s, average_s = self.sensor.update_s, self.sensor.average_s
+        if update_s <= 0.0 and average_s <= 0.0:
+            return self._power(index, now)
+        made = math.floor(now / update_s) * update_s if update_s > 0.0 else now
+        gpu = self._gpus[index]
+        earliest = max(gpu.changed_at, gpu.job.t0 if gpu.job is not None else -math.inf)
+        offsets = average_s * (np.arange(SENSOR_POINTS) + 0.5) / SENSOR_POINTS
+        return float(np.mean([self._power(index, max(made - o, earliest)) for o in offsets]))
 
     def energy_j(self, index: int) -> float | None:
         return None

@@ -18,8 +18,9 @@ The truth (`true_facility_kw`) is what the loop is scored on; `oracle_uncapped_k
 site would draw now without any event (every job at its uncapped mean, as drifted), the
 reference a delta target is measured against.
 
-Not modelled: NVML's 10 Hz update and 0.1 s sensor lag at the agents (the agents here read the
-simulated GPUs directly; the sensor model is issue "Measured PFIs without bias ...").
+The agents read their GPUs through an H200's power sensor (`flexmodel.sensors`: NVML's
+instant field, each reading held 100 ms, the mean of the last 100 ms: a 0.1 s lag), as real
+ones do; the meter reads the GPUs' power as it is.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import numpy as np
 from agents.simulated import IDLE_W, SimulatedBackend
 from flexgate.lab import lab_jobs
 from flexgate.simsite import SimulatedSite, draw_truth
+from flexmodel.sensors import SENSORS
 from gateway.errors import MeterError
 from gateway.settings import GatewaySettings
 
@@ -228,6 +230,7 @@ class RealisticSite:
             meter_delay_s=path.dead_s,
             seed=seed,
             folder=folder,
+            sensor=SENSORS["H200"],
             **settings,
         )
         self.clock, self.book, self.tracker = self.sim.clock, self.sim.book, self.sim.tracker

@@ -34,6 +34,7 @@ from agents.service import AgentNode
 from agents.simulated import SimulatedBackend
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.jobs import DEFAULT_MAX_CAP_W
+from flexmodel.sensors import SensorModel
 from gateway.agentclient.memory import InMemoryAgentClient
 from gateway.clock import SteppedClock
 from gateway.errors import MeterError
@@ -183,20 +184,27 @@ class SimulatedSite:
         meter_delay_s: float = 0.0,
         sample_hz: float = 0.0,
         metered: bool = True,
+        sensor: SensorModel | None = None,
         **settings: Any,
     ) -> None:
         """`settings` override the gateway's (FLEXGATE_ names without the prefix). With
         `sample_hz` the agents sample their GPUs (phases; the meter period must be a whole
         number of samples), and reconciliation rounds run. Not `metered`, the gateway is
         given no meter and estimates the facility from the agents' power (the loop closes on
-        that estimate); the simulated meter still reads the truth for the caller."""
+        that estimate); the simulated meter still reads the truth for the caller. `sensor`:
+        the GPUs' power sensor the agents read through (`flexmodel.sensors`; None: none)."""
         self.clock = SteppedClock()
         self.folder = folder or Path(tempfile.mkdtemp(prefix="flexgate-simsite-"))
         mix = parse_job_mix({"jobs": truth.jobs})
         names = sorted({p.node for j in mix.jobs for p in j.placement or ()})
         self.backends = [
             SimulatedBackend(
-                gpus_per_node, mix=mix, node_id=n, clock=self.clock.monotonic, seed=seed
+                gpus_per_node,
+                mix=mix,
+                node_id=n,
+                clock=self.clock.monotonic,
+                seed=seed,
+                sensor=sensor,
             )
             for n in names
         ]

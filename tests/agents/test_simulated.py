@@ -8,6 +8,7 @@ from agents.telemetry import Sampler
 from flexmodel.curves import operating_point
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.phases import estimate_waveform
+from flexmodel.sensors import SENSORS, SensorModel
 
 
 class Clock:
@@ -259,3 +260,61 @@ def test_over_whole_iterations_a_cap_gives_the_curves_period(cap):
     assert sim.job_phases()["big"] - start == pytest.approx(37.3, abs=0.75)
     clock.now += 62.7 * period[0]
     assert sim.job_phases()["big"] - start == pytest.approx(100.0, abs=1e-6)
+
+
+SENSED = parse_job_mix(
+    {
+        "jobs": [
+            {
+                "id": f"t{period:g}",
+                "gpus": 1,
+                "power_w": 500.0,
+                "throughput": 1000.0,
+                "pfi": 1.5,
+                "period_s": period,
+                "duty": 0.5,
+                "comm_power_fraction": 0.4,
+                "placement": [{"node": "n1", "gpus": [g]}],
+            }
+            for g, period in enumerate((0.6, 2.0, 4.0))
+        ]
+    }
+)
+
+
+def agent_phases(sensor: SensorModel | None, sensor_lag_s: float | None) -> dict[str, float]:
+    """Each job's phase as the agent reports it, carried to one instant [rad]."""
+    clock = Clock()
+    sim = SimulatedBackend(3, mix=SENSED, node_id="n1", clock=clock, noise_w=2.0, sensor=sensor)
+    jobs = {j.id: [g] for j, g in zip(SENSED.jobs, range(3), strict=True)}
+    sampler = Sampler(sim, jobs, sample_hz=20, window_s=30, clock=clock, sensor_lag_s=sensor_lag_s)
+    # The agent's 20 Hz does not keep time with the sensor's 10 Hz updates (an NVML reading's
+    # age at a sample is anything from 0 to 100 ms): 50.6 ms apart, the ages sweep it evenly.
+    for _ in range(600):
+        clock.now += 0.0506
+        sampler.sample_once()
+    out = {}
+    for job in sampler.job_telemetry():
+        assert job.phase_rad is not None
+        assert job.phase_at is not None
+        assert job.period_s is not None
+        out[job.job_id] = job.phase_rad + 2 * np.pi * (clock.now - job.phase_at) / job.period_s
+    return out
+
+
+def test_the_agent_takes_its_gpus_sensor_lag_out_of_the_phases_it_reports():
+    """A simulated H200 reads through its sensor (each reading held 100 ms, the mean of the
+    last 100 ms): the agent knows it from the backend and corrects the phase it reports to
+    within 0.3 rad of what it reads from the power as it is, at periods 0.6-4 s; told the
+    sensor has no lag, it reports the phase late by the sensor's `2 pi 0.1 / T`."""
+    truth = agent_phases(None, None)
+    corrected = agent_phases(SENSORS["H200"], None)
+    ignored = agent_phases(SENSORS["H200"], 0.0)
+
+    def gap(a: float, b: float) -> float:
+        return float(np.angle(np.exp(1j * (a - b))))
+
+    for job in SENSED.jobs:
+        assert abs(gap(corrected[job.id], truth[job.id])) < 0.3, job.id
+        late = 2 * np.pi * SENSORS["H200"].lag_s / job.period_s
+        assert gap(truth[job.id], ignored[job.id]) == pytest.approx(late, abs=0.3), job.id
