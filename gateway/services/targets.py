@@ -224,7 +224,7 @@ class Targets:
         await self.fleet.discover()
         self._target = (facility_kw, event_id, tracking)
         self.planned_at_s = self.clock.monotonic()
-        if self.ramp.held_at_s is None:
+        if self.ramp.active and self.ramp.held_at_s is None:
             self.ramp.held_kw = self._stored_reduction_kw()
         planned_kw = self.ramp.bound(facility_kw, self.planned_at_s)
         self.ramp.note(

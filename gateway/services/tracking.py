@@ -170,6 +170,8 @@ class Tracker:
         self._plan_s = 0.0  #: how long the last re-plan took to be acked [s]
         self._ready_s = -math.inf  #: no loop step before (the last re-plan's end plus its length)
         targets.site_loop = self.loop_model  # every plan's sync verdict judges this loop
+        #: the job mix and delay the loop's configuration was last chosen for outside events
+        self._chosen_for: tuple[JobMix, float] | None = None
 
     @property
     def period_s(self) -> float:
@@ -189,6 +191,7 @@ class Tracker:
         if known is None:
             self._measure_delay()
             self._choose(mix)
+            self._chosen_for = None  # chosen for the event: outside it, choose again
             known = Pursuit(
                 event_id,
                 reduction_kw,
@@ -605,7 +608,12 @@ class Tracker:
             return None
         if self.pursuit is None:
             self._measure_delay()
-            self._choose(mix)
+            chosen_for = (mix, round(self.delay_s, 2))
+            if self._chosen_for is None or not (
+                chosen_for[0] is self._chosen_for[0] and chosen_for[1] == self._chosen_for[1]
+            ):
+                self._choose(mix)  # once per job mix and delay: it logs what it refuses
+                self._chosen_for = chosen_for
         return self._closed_loop()
 
     def _closed_loop(self) -> ClosedLoopResponse:
