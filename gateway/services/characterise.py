@@ -38,17 +38,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.protocol import CapPoint, GpuCap
+from agents.protocol import GpuCap
 from flexmodel.curves import operating_point
 from flexmodel.drift import probe_steps
 from flexmodel.jobs import JobMix
 from gateway.clock import Clock
 from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
-from gateway.services.curves import CAP_RESOLUTION_W, JobCurves
+from gateway.services.curves import JobCurves
 from gateway.services.events import Events
 from gateway.services.fleet import Fleet, job_readings
 from gateway.services.jobbook import JobBook
-from gateway.services.probecaps import after_reference, probe_caps
+from gateway.services.probecaps import after_reference, probe_caps, record_stretch
 from gateway.services.targets import Targets
 from gateway.settings import GatewaySettings
 from gateway.store import repo
@@ -311,29 +311,13 @@ class Characteriser:
         probe.curves_changed = changed
 
     def _record_stretches(self, probe: Probe, level: int, readings: dict[str, Any]) -> None:
-        """Each job's latest stretch at this step's cap, after the one recorded before it (a
-        job whose levels ran at one cap, or that stopped, has one stretch over them: kept
-        once, as measured last)."""
+        """Each job's stretch at this step's cap (`record_stretch`)."""
         for job_id, caps in probe.jobs.items():
             reading = readings.get(job_id)
             if reading is None or (level and (job_id in probe.stopped or level >= len(caps))):
                 continue
             taken = probe.measured.setdefault(job_id, [])
-            after = taken[-1]["end_s"] if taken else -float("inf")
-            found = [
-                s
-                for s in reading.stretches
-                if abs(s.cap_w - caps[level]) < CAP_RESOLUTION_W
-                and s.end_s is not None
-                and s.end_s > after
-            ]
-            if not found:
-                continue
-            latest = _stretch_doc(level, max(found, key=lambda s: s.end_s or 0.0))
-            if taken and taken[-1]["start_s"] == latest["start_s"]:
-                taken[-1] = latest
-            else:
-                taken.append(latest)
+            record_stretch(taken, level, caps[level], reading.stretches)
 
     def _interrupted(self, probe: Probe) -> None:
         probe.status = "interrupted"
@@ -461,19 +445,3 @@ class Characteriser:
                 log.info("scheduled probe skipped: %s", exc)
             except Exception:
                 log.exception("scheduled probe failed")
-
-
-def _stretch_doc(level: int, stretch: CapPoint) -> dict[str, Any]:
-    """What a probe records of one stretch: its level, cap, times, power and period."""
-    return {"level": level} | stretch.model_dump(
-        include={
-            "cap_w",
-            "start_s",
-            "end_s",
-            "power_w",
-            "power_stderr_w",
-            "period_s",
-            "period_stderr_s",
-            "periods",
-        }
-    )

@@ -44,14 +44,13 @@ from gateway.clock import Clock
 from gateway.services.fleet import Fleet, job_readings
 from gateway.services.jobbook import JobBook
 from gateway.services.periodic import Every
+from gateway.services.probecaps import CAP_RESOLUTION_W
 from gateway.settings import GatewaySettings
 from gateway.store import repo
 from gateway.store.db import Store
 from gateway.store.models import JobCurveRow, iso
 
 log = logging.getLogger("flexgate.gateway")
-#: Two levels within this are one [W] (as the agents group them).
-CAP_RESOLUTION_W = 0.5
 
 
 def fit_points(points: list[dict[str, Any]], *, name: str) -> dict[str, Any]:
