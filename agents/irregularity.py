@@ -1,11 +1,12 @@
 """Real training jobs' irregularity for the simulated GPUs (off by default).
 
 Real iteration loops are not square waves: each iteration's length jitters (data loading,
-stragglers), the job pauses every so many iterations (evaluation, checkpoints) and power drifts
-slowly (temperature, clocks). `Irregularity` describes all three; its `position` maps a job's
-unwrapped phase [cycles] to where in an iteration the job is, or `None` during a pause. It is a
-pure function of the phase and the job's key (drawn from its id), so every node a job spans
-sees the same iterations, as the GPUs of one synchronous job do.
+stragglers), the job pauses every so many iterations (evaluation, checkpoints), power drifts
+slowly (temperature, clocks) and so does the pace (the data, a neighbour: `pace_drift_per_s`,
+a steady relative change of the iteration rate, so of throughput). `Irregularity` describes
+them; its `position` maps a job's unwrapped phase [cycles] to where in an iteration the job
+is, or `None` during a pause. It is a pure function of the phase and the job's key (drawn from
+its id), so every node a job spans sees the same iterations, as the GPUs of one synchronous job do.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class Irregularity:
     pause_w: float | None = None  #: power in a pause [W]; None: the communication level
     drift_w: float = 0.0  #: amplitude of a slow sinusoidal drift of power [W]
     drift_period_s: float = 600.0
+    #: relative change of the iteration rate per second, from the backend's start [1/s]
+    pace_drift_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.jitter <= 0.3:
@@ -36,10 +39,26 @@ class Irregularity:
             raise InvalidSetupError("pause_every and pause_periods must be at least 0")
         if self.drift_period_s <= 0:
             raise InvalidSetupError("drift_period_s must be positive")
+        if not abs(self.pace_drift_per_s) <= 1e-3:
+            raise InvalidSetupError(
+                f"pace_drift_per_s must be within +/-0.001, got {self.pace_drift_per_s:g}"
+            )
 
     @property
     def regular(self) -> bool:
-        return not (self.jitter or (self.pause_every and self.pause_periods) or self.drift_w)
+        return not (
+            self.jitter
+            or (self.pause_every and self.pause_periods)
+            or self.drift_w
+            or self.pace_drift_per_s
+        )
+
+    def job_time(self, elapsed_s: float) -> float:
+        """The time a job at its undrifted pace would take for what it does in `elapsed_s`
+        seconds from the start [s]: the pace `exp(pace_drift_per_s * t)` integrated (about
+        `1 + pace_drift_per_s * t` over a probe; never negative)."""
+        rate = self.pace_drift_per_s
+        return elapsed_s if not rate else math.expm1(rate * elapsed_s) / rate
 
     def drift_at(self, now: float) -> float:
         """The drift [W] at `now` [s]."""

@@ -10,6 +10,11 @@ in longer time. Each level keeps the stretch that covered the most periods, so a
 the sample window. A stretch with no clear period gives its mean power and why it has no
 period, never an invented one.
 
+Every stretch is kept too, the last `MAX_STRETCHES` of them, each with when it was measured
+(`CapPoint.start_s`, `end_s`): a probe returns to the uncapped level between and after its
+capped ones, and the gateway measures the job's drift from those repeats (`stretches`).
+A run at one cap longer than the sample window stays one stretch as the window slides.
+
 Errors: the mean power's from the spread of per-period means; the period's from the two
 halves of the stretch measured apart (half their difference), at least the resolution of the
 sampling over the stretch (twice that when the stretch is too short to halve); the relative
@@ -39,6 +44,8 @@ CAP_RESOLUTION_W = 0.5
 REMEASURE_S = 2.0
 #: Levels kept per job (the oldest measured go first).
 MAX_LEVELS = 32
+#: Stretches kept per job (the oldest go first): a probe's levels and their references.
+MAX_STRETCHES = 24
 
 
 @dataclass
@@ -54,29 +61,41 @@ class CapLevels:
 
     def __init__(self) -> None:
         self._levels: dict[str, dict[float, _Level]] = {}
+        #: per job, every stretch measured (keyed by when it was first seen to start)
+        self._stretches: dict[str, dict[float, _Level]] = {}
 
     def update(
         self, job_id: str, times: np.ndarray, trace: np.ndarray, caps: np.ndarray, dt_s: float
     ) -> None:
         """Measure the stretches at one cap in this window (`caps` NaN where unknown)."""
         levels = self._levels.setdefault(job_id, {})
+        runs = self._stretches.setdefault(job_id, {})
         for start, stop, cap in _stretches(times, caps):
-            known = levels.get(cap)
             t0, t1 = float(times[start]), float(times[stop - 1])
+            key = _run_of(runs, cap, t0, t1, dt_s)
+            seen = runs.get(key)
             growing = stop == times.size  # the stretch under way now
-            fresh = known is not None and (
-                known.end == t1 or (growing and t1 - known.end < REMEASURE_S)
-            )
-            if fresh and known is not None and known.start == t0:
+            if seen is not None and (seen.end == t1 or (growing and t1 - seen.end < REMEASURE_S)):
                 continue  # measured already, or grown too little to measure again
             found = measure(uniform(times[start:stop], trace[start:stop], dt_s), dt_s, cap)
             if found is None:
                 continue
             point, periods = found
+            point = point.model_copy(update={"start_s": t0, "end_s": t1})
+            runs[key] = _Level(t0, t1, periods, point)
+            known = levels.get(cap)
             if known is None or periods >= known.periods or known.start == t0:
                 levels[cap] = _Level(t0, t1, periods, point)
         while len(levels) > MAX_LEVELS:
             del levels[min(levels, key=lambda c: levels[c].end)]
+        while len(runs) > MAX_STRETCHES:
+            del runs[min(runs)]
+
+    def stretches(self, job_id: str) -> list[CapPoint]:
+        """Every stretch kept for the job, oldest first (relative throughput null: their
+        periods compare directly)."""
+        runs = self._stretches.get(job_id, {})
+        return [runs[key].point for key in sorted(runs)]
 
     def points(self, job_id: str) -> tuple[float | None, list[CapPoint]]:
         """(the reference cap [W], the points by cap), each with its throughput relative to
@@ -102,6 +121,16 @@ class CapLevels:
                 )
             )
         return reference_cap, out
+
+
+def _run_of(runs: dict[float, _Level], cap: float, start: float, end: float, dt_s: float) -> float:
+    """The key of the stretch that a run at `cap` measured from `start` to `end` is (it
+    overlaps it: the same run grown, or with its start cut off by the sliding window, or its
+    settling no longer dropped), else `start`: a new stretch."""
+    for key, run in runs.items():
+        if run.point.cap_w == cap and start <= run.end + 2.0 * dt_s and end >= run.start:
+            return key
+    return start
 
 
 def _stretches(times: np.ndarray, caps: np.ndarray) -> list[tuple[int, int, float]]:

@@ -225,6 +225,10 @@ class CapPoint(BaseModel):
     samples: int = 0
     span_s: float = 0.0  #: the stretch measured [s]
     no_period_reason: str | None = None
+    #: when the stretch measured began and ended (the agent's monotonic clock, the time base
+    #: of `TelemetryResponse.agent_time_s`) [s]; null from agents before they said
+    start_s: float | None = None
+    end_s: float | None = None
 
 
 class JobTelemetry(BaseModel):
@@ -239,6 +243,11 @@ class JobTelemetry(BaseModel):
     cap_w: float | None = None  #: the lowest enforced limit of the job's GPUs now [W]
     reference_cap_w: float | None = None  #: the level `points` are relative to [W]
     points: list[CapPoint] = Field(default_factory=list)  #: per cap level seen, by cap
+    #: every stretch at one cap measured lately, oldest first (several at one cap: a probe's
+    #: uncapped references before, between and after its capped levels, from which the
+    #: gateway measures the job's drift); `relative_throughput` null in them: their periods
+    #: compare directly
+    stretches: list[CapPoint] = Field(default_factory=list)
     #: the PFI predictor's features over the job's uncapped run (`agents.features`): memory
     #: copy utilisation and DRAM activity [0-1], their product; None where not read
     mem_copy_util: float | None = None

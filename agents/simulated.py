@@ -28,7 +28,8 @@ drawn from the job's id, so every node agrees), split into memory copy utilisati
 reads) and DRAM activity (what DCGM reads, `read_dram_active`), constant while the job runs.
 
 `irregularity` (`agents.irregularity.Irregularity`, off by default) gives the jobs real jobs'
-iteration jitter, periodic pauses and slow drift, for testing what reads their power; the
+iteration jitter, periodic pauses and slow drift of power and of pace, for testing what reads
+their power; the
 mean power and throughput a cap leaves are then no longer exactly the curve's.
 """
 
@@ -184,6 +185,7 @@ class SimulatedBackend:
         self._feature_noise = feature_noise
         self.jobs = self._place(mix, node_id, gpus)
         now = clock()
+        self._started = now  #: where the pace's drift counts from
         for job in self.jobs:
             job.phase0 = job_phase(job.id, job.period_s, now)
             job.t0 = now
@@ -265,7 +267,12 @@ class SimulatedBackend:
 
     def _phase(self, job: _Job, now: float) -> float:
         comm_s = (1.0 - job.duty) * job.period_s
-        return advance(job.phase0, now - job.t0, job.duty, self._pace(job).compute_s, comm_s)
+        elapsed = now - job.t0
+        if self._irregular is not None and self._irregular.pace_drift_per_s:
+            start = self._started
+            job_time = self._irregular.job_time
+            elapsed = job_time(now - start) - job_time(job.t0 - start)
+        return advance(job.phase0, elapsed, job.duty, self._pace(job).compute_s, comm_s)
 
     def _power(self, index: int, now: float) -> float:
         gpu = self._gpus[index]

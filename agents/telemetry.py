@@ -138,7 +138,12 @@ class Sampler:
                 reference, points = self.levels.points(job_id)
                 now = float(caps[-1]) if np.isfinite(caps[-1]) else None
                 found = found.model_copy(
-                    update={"cap_w": now, "reference_cap_w": reference, "points": points}
+                    update={
+                        "cap_w": now,
+                        "reference_cap_w": reference,
+                        "points": points,
+                        "stretches": self.levels.stretches(job_id),
+                    }
                 )
             out.append(found)
         return out

@@ -9,9 +9,13 @@ drawn from the workload model's ranges too (`flexmodel.workload`), and the simul
 it as a dense sweep, so a belief built on the fleet family is wrong in shape as well as PFI.
 The gateway knows none of their PFIs: each job is probed as `flexgate characterise` would, from
 its declared curve (the fleet default), its uncapped level and three caps down to its probe
-floor (75% of its throughput by that curve), each held for P iteration periods
-(`flexgate.probesim`), and the agent's points are fitted by the one sweep rule
-(`gateway.services.curves.fit_points`).
+floor (75% of its throughput by that curve), with the uncapped level again after the second
+cap and after the last (`flexmodel.drift.probe_steps`, FLEXGATE_PROBE_REFERENCE_EVERY=2), each
+held for P iteration periods (`flexgate.probesim`), and the stretches recorded are fitted with
+their drift as the gateway fits them (`gateway.services.curves.fit_probe_levels`). The same
+jobs probed down once with no references and fitted by the sweep rule alone
+(`gateway.services.curves.fit_points`, as before issue 34) are reported at P = 20 for
+comparison (`without_references`).
 
 Reported for each P: the PFI error against the truth *on the probed grid* (Eq. 1 on the true
 curve at the caps the fit kept; nothing extrapolated), median and p90, absolute and relative;
@@ -25,7 +29,12 @@ allocation planned on the fleet default PFI (1.35 for every job), on PFIs predic
 telemetry (the study's predictor on each job's DRAM copy product, drawn with the study's
 scatter from its true PFI), and on what was measured with P = 20, each scored on the true
 curves at the power it plans, against the equal split and the oracle (the optimum on the true
-curves): the share of the equal-to-oracle gap each closes. `measured` is what the gateway
+curves): the share of the equal-to-oracle gap each closes, at the same true shed: each plan's
+target is corrected until the GPU power it truly sheds is the cut asked for, as the site loop
+corrects it at the meter (`gap_closed`; a plan believing a job draws more than it does would
+otherwise count the watts it never sheds as cut for free). `gap_closed_as_planned` is the
+share as the plan itself believes its shed (this bench's figure before issue 34's
+references). `measured` is what the gateway
 plans on (`gateway.services.curves.fields_in_force`): a fit whose PFI's standard error is at
 most 0.15 or below its prediction's is the job's curve, a monotone cubic between its levels
 (`sweep_interpolation: pchip`) and the fleet family at its PFI below them
@@ -69,7 +78,13 @@ from flexmodel.workload import (
     STATIC_SHARE,
     study_predictor,
 )
-from gateway.services.curves import fields_in_force, fit_points, points_of, verdict
+from gateway.services.curves import (
+    fields_in_force,
+    fit_points,
+    fit_probe_levels,
+    points_of,
+    verdict,
+)
 from gateway.services.probecaps import probe_caps
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -88,6 +103,11 @@ GAP_TARGET = 0.97
 #: not one draw's luck.
 OTHER_DRAWS = (12, 13)
 PLANNED_PERIODS = 20.0
+#: Capped levels between the uncapped references (the gateway's default).
+REFERENCE_EVERY = 2
+#: Corrections of a plan's target towards the same true shed at most (the shed is nearly
+#: proportional to the target: a few suffice).
+SHED_CORRECTIONS = 8
 #: What the planner is told of a job before it is measured.
 UNKNOWN = ("pfi", "pfi_grid_w", "sweep")
 
@@ -141,20 +161,36 @@ def true_sweep(job: dict, static_share: float, exponent: float) -> list[dict]:
     return list(points.values())
 
 
-def probe_once(truth: dict, periods: float, seed: int) -> dict:
+def probe_once(truth: dict, periods: float, seed: int, references: bool = True) -> dict:
+    """One job probed and fitted: with uncapped references and the drift fit (as the gateway
+    now probes), or down once by the sweep rule alone (`references=False`)."""
     declared = {k: v for k, v in truth.items() if k not in UNKNOWN}
     caps = probe_caps(parse_job_mix({"jobs": [declared]}), 0, FLOOR, LEVELS)
     run = run_probe(
-        truth, caps, periods=periods, seed=seed, noise_w=NOISE_W, irregularity=IRREGULARITY
+        truth,
+        caps,
+        periods=periods,
+        seed=seed,
+        noise_w=NOISE_W,
+        irregularity=IRREGULARITY,
+        reference_every=REFERENCE_EVERY if references else None,
     )
-    points = points_of(run.reading, run.job, "probe", "bench")
-    fit = fit_points(points, name=truth["id"])
+    if references:
+        found = fit_probe_levels(
+            run.measured, run.job.throughput, name=truth["id"], at="bench", probe_id="bench"
+        )
+        fit = found[1] if found else {"error": "no reference and capped level", "pfi": None}
+        measured = len(run.measured)
+    else:
+        points = points_of(run.reading, run.job, "probe", "bench")
+        fit, measured = fit_points(points, name=truth["id"]), len(points)
     caps = run.caps_w  # kept above the job's low level, as the gateway keeps them
-    out = {"job": truth["id"], "caps_w": caps, "levels_measured": len(points), "fit": None}
-    # Throughput lost while probing: each level's hold at its true throughput.
+    out = {"job": truth["id"], "caps_w": caps, "levels_measured": measured, "fit": None}
+    # Throughput lost while probing: each step's hold at its true throughput.
     x = run.job.throughput
-    holds = [periods * x / run.truth[c][1] * run.job.period_s for c in caps]
-    lost = sum(h * (1.0 - run.truth[c][1] / x) for c, h in zip(caps, holds, strict=True))
+    ran = [caps[level] for level in run.steps if level < len(caps)]
+    holds = [periods * x / run.truth[c][1] * run.job.period_s for c in ran]
+    lost = sum(h * (1.0 - run.truth[c][1] / x) for c, h in zip(ran, holds, strict=True))
     out |= {
         "probe_s": run.seconds,
         "lost_share": lost / sum(holds),
@@ -172,6 +208,7 @@ def probe_once(truth: dict, periods: float, seed: int) -> dict:
         "grid_w": fit["grid_w"],
         "good": verdict(fit, GOOD_STDERR) is None,
         "sweep": fit["sweep"],
+        "drift": fit.get("drift"),
     }
     return out
 
@@ -223,34 +260,61 @@ def compare_plans(jobs: list[dict], rows: list[dict]) -> list[dict]:
     )
     uncapped = float(truth.curves.uncapped_throughput.sum())
     total_w = float(truth.gpus @ truth.hi_w)
+
+    def kept_by(power_w: np.ndarray) -> float:
+        return float(throughput_at_power(truth.curves, power_w).sum()) / uncapped
+
     out = []
     for share in PLAN_REDUCTIONS:
         target_w = share * total_w
-        kept = {
-            name: float(
-                throughput_at_power(
-                    truth.curves, allocate(problem, target_w, "optimal").power_w
-                ).sum()
-            )
-            / uncapped
-            for name, problem in believed.items()
-        }
+        planned = {n: allocate(p, target_w, "optimal").power_w for n, p in believed.items()}
+        delivered = {n: same_true_shed(p, truth, target_w) for n, p in believed.items()}
+        kept = {n: kept_by(power) for n, power in delivered.items()}
+        as_planned = {n: kept_by(power) for n, power in planned.items()}
         for strategy in ("equal", "oracle"):
             kept[strategy] = float(allocate(truth, target_w, strategy).throughput.sum()) / uncapped
+            as_planned[strategy] = kept[strategy]
         kept["oracle"] = max(kept.values())  # the true optimum is at least every plan's answer
-        gap = kept["oracle"] - kept["equal"]
+        as_planned["oracle"] = max(as_planned.values())
         out.append(
             {
                 "reduction_share": share,
                 "throughput_kept": kept,
-                "gap_closed": {
-                    n: (kept[n] - kept["equal"]) / gap if gap > 0 else None for n in believed
+                "gap_closed": _closed(kept, believed),
+                "true_shed_as_planned": {
+                    n: true_shed(truth, power) / target_w for n, power in planned.items()
                 },
+                "gap_closed_as_planned": _closed(as_planned, believed),
                 "measured_in_force": in_force,
                 "combined_in_force": combined,
             }
         )
     return out
+
+
+def _closed(kept: dict[str, float], believed: dict[str, Any]) -> dict[str, float | None]:
+    gap = kept["oracle"] - kept["equal"]
+    return {n: (kept[n] - kept["equal"]) / gap if gap > 0 else None for n in believed}
+
+
+def true_shed(truth: Any, power_w: np.ndarray) -> float:
+    """The GPU power a plan truly sheds [W]: each job from its true uncapped power down to
+    the power planned (nothing where the plan leaves a job above its true power)."""
+    return float(truth.gpus @ np.maximum(truth.hi_w - np.minimum(power_w, truth.hi_w), 0.0))
+
+
+def same_true_shed(believed: Any, truth: Any, target_w: float) -> np.ndarray:
+    """The power per job of the optimal plan on `believed` whose target is corrected until it
+    truly sheds `target_w`, as the site loop corrects it at the meter."""
+    asked, most = target_w, float(believed.max_cut_w.sum())
+    power: np.ndarray = allocate(believed, min(asked, most), "optimal").power_w
+    for _ in range(SHED_CORRECTIONS):
+        miss = target_w - true_shed(truth, power)
+        if abs(miss) <= 1e-4 * target_w or (asked >= most and miss > 0):
+            break
+        asked = min(max(asked + miss, 0.0), most)
+        power = allocate(believed, asked, "optimal").power_w
+    return power
 
 
 def summarise(rows: list[dict], periods: float) -> dict:
@@ -263,6 +327,9 @@ def summarise(rows: list[dict], periods: float) -> dict:
         "jobs": len(rows),
         "fitted": len(fitted),
         "pfi_error_median": float(np.median(err)),
+        "pfi_signed_error_median": float(
+            np.median([r["fit"]["pfi"] - r["fit"]["truth"] for r in fitted])
+        ),
         "pfi_error_p90": float(np.percentile(err, 90)),
         "pfi_relative_error_median": float(np.median(rel)),
         "pfi_relative_error_p90": float(np.percentile(rel, 90)),
@@ -286,7 +353,11 @@ def main() -> None:
         results.append(summarise(rows, periods))
         detail[str(periods)] = rows
         print(json.dumps(results[-1]), file=sys.stderr)
+    unreferenced = [
+        probe_once(job, PLANNED_PERIODS, seed=i, references=False) for i, job in enumerate(jobs)
+    ]
     plans = compare_plans(jobs, detail[str(PLANNED_PERIODS)])
+    plans_unreferenced = compare_plans(jobs, unreferenced)
     other_plans = {}
     for seed in OTHER_DRAWS:
         drawn = draw_jobs(JOBS, seed=seed)
@@ -304,8 +375,11 @@ def main() -> None:
         "target": "median PFI error <= 0.10 after one probe of 20 periods per level",
         "target_met": next(r for r in results if r["periods_per_level"] == 20.0)["pfi_error_median"]
         <= 0.10,
+        "reference_every": REFERENCE_EVERY,
         "results": results,
+        "without_references": summarise(unreferenced, PLANNED_PERIODS),
         "plans": plans,
+        "plans_without_references": plans_unreferenced,
         "gap_target": f"measured closes >= {GAP_TARGET} of the equal-to-oracle gap",
         "plans_other_draws": other_plans,
         "gap_target_met": all(
@@ -328,7 +402,17 @@ def main() -> None:
 
     for r in plans:
         closed = ", ".join(f"{n} {100 * v:.1f}%" for n, v in r["gap_closed"].items())
-        print(f"cut {100 * r['reduction_share']:.0f}% of GPU power: gap closed {closed}")
+        planned = 100 * r["gap_closed_as_planned"]["measured"]
+        print(
+            f"cut {100 * r['reduction_share']:.0f}% of GPU power: gap closed {closed} "
+            f"(measured, as planned: {planned:.1f}%)"
+        )
+    for r in plans_unreferenced:
+        print(
+            f"without references, cut {100 * r['reduction_share']:.0f}%: measured closes "
+            f"{100 * r['gap_closed']['measured']:.1f}% "
+            f"(as planned {100 * r['gap_closed_as_planned']['measured']:.1f}%)"
+        )
     for seed, draw in other_plans.items():
         closed = ", ".join(f"{100 * r['gap_closed']['measured']:.1f}%" for r in draw)
         print(f"draw {seed}: measured closes {closed} of the gap at the same cuts")

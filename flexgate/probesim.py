@@ -10,13 +10,16 @@ interval, never accumulating), as a sampler thread's do: a period that is a whol
 sampling intervals would otherwise alias, every iteration sampled at the same phases, and bias
 the mean power by up to a sample's share of the period. The answer is the agent's telemetry for
 the job (`JobTelemetry` with its points per cap level), read at the end of every level as the
-gateway reads it, and the truth at each cap.
+gateway reads it, and the truth at each cap. With `reference_every` the probe runs as the
+gateway's does now (`flexmodel.drift.probe_steps`: the uncapped level again after the last cap
+and after every `reference_every` caps) and records each step's stretch as it does
+(`gateway.services.probecaps.record_stretch`): `measured`, what its drift fit reads.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,9 +30,10 @@ from agents.protocol import JobTelemetry
 from agents.simulated import SimulatedBackend
 from agents.telemetry import Sampler
 from flexmodel.curves import operating_point
+from flexmodel.drift import probe_steps
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.jobs import Job
-from gateway.services.probecaps import after_reference
+from gateway.services.probecaps import after_reference, record_stretch
 
 SAMPLE_HZ = 20.0
 #: The most GPUs of a job one simulated node runs (a synchronous job's GPUs iterate together,
@@ -54,6 +58,9 @@ class ProbeRun:
     truth: dict[float, tuple[float, float]]  #: cap -> (mean power per GPU, throughput)
     caps_w: list[float]  #: the caps it ran, uncapped first
     seconds: float  #: simulated time the probe took [s]
+    #: each step's stretch, in the order run (with `reference_every`; else empty)
+    measured: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)  #: the levels in the order run
 
 
 def run_probe(
@@ -65,11 +72,13 @@ def run_probe(
     seed: int = 0,
     irregularity: Irregularity | None = None,
     keep_visible: bool = True,
+    reference_every: int | None = None,
 ) -> ProbeRun:
     """Step the job's caps through `caps_w` on a simulated node and read what the agent sees;
     `keep_visible`: after the uncapped level, the caps kept where the job's power shows its
     period, as the gateway's probe keeps them (`after_reference`: none lower when its power
-    shows no period there, or has no room)."""
+    shows no period there, or has no room); `reference_every`: with uncapped references as the
+    gateway's probe runs them (None: down once, no references)."""
     doc = copy.deepcopy(truth_doc)
     gpus = min(int(doc["gpus"]), NODE_GPUS)
     doc |= {"gpus": gpus, "placement": [{"node": "sim", "gpus": list(range(gpus))}]}
@@ -101,8 +110,15 @@ def run_probe(
     )
     rng = np.random.default_rng(seed + 1)
     dt, k, seconds, truth = 1.0 / SAMPLE_HZ, 0, 0.0, {}
-    level = 0
-    while level < len(caps_w):
+    steps = (
+        list(range(len(caps_w)))
+        if reference_every is None
+        else probe_steps(len(caps_w) - 1, reference_every)
+    )
+    measured: list[dict[str, Any]] = []
+    for step, level in enumerate(steps):
+        if level >= len(caps_w):  # the job goes no lower (`after_reference`)
+            continue
         cap = caps_w[level]
         power, thr, hold_s = at(cap)
         truth[cap] = (power, thr)
@@ -114,7 +130,16 @@ def run_probe(
             sampler.sample_once()
         seconds += hold_s
         reading = sampler.job_telemetry()[0]
-        if level == 0 and keep_visible and reading.points:  # as the gateway's probe does
+        if step == 0 and keep_visible and reading.points:  # as the gateway's probe does
             caps_w, _ = after_reference(caps_w, reading.points[-1])
-        level += 1
-    return ProbeRun(job=job, reading=reading, truth=truth, caps_w=caps_w, seconds=seconds)
+        if reference_every is not None:
+            record_stretch(measured, level, cap, reading.stretches)
+    return ProbeRun(
+        job=job,
+        reading=reading,
+        truth=truth,
+        caps_w=caps_w,
+        seconds=seconds,
+        measured=measured,
+        steps=steps,
+    )

@@ -60,13 +60,17 @@ def probe_sequence(caps_w: list[float], reference_every: int | None = None) -> l
     """The caps in the order a probe runs them: `caps_w` (uncapped first, then going down), the
     uncapped level again at the end and after every `reference_every` capped levels (None:
     only at the ends) [W]."""
-    uncapped, capped = caps_w[0], caps_w[1:]
-    out = [uncapped]
-    for i, cap in enumerate(capped, start=1):
-        out.append(cap)
-        if reference_every and i % reference_every == 0 and i < len(capped):
-            out.append(uncapped)
-    out.append(uncapped)
+    return [caps_w[i] for i in probe_steps(len(caps_w) - 1, reference_every)]
+
+
+def probe_steps(levels: int, reference_every: int | None = None) -> list[int]:
+    """`probe_sequence` by level: 0 the uncapped level, 1 to `levels` the caps going down."""
+    out = [0]
+    for i in range(1, levels + 1):
+        out.append(i)
+        if reference_every and i % reference_every == 0 and i < levels:
+            out.append(0)
+    out.append(0)
     return out
 
 

@@ -187,6 +187,9 @@ class GatewaySettings(BaseSettings):
     #: (tokens/s of the jobs probed, over the mix's) that may be under probe at once
     probe_budget: float = Field(default=0.25, gt=0.0, le=1.0)
     probe_levels: int = Field(default=3, ge=1, le=10)  #: capped levels per probe
+    #: capped levels between the uncapped references that measure a probe's drift (the
+    #: references run before the first capped level and after the last anyway); 0: no more
+    probe_reference_every: int = Field(default=2, ge=0, le=10)
     probe_periods: float = Field(default=20.0, ge=3.0, le=1000.0)  #: iterations per level
     probe_settle_s: float = Field(default=2.0, ge=0.0)  #: added to each level's hold
     #: no level below this throughput fraction (nor below the job's own floor)

@@ -2,16 +2,22 @@
 
 A probe takes a batch of jobs and runs each through its uncapped level, then `probe_levels`
 caps stepping down to the cap where its declared curve reaches its probe floor (the stricter of
-its QoS floor and `probe_min_throughput_fraction`), never lower. Each level is held for
+its QoS floor and `probe_min_throughput_fraction`), never lower, with the uncapped level again
+after the last cap and after every `probe_reference_every` caps (`flexmodel.drift.probe_steps`):
+those references bracket the capped levels, so the fit measures the job's drift across the
+probe and removes it (`JobCurves.record_probe`). Each level is held for
 `probe_periods` iteration periods at that cap (as the curve stretches them) plus
 `probe_settle_s`, through the ordinary dispatch path: a stored plan with a lease, renewed by
 the reconciler, so a gateway that dies mid-probe leaves caps that lapse and are restored.
+At the end of each step the agent's stretch at that step's cap (`JobTelemetry.stretches`, with
+when it was measured) is recorded (`measured`).
 After the uncapped level, each job's caps are kept above its communication level as measured
 there (`gateway.services.probecaps`: a cap below it clips the power flat, with no period to
 measure).
 A job whose measured throughput falls below its floor, or whose power shows no clear period at
-a level (the cap clips it flat), goes no lower. At the end every GPU gets
-its original limit back and the agents' points are fitted (`gateway.services.curves`).
+a level (the cap clips it flat), goes no lower. At the end every GPU gets its original limit
+back and each job's recorded stretches are fitted with their drift (`gateway.services.curves`;
+a job with none, from agents that do not report stretches, by its agents' points as before).
 
 Refused, with the reason: during an event (or while caps step back after one), a protected or
 unplaced job, a job whose throughput alone is more than `probe_budget` of the site's (the jobs
@@ -34,6 +40,7 @@ from typing import Any
 
 from agents.protocol import GpuCap
 from flexmodel.curves import operating_point
+from flexmodel.drift import probe_steps
 from flexmodel.jobs import JobMix
 from gateway.clock import Clock
 from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
@@ -41,7 +48,7 @@ from gateway.services.curves import JobCurves
 from gateway.services.events import Events
 from gateway.services.fleet import Fleet, job_readings
 from gateway.services.jobbook import JobBook
-from gateway.services.probecaps import after_reference, probe_caps
+from gateway.services.probecaps import after_reference, probe_caps, record_stretch
 from gateway.services.targets import Targets
 from gateway.settings import GatewaySettings
 from gateway.store import repo
@@ -59,20 +66,30 @@ class Probe:
     hold_s: list[float]  #: each level's hold [s]
     skipped: list[dict[str, str]]
     actor: str
+    #: the levels in the order run (0 the uncapped reference, then caps going down)
+    steps: list[int] = field(default_factory=list)
     status: str = "running"  #: running, completed, interrupted, failed
     level: int = 0
+    step: int = 0
     reason: str | None = None
     stopped: dict[str, str] = field(default_factory=dict)  #: job id -> why it went no lower
     curves_changed: list[str] = field(default_factory=list)
+    #: job id -> the agent's stretch at each step's cap, in the order run
+    measured: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def doc(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "status": self.status,
             "actor": self.actor,
-            "jobs": [{"id": j, "caps_w": caps} for j, caps in self.jobs.items()],
+            "jobs": [
+                {"id": j, "caps_w": caps, "measured": self.measured.get(j, [])}
+                for j, caps in self.jobs.items()
+            ],
             "hold_s": self.hold_s,
+            "steps": self.steps,
             "level": self.level,
+            "step": self.step,
             "skipped": self.skipped,
             "stopped": [{"id": j, "reason": r} for j, r in self.stopped.items()],
             "reason": self.reason,
@@ -88,8 +105,12 @@ class Probe:
             hold_s=list(doc["hold_s"]),
             skipped=list(doc["skipped"]),
             actor=doc["actor"],
+            # probes recorded before references: each level once, going down
+            steps=list(doc.get("steps", range(len(doc["hold_s"])))),
             status=doc["status"],
             level=doc["level"],
+            step=doc.get("step", doc["level"]),
+            measured={j["id"]: list(j.get("measured", [])) for j in doc["jobs"]},
             reason=doc["reason"],
             stopped={s["id"]: s["reason"] for s in doc["stopped"]},
             curves_changed=list(doc["curves_changed"]),
@@ -173,6 +194,7 @@ class Characteriser:
             hold_s=self._holds(mix, index, jobs),
             skipped=skipped,
             actor=actor,
+            steps=probe_steps(self._levels, self.settings.probe_reference_every),
         )
         self.current = probe
         self._record(probe, "probe.started")
@@ -267,21 +289,35 @@ class Characteriser:
 
     async def _levels_of(self, probe: Probe) -> None:
         """Step the probe's levels, then restore and fit; stops when a target takes over."""
-        for level, hold_s in enumerate(probe.hold_s):
-            probe.level = level
+        for step, level in enumerate(probe.steps):
+            probe.step, probe.level = step, level
             if not await self.targets.probe(
                 probe.id, self._desired(probe, level), self._plan(probe, level)
             ):
                 return self._interrupted(probe)
-            if not await self._hold(probe, hold_s):
+            if not await self._hold(probe, probe.hold_s[level]):
                 return self._interrupted(probe)
             readings = await self._readings()
-            if level == 0:
+            if step == 0:
                 self._keep_visible(probe, readings)
             self._stop_below_floor(probe, level, readings)
+            self._record_stretches(probe, level, readings)
         await self.targets.end_probe(probe.id)
         probe.status = "completed"
-        probe.curves_changed = await self.curves.harvest(set(probe.jobs), origin="probe")
+        fitted, changed = await self.curves.record_probe(probe.id, probe.measured)
+        # Agents that report no stretches: their points per cap, as before references.
+        rest = set(probe.jobs) - fitted
+        changed += await self.curves.harvest(rest, origin="probe") if rest else []
+        probe.curves_changed = changed
+
+    def _record_stretches(self, probe: Probe, level: int, readings: dict[str, Any]) -> None:
+        """Each job's stretch at this step's cap (`record_stretch`)."""
+        for job_id, caps in probe.jobs.items():
+            reading = readings.get(job_id)
+            if reading is None or (level and (job_id in probe.stopped or level >= len(caps))):
+                continue
+            taken = probe.measured.setdefault(job_id, [])
+            record_stretch(taken, level, caps[level], reading.stretches)
 
     def _interrupted(self, probe: Probe) -> None:
         probe.status = "interrupted"
@@ -383,6 +419,7 @@ class Characteriser:
             "strategy": "probe",
             "probe_id": probe.id,
             "level": level,
+            "step": probe.step,
             "feasible": True,
             "requested_facility_kw": 0.0,
             "achieved_facility_kw": expected_kw,

@@ -8,6 +8,13 @@
 - **Fit**: `flexmodel.sweeps.fit_sweep` on the points with their stated noise: the PFI with its
   standard error on the measured grid (nothing extrapolated; PFIs compare only on one grid),
   the monotone curve, the points set aside. Each fit is stored (`JobCurveRow`) with when.
+- **A probe's fit** (`record_probe`, `fit_probe_levels`): the stretches the probe recorded, in
+  the order run, with the uncapped references that bracket its capped levels, read by
+  `flexmodel.drift.fit_probe`: the job's drift in power and throughput across the probe is
+  measured from the references, removed from every level, and its uncertainty added to the
+  PFI's error (`fit["drift"]`). Its points are the levels so corrected; the harvest leaves
+  such a curve alone until the next probe: points seen outside a probe have no references,
+  and merging them would bring the drift's bias back.
 - **In force** (`fields_in_force`): a fit whose PFI's standard error is at most
   `curve_max_pfi_stderr`, or below that of the PFI it would replace (a prediction's, the
   default's), replaces the job's curve in the job book (`JobBook.use_curves`), as a sweep in
@@ -27,23 +34,23 @@ import math
 from typing import Any
 
 from agents.protocol import JobTelemetry
+from flexmodel.drift import ProbeLevel, fit_probe
 from flexmodel.errors import FlexModelError
 from flexmodel.jobmix import PFI_RANGE
 from flexmodel.jobs import CARRY_SHAPE_REL, Job, pfi_on_own_grid
 from flexmodel.pfi import combined_estimate, default_grid_w
-from flexmodel.sweeps import fit_sweep
+from flexmodel.sweeps import MeasuredSweep, fit_sweep
 from gateway.clock import Clock
 from gateway.services.fleet import Fleet, job_readings
 from gateway.services.jobbook import JobBook
 from gateway.services.periodic import Every
+from gateway.services.probecaps import CAP_RESOLUTION_W
 from gateway.settings import GatewaySettings
 from gateway.store import repo
 from gateway.store.db import Store
 from gateway.store.models import JobCurveRow, iso
 
 log = logging.getLogger("flexgate.gateway")
-#: Two levels within this are one [W] (as the agents group them).
-CAP_RESOLUTION_W = 0.5
 
 
 def fit_points(points: list[dict[str, Any]], *, name: str) -> dict[str, Any]:
@@ -59,12 +66,84 @@ def fit_points(points: list[dict[str, Any]], *, name: str) -> dict[str, Any]:
     except FlexModelError as exc:
         return {"error": str(exc), "pfi": None}
     uncapped = max(points, key=lambda p: p["cap_w"])
+    return _fit_doc(sweep, uncapped.get("power_stderr_w"))
+
+
+def fit_probe_levels(
+    levels: list[dict[str, Any]], throughput: float, *, name: str, at: str, probe_id: str
+) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """A probe's stretches (`Probe.measured`: the order run, each with its cap, times, power
+    and period) read with their drift (`flexmodel.drift.fit_probe`): (the points, each level
+    corrected for the drift, in the job's units; the fit, with `drift`). None when there is
+    no uncapped reference and capped level, each with a period, to read. `throughput`: the
+    job's uncapped throughput, what the references' mean period stands for."""
+    timed = [lv for lv in levels if lv.get("period_s") and lv.get("start_s") is not None]
+    if not timed:
+        return None
+    uncapped = max(lv["cap_w"] for lv in timed)
+    refs = [lv for lv in timed if lv["cap_w"] == uncapped]
+    if len(refs) == len(timed):
+        return None
+    ref_period = sum(lv["period_s"] for lv in refs) / len(refs)
+    probe = [
+        ProbeLevel(
+            cap_w=lv["cap_w"],
+            time_s=0.5 * (lv["start_s"] + lv["end_s"]),
+            power_w=lv["power_w"],
+            throughput=throughput * ref_period / lv["period_s"],
+        )
+        for lv in timed
+    ]
+    noise_t = max((lv["period_stderr_s"] or 0.0) / lv["period_s"] for lv in timed)
+    noise_p = max((lv["power_stderr_w"] or 0.0) / lv["power_w"] for lv in timed)
+    try:
+        drift = fit_probe(probe, name=name, noise=min(noise_t, 0.5), power_noise=min(noise_p, 0.5))
+    except FlexModelError as exc:
+        return [], {"error": str(exc), "pfi": None}
+    sweep = drift.sweep
+    ref_power_se = [lv["power_stderr_w"] for lv in refs if lv["power_stderr_w"]]
+    power_se = None if not ref_power_se else max(ref_power_se) / len(refs) ** 0.5
+    fit = _fit_doc(sweep, power_se) | {
+        "drift": {
+            "power_per_s": drift.power_drift_per_s,
+            "power_stderr_per_s": drift.power_drift_stderr_per_s,
+            "throughput_per_s": drift.throughput_drift_per_s,
+            "throughput_stderr_per_s": drift.throughput_drift_stderr_per_s,
+            "pfi_stderr": drift.pfi_drift_stderr,
+            "references": drift.references,
+        },
+        "levels": levels,
+    }
+    by_cap: dict[float, list[dict[str, Any]]] = {}
+    for lv in timed:
+        by_cap.setdefault(lv["cap_w"], []).append(lv)
+    points = [
+        {
+            "cap_w": float(c),
+            "power_w": float(p),
+            "power_stderr_w": power_se if c == uncapped else by_cap[c][-1]["power_stderr_w"],
+            "throughput_fraction": float(t) / throughput,
+            "throughput": float(t),
+            "throughput_stderr": float(t) * sweep.throughput_noise_fraction,
+            "period_s": ref_period * throughput / float(t),
+            "periods": sum(lv["periods"] for lv in by_cap[c]),
+            "origin": "probe",
+            "probe_id": probe_id,
+            "drift_corrected": True,
+            "at": at,
+        }
+        for c, p, t in zip(sweep.cap_w, sweep.power_w, sweep.throughput, strict=True)
+    ]
+    return points, fit
+
+
+def _fit_doc(sweep: MeasuredSweep, power_stderr_w: float | None) -> dict[str, Any]:
     return {
         "pfi": sweep.pfi,
         "pfi_stderr": sweep.pfi_stderr,
         # The uncapped power's own error: what firm kW carries for the job once the curve
         # is in force, in place of the declared power's (flexmodel.quote).
-        "power_stderr_w": uncapped.get("power_stderr_w"),
+        "power_stderr_w": power_stderr_w,
         "pfi_measured": sweep.pfi_measured,
         "grid_w": list(sweep.grid_w),
         "noise_fraction": sweep.noise_fraction,
@@ -273,6 +352,8 @@ class JobCurves:
                 job = jobs.get(job_id)
                 if job is None or (job_ids is not None and job_id not in job_ids):
                     continue
+                if job_id in stored and _from_probe(stored[job_id]):
+                    continue  # a probe's drift-corrected curve stands until the next probe
                 old = stored[job_id].points if job_id in stored else []
                 points = merged(old, points_of(reading, job, origin, at.isoformat()))
                 if points == old or not points:
@@ -291,6 +372,39 @@ class JobCurves:
             self.book.use_curves(self.in_force())
             return changed
 
+    async def record_probe(
+        self, probe_id: str, measured: dict[str, list[dict[str, Any]]]
+    ) -> tuple[set[str], list[str]]:
+        """Fit and store each job's probe with its drift (`fit_probe_levels`): (the jobs it
+        could read, those whose curve changed)."""
+        async with self._lock:
+            jobs = {j.id: j for j in self.book.mix().jobs}
+            at = self.clock.now()
+            fitted: set[str] = set()
+            for job_id, levels in measured.items():
+                job = jobs.get(job_id)
+                found = None
+                if job is not None:
+                    found = fit_probe_levels(
+                        levels,
+                        job.throughput,
+                        name=f"job '{job_id}' probe {probe_id}",
+                        at=at.isoformat(),
+                        probe_id=probe_id,
+                    )
+                if found is None:
+                    continue
+                points, fit = found
+                with self.store.session() as s:
+                    row = JobCurveRow(
+                        job_id=job_id, at=at, source="measured", points=points, fit=fit
+                    )
+                    repo.add_job_curve(s, curve=row)
+                    s.commit()
+                fitted.add(job_id)
+            self.book.use_curves(self.in_force())
+            return fitted, sorted(fitted)
+
     def describe(
         self, doc: dict[str, Any], row: JobCurveRow | None, *, points: bool
     ) -> dict[str, Any]:
@@ -303,6 +417,11 @@ class JobCurves:
         return curve_doc(
             doc, row, why_not, combined, extension=self.settings.curve_extend, points=points
         )
+
+
+def _from_probe(row: JobCurveRow) -> bool:
+    """Whether the curve is a probe's fit with its drift measured."""
+    return row.fit is not None and row.fit.get("drift") is not None
 
 
 def curve_doc(
@@ -356,6 +475,9 @@ def curve_doc(
             # PFIs compare only on one grid: a probe within the floor reaches fewer caps
             "same_grid_as_declared": out["declared"] is not None
             and fit.get("grid_w") == out["declared"]["grid_w"],
+            # a probe's drift across it, measured from its uncapped references and removed
+            # (its uncertainty is in pfi_stderr); null for points seen without references
+            "drift": fit.get("drift"),
         }
     if points:
         out["points"] = row.points if row is not None else []

@@ -1,11 +1,14 @@
 """A probe's caps: planned from a job's curve before it starts (`probe_caps`), and kept where
-the job's power shows its period once its uncapped level is measured (`after_reference`).
+the job's power shows its period once its uncapped level is measured (`after_reference`);
+and what a probe records at the end of each step (`record_stretch`: the agent's stretch at
+the step's cap, with when it was measured, from which the fit measures the job's drift).
 Pure functions: the gateway's probe (`gateway.services.characterise`) and the bench's
-simulated one (`flexgate.probesim`) plan by the same rule."""
+simulated one (`flexgate.probesim`) plan and record by the same rule."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -70,3 +73,41 @@ def after_reference(caps_w: list[float], reference: CapPoint) -> tuple[list[floa
             "flat, with no period to measure"
         )
     return kept, None
+
+
+#: Two caps within this are one level [W] (as the agents group them).
+CAP_RESOLUTION_W = 0.5
+
+
+def record_stretch(
+    taken: list[dict[str, Any]], level: int, cap_w: float, stretches: list[CapPoint]
+) -> None:
+    """Add to `taken` (a job's stretches so far, in the order run) the agent's latest stretch
+    at `cap_w`, level `level` of the probe, that ended after the last one taken. A job whose
+    steps ran at one cap (a level held on, the references of a job that went no lower) has
+    one stretch over them: kept once, as measured last. Nothing when the agent has none."""
+    after = taken[-1]["end_s"] if taken else -math.inf
+    found = [
+        s
+        for s in stretches
+        if abs(s.cap_w - cap_w) < CAP_RESOLUTION_W and s.end_s is not None and s.end_s > after
+    ]
+    if not found:
+        return
+    latest = max(found, key=lambda s: s.end_s or 0.0)
+    doc = {"level": level} | latest.model_dump(
+        include={
+            "cap_w",
+            "start_s",
+            "end_s",
+            "power_w",
+            "power_stderr_w",
+            "period_s",
+            "period_stderr_s",
+            "periods",
+        }
+    )
+    if taken and taken[-1]["start_s"] == doc["start_s"]:
+        taken[-1] = doc
+    else:
+        taken.append(doc)

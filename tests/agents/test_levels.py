@@ -55,6 +55,30 @@ def test_each_cap_level_gives_power_and_relative_throughput_within_their_errors(
     assert found.points[-1].relative_throughput == 1.0
 
 
+def test_every_stretch_is_kept_with_its_times_a_repeated_level_too():
+    """Uncapped, capped, uncapped again (a probe's references): `points` keeps one per cap,
+    `stretches` all three in order, each with when it was measured; a run longer than the
+    60 s window stays one stretch as the window slides over it."""
+    clock = Clock()
+    sim = SimulatedBackend(8, mix=MIX, node_id="n1", clock=clock, noise_w=8.0, seed=5)
+    sampler = Sampler(sim, JOBS, sample_hz=20, window_s=60, clock=clock)
+    for cap, seconds in ((700.0, 90.0), (600.0, 30.0), (700.0, 30.0)):
+        step(sim, JOBS["big"], cap)
+        found = run(sampler, clock, seconds, read_every_s=1.0)["big"]
+    assert [p.cap_w for p in found.points] == [600.0, 700.0]
+    assert [p.cap_w for p in found.stretches] == [700.0, 600.0, 700.0]
+    starts = [p.start_s for p in found.stretches]
+    ends = [p.end_s for p in found.stretches]
+    assert all(s is not None and e is not None for s, e in zip(starts, ends, strict=True))
+    assert starts == sorted(starts)
+    assert all(e <= s for e, s in zip(ends[:-1], starts[1:], strict=False))  # type: ignore[operator]
+    assert ends[-1] == pytest.approx(clock.now, abs=2.5)
+    assert all(p.relative_throughput is None and p.period_s for p in found.stretches)
+    # one period, repeated: the references agree within their errors
+    first, last = found.stretches[0], found.stretches[-1]
+    assert first.period_s == pytest.approx(last.period_s, rel=0.02)
+
+
 def test_a_level_with_no_clear_period_says_why_and_invents_no_throughput():
     clock = Clock()
     sim = SimulatedBackend(8, mix=MIX, node_id="n1", clock=clock, noise_w=8.0, seed=3)

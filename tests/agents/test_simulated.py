@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 
@@ -203,6 +205,7 @@ def test_an_irregular_job_iterates_alike_on_every_node_it_spans():
         ({"jitter": 0.5}, "jitter must be from 0 to 0.3"),
         ({"pause_every": -1}, "at least 0"),
         ({"drift_period_s": 0.0}, "must be positive"),
+        ({"pace_drift_per_s": 0.01}, "pace_drift_per_s must be within"),
     ],
 )
 def test_impossible_irregularity_is_refused(options, message):
@@ -318,3 +321,32 @@ def test_the_agent_takes_its_gpus_sensor_lag_out_of_the_phases_it_reports():
         assert abs(gap(corrected[job.id], truth[job.id])) < 0.3, job.id
         late = 2 * np.pi * SENSORS["H200"].lag_s / job.period_s
         assert gap(truth[job.id], ignored[job.id]) == pytest.approx(late, abs=0.3), job.id
+
+
+def test_a_drifting_pace_changes_throughput_by_its_rate_capped_or_not():
+    """`pace_drift_per_s` 2e-4: 100 s in, the job iterates exp(0.02) times as fast as it did at
+    the start, at its limit (exactly, at any instant) and under a cap (over whole iterations)."""
+    clock = Clock()
+    irregular = Irregularity(pace_drift_per_s=2e-4)
+    drifting = SimulatedBackend(
+        8, mix=MIX, node_id="n1", clock=clock, noise_w=0.0, irregularity=irregular
+    )
+    steady = SimulatedBackend(8, mix=MIX, node_id="n1", clock=clock, noise_w=0.0)
+
+    def phase(sim: SimulatedBackend) -> float:
+        return sim.job_phases()["big"]
+
+    clock.now = 100.0
+    before = phase(drifting)
+    clock.now += 0.01
+    rate = (phase(drifting) - before) / 0.01 * MIX.jobs[0].period_s
+    assert rate == pytest.approx(math.exp(2e-4 * 100.0), rel=1e-3)
+    for sim in (drifting, steady):
+        for g in range(6):
+            sim.set_limit_w(g, 450.0)
+    start, before = clock.now, {sim: phase(sim) for sim in (drifting, steady)}
+    clock.now += 500.0
+    ratio = (phase(drifting) - before[drifting]) / (phase(steady) - before[steady])
+    want = (irregular.job_time(clock.now) - irregular.job_time(start)) / 500.0
+    assert ratio == pytest.approx(want, rel=5e-3)
+    assert want > 1.03

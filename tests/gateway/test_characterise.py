@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
+from agents.irregularity import Irregularity
 from agents.protocol import CapPoint
 from agents.run import jobs_on_node
 from agents.service import AgentNode
@@ -20,7 +21,9 @@ from agents.service import create_app as agent_app
 from agents.simulated import MAX_W, SimulatedBackend
 from flexgate.cli import main
 from flexgate.serve import ServerThread
+from flexmodel.curves import operating_point
 from flexmodel.jobmix import parse_job_mix
+from flexmodel.pfi import pfi_of_sweep
 from gateway.app import create_app
 from gateway.services.probecaps import VISIBLE_SWING_W, after_reference, visible_caps
 from gateway.settings import GatewaySettings
@@ -56,13 +59,13 @@ def declared(truth: list[dict]) -> list[dict]:
 
 
 @contextlib.contextmanager
-def agents_up(tmp_path, truth):
+def agents_up(tmp_path, truth, irregularity=None):
     """The true jobs on two simulated nodes, served on loopback: (nodes, base URL)."""
     mix = parse_job_mix({"jobs": truth})
     nodes = {
         n: AgentNode(
             n,
-            SimulatedBackend(8, mix=mix, node_id=n, noise_w=3.0, seed=i),
+            SimulatedBackend(8, mix=mix, node_id=n, noise_w=3.0, seed=i, irregularity=irregularity),
             tmp_path / "agents" / n,
             jobs=jobs_on_node(mix, n, 8),
             sample_hz=20,
@@ -196,6 +199,56 @@ def test_a_probe_measures_the_job_and_restores_every_gpu(tmp_path):
         lowest_w, top_w = (curve["fit"]["sweep"][i]["power_w"] for i in (0, -1))
         assert flex["max_reduction_w"] > 4 * (top_w - lowest_w) + 1.0
         assert quote["firm_kw"] < quote["achievable_kw"]
+
+
+def true_pfi(truth: dict, grid_w: list[float]) -> float:
+    """Eq. 1 on the job's true curve at these caps (the probed grid: nothing extrapolated)."""
+    curve = parse_job_mix({"jobs": [truth]}).curves
+    rows = [(cap, *(float(v[0]) for v in operating_point(curve, cap)[:2])) for cap in grid_w]
+    return pfi_of_sweep(rows).pfi
+
+
+#: The jobs of case 3 speed up by 5% a minute (about 4% across their probe).
+PACE_DRIFT_PER_S = 8e-4
+
+
+def test_drifting_jobs_probed_read_their_true_pfis_within_their_errors(tmp_path):
+    """Issue 34, case 3: two nodes whose jobs truly have PFIs 2.6 and 1.2 (2.98 and 1.29 on
+    the probed grids), declared without one, speeding up steadily as they are probed. The
+    probe brackets its capped levels with uncapped references, so the fit measures that drift
+    and removes it: each reported PFI lies within 2.5 of its stated standard errors of the
+    truth on the probed grid (measured: 2.93 +/- 0.18 and 1.302 +/- 0.043). Stepped down once
+    with no references, as before, the drift read as throughput kept under the caps: 3.67 +/-
+    0.22 for the flexible job, 3.1 standard errors high."""
+    truth = [
+        job("flexible", "node-a", [0, 1, 2, 3, 4, 5, 6, 7], 1.0, pfi=2.6),
+        job("stiff", "node-b", [0, 1, 2, 3, 4, 5, 6, 7], 1.2, pfi=1.2),
+    ]
+    drifting = Irregularity(pace_drift_per_s=PACE_DRIFT_PER_S)
+    with (
+        agents_up(tmp_path, truth, drifting) as (nodes, agents),
+        gateway_up(tmp_path, nodes, agents, truth, probe_budget=1.0) as site,
+    ):
+        answer = post(site, "/v1/characterise", json={"jobs": ["flexible", "stiff"]})
+        assert answer.status_code == 202, answer.text
+        probe = finished(site, 120.0)
+        assert probe["status"] == "completed", probe
+        assert probe["steps"] == [0, 1, 2, 0]  # the uncapped references bracket the caps
+        for told in truth:
+            curve = site.api.get(f"/v1/jobs/{told['id']}/curve").json()
+            measured = curve["measured"]
+            assert measured is not None, curve
+            assert measured["pfi"] is not None, curve
+            refs = measured["drift"]["references"]
+            assert refs == 2, measured
+            # the drift was seen, and removed
+            drift = measured["drift"]
+            assert drift["throughput_per_s"] == pytest.approx(
+                PACE_DRIFT_PER_S, abs=3 * drift["throughput_stderr_per_s"] + 1e-4
+            )
+            want = true_pfi(told, measured["grid_w"])
+            error = measured["pfi"] - want
+            assert abs(error) <= 2.5 * measured["pfi_stderr"], (told["id"], measured, want)
 
 
 def test_a_fit_known_less_well_than_the_declared_pfi_is_weighed_with_it(tmp_path):
@@ -428,7 +481,10 @@ def test_a_probe_that_never_ended_shows_interrupted_after_the_restart(tmp_path):
         assert probe["id"] == "probe-killed"
         assert probe["status"] == "interrupted"
         assert "without ending it" in probe["reason"]
-        assert probe["jobs"] == doc["jobs"]
+        # a probe recorded before references: its levels once each, nothing measured yet
+        assert [{"id": j["id"], "caps_w": j["caps_w"]} for j in probe["jobs"]] == doc["jobs"]
+        assert probe["steps"] == [0, 1, 2]
+        assert probe["jobs"][0]["measured"] == []
         site.wait(lambda: uncapped(site), 15, what="the restore at start")
         check = Store(site.settings.database_url)
         try:

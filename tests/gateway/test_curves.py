@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agents.irregularity import Irregularity
 from flexgate.probesim import run_probe
 from flexmodel.allocate import allocate_mix
 from flexmodel.curves import operating_point
@@ -15,7 +16,13 @@ from flexmodel.jobmix import parse_job_mix
 from flexmodel.jobs import pfi_on_own_grid
 from flexmodel.pfi import pfi_of_sweep
 from flexmodel.quote import quote
-from gateway.services.curves import fields_in_force, fit_points, points_of, verdict
+from gateway.services.curves import (
+    fields_in_force,
+    fit_points,
+    fit_probe_levels,
+    points_of,
+    verdict,
+)
 from gateway.services.probecaps import probe_caps
 
 
@@ -66,6 +73,56 @@ def test_the_fit_recovers_a_known_curve_within_its_stated_error(pfi, period_s, s
     assert abs(fit["pfi"] - truth) <= 3.0 * fit["pfi_stderr"] + 0.01, (fit, truth)
     # The uncapped level's own error, which firm kW carries once the curve is in force.
     assert fit["power_stderr_w"] == points[-1]["power_stderr_w"]
+
+
+@pytest.mark.parametrize("rate_per_s", [-4e-4, 4e-4])
+def test_a_probe_with_references_measures_the_drift_and_removes_it(rate_per_s):
+    """A job whose pace drifts by 4e-4 a second (about 6% over the probe), probed as the
+    gateway probes now (uncapped references after the second and the last cap) and fitted by
+    `fit_probe_levels`: the drift read within its errors and the PFI within 2.5 of its
+    standard errors of the truth on the probed grid. Stepped down once and fitted by the sweep
+    rule alone, the same job reads the drift as throughput lost or kept: more than two errors
+    off (2.8 +/- 0.24 against 2.2 where it speeds up)."""
+    doc = job_doc("j", 2.0, 1.5)
+    truth_mix = parse_job_mix({"jobs": [doc]})
+    caps = probe_caps(truth_mix, 0, 0.75, 3)
+    drifting = Irregularity(pace_drift_per_s=rate_per_s)
+    run = run_probe(doc, caps, periods=20.0, seed=3, irregularity=drifting, reference_every=2)
+    assert run.steps == [0, 1, 2, 0, 3, 0]
+    assert [m["level"] for m in run.measured] == run.steps
+    found = fit_probe_levels(
+        run.measured, truth_mix.jobs[0].throughput, name="j", at="now", probe_id="p"
+    )
+    assert found is not None
+    points, fit = found
+    assert [p["cap_w"] for p in points] == sorted(set(run.caps_w))
+    assert all(p["drift_corrected"] for p in points)
+    drift = fit["drift"]
+    assert drift["references"] == 3
+    assert drift["throughput_per_s"] == pytest.approx(
+        rate_per_s, abs=3 * drift["throughput_stderr_per_s"] + 5e-5
+    )
+    truth = true_pfi(run, fit["grid_w"])
+    assert abs(fit["pfi"] - truth) <= 2.5 * fit["pfi_stderr"], (fit["pfi"], truth)
+    once = run_probe(doc, caps, periods=20.0, seed=3, irregularity=drifting)
+    plain = fit_points(points_of(once.reading, truth_mix.jobs[0], "probe", "now"), name="j")
+    assert abs(plain["pfi"] - true_pfi(once, plain["grid_w"])) > 2 * plain["pfi_stderr"]
+
+
+def test_a_probe_without_a_reference_and_a_capped_level_gives_no_drift_fit():
+    level = {
+        "cap_w": 700.0,
+        "start_s": 0.0,
+        "end_s": 10.0,
+        "power_w": 600.0,
+        "power_stderr_w": 1.0,
+        "period_s": 1.0,
+        "period_stderr_s": 0.01,
+        "periods": 10.0,
+    }
+    assert fit_probe_levels([level], 1000.0, name="j", at="now", probe_id="p") is None
+    no_period = level | {"cap_w": 500.0, "period_s": None}
+    assert fit_probe_levels([level, no_period], 1000.0, name="j", at="now", probe_id="p") is None
 
 
 def test_a_job_with_no_clear_period_gives_no_points():
