@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -353,3 +354,62 @@ def test_a_new_reduction_carries_the_model_error_as_a_gain_not_as_kw(tmp_path):
         site.close()
     assert max(sheds[5:]) < 4.0 * 1.15, sheds  # after the caps have moved
     assert sheds[-1] == pytest.approx(4.0, rel=0.05)
+
+
+@pytest.mark.parametrize("step_kw", [2.0, -2.0])
+def test_a_delta_is_held_against_the_site_without_it_when_static_load_steps(tmp_path, step_kw):
+    """Cooling cycles 2 kW of static load on (or off) once the 10 kW delta has settled. The
+    site without the event moved by as much, and a delta is against that site. The loop
+    answers the step as it answers any error (it cannot tell it from the model's until it
+    has), and once it has converged again with only the meter moved, it moves its reference
+    by what it took and its correction back: the true shed returns within 3% of the request
+    (kept as model error, the site shed 12 kW, or 8 kW, for the rest of the event)."""
+    site = make_site(tmp_path, meter_period_s=5.0, time_constant_s=3.0, meter_delay_s=10.0)
+
+    async def run() -> list[float]:
+        await site.start()
+        await site.run_for(WARM_UP_S)
+        uncapped = site.meter.true_facility_kw()
+        await site.tracker.pursue("ev-1", REDUCTION_KW, None)
+        await site.run_for(300.0)
+        truth = site.meter.truth
+        site.meter.truth = dataclasses.replace(truth, static_kw=truth.static_kw + step_kw)
+        sheds = []
+        for _ in range(round(600.0 / site.settings.meter_period_s)):
+            await site.tick()
+            sheds.append(uncapped + step_kw - site.meter.true_facility_kw())
+        return sheds
+
+    try:
+        sheds = asyncio.run(run())
+    finally:
+        site.close()
+    assert max(abs(kw - REDUCTION_KW) for kw in sheds) < 0.25 * REDUCTION_KW  # the answer
+    settled = sheds[-60:]  # the last five minutes
+    assert all(abs(kw - REDUCTION_KW) < 0.03 * REDUCTION_KW for kw in settled), sheds
+    assert site.tracker.doc()["reference_shift_kw"] == pytest.approx(step_kw, rel=0.1)
+
+
+def test_the_first_plan_approaches_from_below_where_the_site_sheds_more_than_the_model(tmp_path):
+    """The site's overhead factor is 1.69 against the 1.3 declared (30% more shed per planned
+    kW than the model says), its meter 20 s late, and the site has no past events to learn
+    from. The open-loop plan asks the request over one plus the model's uncertainty
+    (`FLEXGATE_LOOP_GAIN_ERROR`, 30%), and the loop closes in on the rest: the true shed
+    never passes the request by 10% (planned whole, it shed 13 kW of 10 for the meter's dead
+    time and more) and settles on it."""
+    declared = site_jobs()
+    site = SimulatedSite(
+        declared,
+        Truth(copy.deepcopy(declared), overhead_factor=1.69, static_kw=0.0),
+        declared_overhead_factor=1.3,
+        meter_period_s=5.0,
+        time_constant_s=3.0,
+        meter_delay_s=20.0,
+        folder=tmp_path / "site",
+    )
+    try:
+        _, sheds = asyncio.run(true_sheds(site, 600.0))
+    finally:
+        site.close()
+    assert max(sheds) < 1.10 * REDUCTION_KW, sheds
+    assert all(abs(kw - REDUCTION_KW) < 0.03 * REDUCTION_KW for kw in sheds[-24:]), sheds
