@@ -92,9 +92,6 @@ LIMIT_MIN_SAMPLES = 30
 LIMIT_MARGIN_FLOOR = 0.005
 LIMIT_MARGIN_DEFAULT = 0.02
 LIMIT_MARGIN_MOST = 0.05
-#: A delta's correction that moved by more than this share of the reduction since it last
-#: converged, with only the meter moving, moved the site without the event instead.
-SHIFT_SHARE = 0.02
 
 
 @dataclass
@@ -130,12 +127,12 @@ class Pursuit:
     settled_at: dict[float, float] = field(default_factory=dict)
     #: the correction once settled, as a share of the reduction: the model's error here
     settled_share: float | None = None
-    #: a delta's correction when it last converged with nothing moving (None: not since the
-    #: target or the job mix last moved)
-    anchor_kw: float | None = None
-    #: a delta's reference moved by what the loop answered since (static load stepping as
-    #: cooling cycles: the site without the event moved too) [kW at the meter]
-    shift_kw: float = 0.0
+    #: the loop has met its target since the target last moved: its errors from then on are
+    #: a ceiling's margin's evidence (not its approach, which the ramp allowance covers)
+    met: bool = False
+    #: what the predictor expects of each kW the first plan moves, over the model's gain:
+    #: one plus the model's uncertainty (the plan approaches from below)
+    opening: float = 1.0
 
 
 class Tracker:
@@ -164,8 +161,10 @@ class Tracker:
         self.dead_s = 0.0  #: from a planned move to the first reading that shows it [s]
         self.dead_error_s = 0.0  #: the meter path's dead time's standard error, as planned [s]
         self.gain_rule: str | None = None  #: why the gain is below the configured one
-        #: the error at the meter (measured - target) once each event had settled [kW]
+        #: the error at the meter (measured - target) once each event had settled, averaged
+        #: over the limit's interval [kW]; and the last interval's (when, error)
         self.settled_errors_kw: deque[float] = deque(maxlen=LIMIT_ERRORS)
+        self._interval: deque[tuple[float, float]] = deque()
         #: each past event's settled model error at the meter: what it planned over what it
         #: asked at the meter, less 1
         self.model_errors: deque[float] = deque(maxlen=BOUND_EVENTS_KEPT)
@@ -211,7 +210,8 @@ class Tracker:
             held_kw = self.targets.held_reduction_kw
             # The first plan moves the site from what is held now (another event's caps).
             known.achieved_kw = known.planned_kw = held_kw or 0.0
-            known.gain, known.correction_kw = self._opening(known)
+            known.opening, known.correction_kw = self._opening(known)
+            known.gain = self.last_gain
             self.pursuit = known
             if held_kw is None:
                 # Caps stepping back: where the first move starts from is not known, so the
@@ -224,7 +224,7 @@ class Tracker:
         )
         if moved or ceiling != known.ceiling:
             known.target_since_s = self.clock.monotonic()
-            known.anchor_kw = None
+            known.met = False
             if level_kw is None and known.level_kw is None:
                 known.correction_kw = carried_correction_kw(known, reduction_kw)
         known.reduction_kw, known.level_kw, known.ceiling = reduction_kw, level_kw, ceiling
@@ -237,15 +237,19 @@ class Tracker:
         await self._plan(known)
 
     def limit_margin_kw(self, limit_kw: float) -> float:
-        """How far below a ceiling the loop plans [kW]: the 95th percentile of its settled error
-        at the meter over its recent events (`LIMIT_ERRORS` samples), above the target only
-        (a limit is broken by the meter reading high; reading low costs the jobs, not the
-        limit), within `LIMIT_MARGIN_FLOOR` and `LIMIT_MARGIN_MOST` of the limit;
-        `LIMIT_MARGIN_DEFAULT` of it before it has `LIMIT_MIN_SAMPLES` of its own."""
+        """How far below a ceiling the loop plans [kW]: the largest of its settled errors at
+        the meter over its recent events (`LIMIT_ERRORS` samples), each the mean over the
+        limit's averaging interval (`FLEXGATE_LIMIT_INTERVAL_S`), as the utility judges it,
+        above the target only (a limit is broken by the meter reading high; reading low costs
+        the jobs, not the limit), within `LIMIT_MARGIN_FLOOR` and `LIMIT_MARGIN_MOST` of the
+        limit; `LIMIT_MARGIN_DEFAULT` of it before it has `LIMIT_MIN_SAMPLES` of its own.
+        (The 95th percentile of single readings is the meter's noise: the minutes a cooling
+        step or a restarted job took to answer are rarer than that, and are what break a
+        limit: 2% of the campaign's intervals were above.)"""
         if len(self.settled_errors_kw) < LIMIT_MIN_SAMPLES:
             return LIMIT_MARGIN_DEFAULT * limit_kw
-        p95_kw = float(np.percentile(np.array(self.settled_errors_kw), 95))
-        return min(max(p95_kw, LIMIT_MARGIN_FLOOR * limit_kw), LIMIT_MARGIN_MOST * limit_kw)
+        worst_kw = max(self.settled_errors_kw)
+        return min(max(worst_kw, LIMIT_MARGIN_FLOOR * limit_kw), LIMIT_MARGIN_MOST * limit_kw)
 
     def release(self) -> None:
         pursuit = self.pursuit
@@ -255,20 +259,20 @@ class Tracker:
         self.pursuit = None
 
     def _opening(self, pursuit: Pursuit) -> tuple[float, float]:
-        """The predictor's gain and the correction the open-loop plan starts with [kW]: what
-        the site's past events
-        needed at the meter (the median of their settled model errors, as a share of what was
-        asked; none before there are `BOUND_EVENTS`), on what this event asks at the meter: for
-        a level, the meter before the event less the level, not the model's baseline less it
+        """What the predictor expects of the first plan per kW over the model's gain, and the
+        correction the open-loop plan starts with [kW]: what the site's past events needed at
+        the meter (the median of their settled model errors, as a share of what was asked;
+        none before there are `BOUND_EVENTS`), on what this event asks at the meter: for a
+        level, the meter before the event less the level, not the model's baseline less it
         (a model whose baseline is off would start the site that far off the level).
 
         It approaches from below: planned at that over one plus the model's uncertainty (the
-        past events' largest distance from their median, or `FLEXGATE_LOOP_GAIN_ERROR` before
-        there are `BOUND_EVENTS`), so a site that sheds more per planned kW than the model
-        says by as much lands on the request, not past it; the predictor expects that much
-        more of each planned kW (the last event's gain, times it), so the loop waits for the
-        meter before it closes in on the rest (planned whole, the campaign's deltas and
-        setpoints overshot by 26-29% at the 95th percentile). Only where the meter's dead time
+        past events' largest distance from their median, at most `FLEXGATE_LOOP_GAIN_ERROR`,
+        and that before there are `BOUND_EVENTS`), so a site that sheds more per planned kW
+        than the model says by as much lands on the request, not past it; the predictor
+        expects that much more of this first move, so the loop waits for the meter before it
+        closes in on the rest (planned whole, the campaign's deltas and setpoints overshot by
+        26-29% at the 95th percentile). Only where the meter's dead time
         is a period or more: a meter without one answers the first move at the next sample,
         and the loop takes back an overshoot before it lasts. A ceiling is planned whole:
         above it is the limit broken."""
@@ -279,11 +283,11 @@ class Tracker:
         if len(self.model_errors) >= BOUND_EVENTS:
             errors = np.array(self.model_errors)
             share = float(np.median(errors))
-            spread = float(np.max(np.abs(errors - share)))
+            spread = min(float(np.max(np.abs(errors - share))), spread)
         if pursuit.ceiling or self.site.meter_path().dead_s < self.period_s:
             spread = 0.0
         correction_kw = asked_kw * (1.0 + share) / (1.0 + spread) - pursuit.reduction_kw
-        return self.last_gain * (1.0 + spread), correction_kw
+        return 1.0 + spread, correction_kw
 
     def correction_bound_kw(self, reduction_kw: float) -> float:
         """The most the correction may take, either way [kW]: `FLEXGATE_LOOP_MAX_CORRECTION` of
@@ -308,7 +312,9 @@ class Tracker:
         short_kw = float((self.targets.last_plan or {}).get("shortfall_kw", 0.0))
         achieved_kw = max(requested - short_kw, 0.0)
         # Each planned kW is expected at the meter as the site has answered the plans so far.
-        pursuit.moves.append((started_s, pursuit.gain * (pursuit.achieved_kw - achieved_kw)))
+        expected = pursuit.gain * pursuit.opening
+        pursuit.moves.append((started_s, expected * (pursuit.achieved_kw - achieved_kw)))
+        pursuit.opening = 1.0
         pursuit.planned_kw, pursuit.achieved_kw = requested, achieved_kw
 
     def _reference_kw(self, pursuit: Pursuit, mix: JobMix) -> float | None:
@@ -319,7 +325,7 @@ class Tracker:
         moved_kw = self.site.facility_kw(self._uncapped_gpu_kw(pursuit, mix)) - (
             self.site.facility_kw(pursuit.start_baseline_gpu_kw)
         )
-        return pursuit.start_facility_kw + moved_kw + pursuit.shift_kw
+        return pursuit.start_facility_kw + moved_kw
 
     def _uncapped_gpu_kw(self, pursuit: Pursuit, mix: JobMix) -> float:
         """The GPUs' power without the event by the model [kW]: the placed jobs' baseline, and
@@ -342,7 +348,6 @@ class Tracker:
         baseline_kw = self.site.facility_kw(self._uncapped_gpu_kw(pursuit, mix))
         if pursuit.baseline_kw is not None and baseline_kw != pursuit.baseline_kw:
             pursuit.moves.append((self.clock.monotonic(), baseline_kw - pursuit.baseline_kw))
-            pursuit.anchor_kw = None  # the book's move is the model's: corrected as error
         pursuit.baseline_kw = baseline_kw
         self._watch_meter(pursuit)
         measured = self.site.filtered_kw(self.window_s)
@@ -363,21 +368,25 @@ class Tracker:
         if self.clock.monotonic() - pursuit.target_since_s >= self._settle_s():
             self._learn(pursuit, measured - target, reference, short)
         if pursuit.ceiling and pursuit.level_kw:
-            pursuit.margin_kw = self.limit_margin_kw(pursuit.level_kw)
+            margin_kw = self.limit_margin_kw(pursuit.level_kw)
+            if abs(margin_kw - pursuit.margin_kw) > 1e-6:
+                # A new target: its errors count once it has settled (counted at once, the
+                # margin read its own move as error and grew on it).
+                pursuit.target_since_s, pursuit.met = self.clock.monotonic(), False
+            pursuit.margin_kw = margin_kw
             target = pursuit.level_kw - pursuit.margin_kw
             pursuit.target_kw = target
         unseen_kw = self._unseen_kw(pursuit)
         error_kw = measured + unseen_kw - target
-        stepped = pursuit.correction_kw + self.integral_gain_per_s * self.period_s * error_kw
-        correction = self._bounded_correction_kw(pursuit, stepped)
-        saturated = short or (correction != stepped and correction == pursuit.correction_kw)
-        if not saturated and self._shift_answered(pursuit, error_kw, unseen_kw):
-            await self._plan(pursuit)  # the site without the event moved: the delta's target too
-            return
+        pursuit.met = pursuit.met or abs(measured - target) <= max(
+            NOISE_SIGMAS * self._window_noise_kw(), DEADBAND * pursuit.reduction_kw, 0.05
+        )
         if abs(error_kw) < NOISE_SIGMAS * self._window_noise_kw():
             return  # within what the window's own noise makes: no phantom correction
         if (error_kw > 0 and short) or (error_kw < 0 and pursuit.planned_kw <= 0.0):
             return  # anti-windup: at the fleet's limit the correction does not grow
+        correction = pursuit.correction_kw + self.integral_gain_per_s * self.period_s * error_kw
+        correction = self._bounded_correction_kw(pursuit, correction)
         pursuit.correction_kw = correction
         now_s = self.clock.monotonic()
         pursuit.corrections.append((now_s, correction, pursuit.gain))
@@ -399,38 +408,6 @@ class Tracker:
         correction_kw = min(max(correction_kw, centre_kw - bound_kw), centre_kw + bound_kw)
         most_kw = float((self.targets.last_plan or {}).get("max_facility_kw", math.inf))
         return min(correction_kw, most_kw - pursuit.reduction_kw)
-
-    def _shift_answered(self, pursuit: Pursuit, error_kw: float, unseen_kw: float) -> bool:
-        """A delta is against the site without the event. Once the loop has converged with
-        the target and the job book still, its correction is the model's error: anchored.
-        When it converges again with nothing moved but the meter (static load stepping as
-        cooling cycles, a job's power drifting), what it took since answered the site without
-        the event moving: the reference moves by that at the meter and the correction goes
-        back to its anchor. True when it did. (Kept as model error, a 1.4 kW cooling step
-        under a 1.8 kW delta shed 77% too much while it lasted.) Not while the meter is
-        suspect: a frozen meter must go on seeing moves it cannot answer. Levels and limits
-        are at the meter: a cooling step there is the loop's to answer."""
-        feed = self.site.feed
-        now_s = self.clock.monotonic()
-        still = pursuit.level_kw is None and now_s - pursuit.target_since_s >= self._settle_s()
-        if not still or (feed is not None and feed.suspect_since_s is not None):
-            return False
-        small_kw = max(DEADBAND * pursuit.reduction_kw, 0.05)
-        converged = abs(unseen_kw) <= small_kw and abs(error_kw) <= max(
-            NOISE_SIGMAS * self._window_noise_kw(), small_kw
-        )
-        if not converged:
-            return False
-        if pursuit.anchor_kw is None:
-            pursuit.anchor_kw = pursuit.correction_kw
-            return False
-        taken_kw = pursuit.correction_kw - pursuit.anchor_kw
-        if abs(taken_kw) <= max(SHIFT_SHARE * pursuit.reduction_kw, 0.05):
-            return False
-        pursuit.shift_kw += pursuit.gain * taken_kw
-        pursuit.correction_kw = pursuit.anchor_kw
-        log.info("site loop: the site without the event moved %+.2f kW", pursuit.gain * taken_kw)
-        return True
 
     def _watch_meter(self, pursuit: Pursuit) -> None:
         """The meter watch's sample: the predictor's reading now, with the dead time short and
@@ -454,7 +431,12 @@ class Tracker:
         """What a settled sample says of the model: its error at the meter (a ceiling's
         margin), the correction at this reduction (unless the plan is short), the site's gain
         per planned kW, and the event's model error for the events after it."""
-        self.settled_errors_kw.append(error_kw)
+        if pursuit.met:
+            now_s = self.clock.monotonic()
+            self._interval.append((now_s, error_kw))
+            while self._interval[0][0] <= now_s - self.settings.limit_interval_s:
+                self._interval.popleft()
+            self.settled_errors_kw.append(float(np.mean([e for _, e in self._interval])))
         if not short:
             pursuit.settled_at[round(pursuit.reduction_kw, 3)] = pursuit.correction_kw
         # Not from a loop the sync analysis finds attracting (the lab's lock scenario): its
@@ -724,7 +706,6 @@ class Tracker:
             "ceiling": pursuit.ceiling if pursuit else False,
             "limit_margin_kw": pursuit.margin_kw if pursuit else 0.0,
             "correction_kw": pursuit.correction_kw if pursuit else 0.0,
-            "reference_shift_kw": pursuit.shift_kw if pursuit else 0.0,
             "correction_bound_kw": (
                 self.correction_bound_kw(_asked_kw(pursuit)) if pursuit else None
             ),
