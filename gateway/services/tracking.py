@@ -130,9 +130,6 @@ class Pursuit:
     #: the loop has met its target since the target last moved: its errors from then on are
     #: a ceiling's margin's evidence (not its approach, which the ramp allowance covers)
     met: bool = False
-    #: what the predictor expects of each kW the first plan moves, over the model's gain:
-    #: one plus the model's uncertainty (the plan approaches from below)
-    opening: float = 1.0
 
 
 class Tracker:
@@ -205,13 +202,12 @@ class Tracker:
                 sum(j.gpus for j in mix.placed),
                 started_s=self.clock.monotonic(),
                 target_since_s=self.clock.monotonic(),
-                ceiling=ceiling,
             )
             held_kw = self.targets.held_reduction_kw
             # The first plan moves the site from what is held now (another event's caps).
             known.achieved_kw = known.planned_kw = held_kw or 0.0
-            known.opening, known.correction_kw = self._opening(known)
             known.gain = self.last_gain
+            known.correction_kw = self._opening_correction_kw(known)
             self.pursuit = known
             if held_kw is None:
                 # Caps stepping back: where the first move starts from is not known, so the
@@ -261,36 +257,17 @@ class Tracker:
             self.last_gain = pursuit.gain
         self.pursuit = None
 
-    def _opening(self, pursuit: Pursuit) -> tuple[float, float]:
-        """What the predictor expects of the first plan per kW over the model's gain, and the
-        correction the open-loop plan starts with [kW]: what the site's past events needed at
-        the meter (the median of their settled model errors, as a share of what was asked;
-        none before there are `BOUND_EVENTS`), on what this event asks at the meter: for a
-        level, the meter before the event less the level, not the model's baseline less it
-        (a model whose baseline is off would start the site that far off the level).
-
-        It approaches from below: planned at that over one plus the model's uncertainty (the
-        past events' largest distance from their median, at most `FLEXGATE_LOOP_GAIN_ERROR`,
-        and that before there are `BOUND_EVENTS`), so a site that sheds more per planned kW
-        than the model says by as much lands on the request, not past it; the predictor
-        expects that much more of this first move, so the loop waits for the meter before it
-        closes in on the rest (planned whole, the campaign's deltas and setpoints overshot by
-        26-29% at the 95th percentile). Only where the meter's dead time
-        is a period or more: a meter without one answers the first move at the next sample,
-        and the loop takes back an overshoot before it lasts. A ceiling is planned whole:
-        above it is the limit broken."""
+    def _opening_correction_kw(self, pursuit: Pursuit) -> float:
+        """The correction the open-loop plan starts with [kW]: what the site's past events
+        needed at the meter (the median of their settled model errors, as a share of what was
+        asked; none before there are `BOUND_EVENTS`), on what this event asks at the meter: for
+        a level, the meter before the event less the level, not the model's baseline less it
+        (a model whose baseline is off would start the site that far off the level)."""
         asked_kw = pursuit.reduction_kw
         if pursuit.level_kw is not None and pursuit.start_facility_kw is not None:
             asked_kw = max(pursuit.start_facility_kw - pursuit.level_kw, 0.0)
-        share, spread = 0.0, self.settings.loop_gain_error
-        if len(self.model_errors) >= BOUND_EVENTS:
-            errors = np.array(self.model_errors)
-            share = float(np.median(errors))
-            spread = min(float(np.max(np.abs(errors - share))), spread)
-        if pursuit.ceiling or self.site.meter_path().dead_s < self.period_s:
-            spread = 0.0
-        correction_kw = asked_kw * (1.0 + share) / (1.0 + spread) - pursuit.reduction_kw
-        return 1.0 + spread, correction_kw
+        share = float(np.median(self.model_errors)) if len(self.model_errors) >= BOUND_EVENTS else 0
+        return asked_kw * (1.0 + share) - pursuit.reduction_kw
 
     def correction_bound_kw(self, reduction_kw: float) -> float:
         """The most the correction may take, either way [kW]: `FLEXGATE_LOOP_MAX_CORRECTION` of
@@ -315,9 +292,7 @@ class Tracker:
         short_kw = float((self.targets.last_plan or {}).get("shortfall_kw", 0.0))
         achieved_kw = max(requested - short_kw, 0.0)
         # Each planned kW is expected at the meter as the site has answered the plans so far.
-        expected = pursuit.gain * pursuit.opening
-        pursuit.moves.append((started_s, expected * (pursuit.achieved_kw - achieved_kw)))
-        pursuit.opening = 1.0
+        pursuit.moves.append((started_s, pursuit.gain * (pursuit.achieved_kw - achieved_kw)))
         pursuit.planned_kw, pursuit.achieved_kw = requested, achieved_kw
 
     def _reference_kw(self, pursuit: Pursuit, mix: JobMix) -> float | None:
@@ -374,8 +349,7 @@ class Tracker:
             pursuit.margin_kw = self.limit_margin_kw(pursuit.level_kw)
             target = pursuit.level_kw - pursuit.margin_kw
             pursuit.target_kw = target
-        unseen_kw = self._unseen_kw(pursuit)
-        error_kw = measured + unseen_kw - target
+        error_kw = measured + self._unseen_kw(pursuit) - target
         pursuit.met = pursuit.met or abs(measured - target) <= max(
             NOISE_SIGMAS * self._window_noise_kw(), DEADBAND * pursuit.reduction_kw, 0.05
         )
@@ -384,7 +358,15 @@ class Tracker:
         if (error_kw > 0 and short) or (error_kw < 0 and pursuit.planned_kw <= 0.0):
             return  # anti-windup: at the fleet's limit the correction does not grow
         correction = pursuit.correction_kw + self.integral_gain_per_s * self.period_s * error_kw
-        correction = self._bounded_correction_kw(pursuit, correction)
+        asked_kw = _asked_kw(pursuit)
+        bound_kw = self.correction_bound_kw(asked_kw)
+        # Bounded around what the meter asks, not around the model's reduction: for a level
+        # the model puts the site under, the correction carries all of it (bounded around 0,
+        # a site whose past events needed 16% held 2.8 of 9 kW and never reached its level).
+        centre_kw = asked_kw - pursuit.reduction_kw
+        correction = min(max(correction, centre_kw - bound_kw), centre_kw + bound_kw)
+        most_kw = float(plan.get("max_facility_kw", math.inf))
+        correction = min(correction, most_kw - pursuit.reduction_kw)
         pursuit.correction_kw = correction
         now_s = self.clock.monotonic()
         pursuit.corrections.append((now_s, correction, pursuit.gain))
@@ -394,18 +376,6 @@ class Tracker:
         moved = abs(max(pursuit.reduction_kw + correction, 0.0) - pursuit.planned_kw)
         if moved > max(DEADBAND * pursuit.reduction_kw, 0.05):
             await self._plan(pursuit)
-
-    def _bounded_correction_kw(self, pursuit: Pursuit, correction_kw: float) -> float:
-        """The correction within its bound and what the site can shed by the model [kW].
-        Bounded around what the meter asks, not around the model's reduction: for a level
-        the model puts the site under, the correction carries all of it (bounded around 0,
-        a site whose past events needed 16% held 2.8 of 9 kW and never reached its level)."""
-        asked_kw = _asked_kw(pursuit)
-        bound_kw = self.correction_bound_kw(asked_kw)
-        centre_kw = asked_kw - pursuit.reduction_kw
-        correction_kw = min(max(correction_kw, centre_kw - bound_kw), centre_kw + bound_kw)
-        most_kw = float((self.targets.last_plan or {}).get("max_facility_kw", math.inf))
-        return min(correction_kw, most_kw - pursuit.reduction_kw)
 
     def _watch_meter(self, pursuit: Pursuit) -> None:
         """The meter watch's sample: the predictor's reading now, with the dead time short and
