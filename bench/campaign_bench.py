@@ -156,6 +156,8 @@ async def run_event(site: Any, plan: Plan, name: str) -> dict[str, Any]:
         actions.append((at_s - start_s, "cooling"))
         at_s = cooling.next_step_s(at_s + 1.0)
     actions = sorted(a for a in actions if a[0] < plan.duration_s)
+    # The step response is the event's own until the site first changes under it.
+    changed_s = actions[0][0] if actions else plan.duration_s
     trace = Trace()
     # A limit is a ceiling where the loop knows them (not d96b321's: it held limits as setpoints).
     ceiling = {"ceiling": True} if plan.kind == "limit" and _knows_ceilings(site) else {}
@@ -204,7 +206,7 @@ async def run_event(site: Any, plan: Plan, name: str) -> dict[str, Any]:
         site.start_job(job)
     await site.report_jobs()
     await sim.targets.hold(0.0, "idle")
-    return score(plan, trace, depth_kw, level_kw, allowance_s, fault_s)
+    return score(plan, trace, depth_kw, level_kw, allowance_s, fault_s, changed_s)
 
 
 def _knows_ceilings(site: Any) -> bool:
@@ -218,7 +220,12 @@ def score(
     level_kw: float | None,
     allowance_s: float,
     fault_s: float | None,
+    changed_s: float,
 ) -> dict[str, Any]:
+    """The event's figures; `overshoot` is the step response's (until `changed_s`, the site's
+    first change under the event: a job, a drift, a cooling step, a fault), `peak_over` the
+    largest excess over the request anywhere before a fault (what each change's dead time costs).
+    """
     import numpy as np
 
     t = np.array([r[0] for r in trace.rows])
@@ -258,7 +265,9 @@ def score(
         "within": error is not None and abs(error) <= WITHIN,
         "t90_true_s": first(ratio),
         "t90_meter_s": first(at_meter / asked_kw),
-        "overshoot": float(max(np.max(ratio[t < (fault_s or math.inf)]) - 1.0, 0.0)),
+        "overshoot": float(max(np.max(ratio[t < changed_s], initial=0.0) - 1.0, 0.0)),
+        "response_s": changed_s,
+        "peak_over": float(max(np.max(ratio[t < (fault_s or math.inf)]) - 1.0, 0.0)),
         "allowance_s": allowance_s,
         "samples": len(t),
     }
@@ -347,6 +356,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "t90_meter_p95_s": pct(t90m, 95),
             "overshoot_p95": pct([r["overshoot"] for r in free], 95),
             "overshoot_max": max((r["overshoot"] for r in free), default=None),
+            "peak_over_p95": pct([r["peak_over"] for r in free], 95),
         }
         if kind == "limit":
             above = sum(r["intervals_above"] for r in free)
