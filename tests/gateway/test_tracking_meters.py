@@ -30,6 +30,12 @@ def make_site(tmp_path, **options) -> SimulatedSite:
     )
 
 
+def delivered(site: SimulatedSite, event_id: str) -> dict:
+    """The event's delivery record, as the API shows it."""
+    with site.store.session() as s:
+        return delivery_doc(repo.deliveries(s, event_ids=[event_id])[event_id])
+
+
 async def true_sheds(site: SimulatedSite, seconds: float) -> tuple[float, list[float]]:
     """The site's true shed (uncapped less its true facility power, before the meter) at
     every meter period of an event of `seconds`."""
@@ -133,8 +139,7 @@ def test_an_import_limit_is_a_ceiling_met_in_every_averaging_interval(tmp_path, 
         limit_kw = site.meter.true_facility_kw() - REDUCTION_KW
         await site.tracker.pursue("ev-1", REDUCTION_KW, limit_kw, ceiling=ceiling)
         await site.run_for(1200.0)
-        with site.store.session() as s:
-            return delivery_doc(repo.deliveries(s, event_ids=["ev-1"])["ev-1"])
+        return delivered(site, "ev-1")
 
     try:
         doc = asyncio.run(run())
@@ -379,8 +384,7 @@ def test_a_ceiling_s_margin_covers_a_chiller_cycling_under_it(tmp_path):
             site.targets.release()
             site.meter.truth = truth
             await site.run_for(300.0)
-        with site.store.session() as s:
-            return delivery_doc(repo.deliveries(s, event_ids=["ev-1"])["ev-1"])
+        return delivered(site, "ev-1")
 
     try:
         doc = asyncio.run(run())
