@@ -47,6 +47,7 @@ import httpx
 import numpy as np
 from farm import Farm, node_name
 from gateway_bench import API_TOKEN, TOKEN, gateway_env, serve_gateway
+from prometheus_client.parser import text_string_to_metric_families
 
 from agents.protocol import CapCommand, GpuCap
 from flexgate.serve import free_port
@@ -272,8 +273,11 @@ def event_to_acked(
 
 
 def metric(api: httpx.Client, name: str) -> int:
-    text = api.get("/metrics").text
-    return int(text.split(f"\n{name} ", 1)[1].split()[0])
+    for family in text_string_to_metric_families(api.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name:
+                return int(sample.value)
+    raise RuntimeError(f"the gateway's /metrics has no {name}")
 
 
 def gateway_event(

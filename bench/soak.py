@@ -58,6 +58,7 @@ from gateway_bench import (
     serve_gateway,
 )  # bench/ is on sys.path
 from nats_bench import NATS_TOKEN, start_nats
+from prometheus_client.parser import text_string_to_metric_families
 
 from flexgate.serve import free_port
 
@@ -85,8 +86,11 @@ def rss_mb(pid: int) -> float:
 
 def fan_outs(url: str) -> int:
     text = httpx.get(f"{url}/metrics", timeout=30).text
-    line = next(x for x in text.splitlines() if x.startswith("flexgate_fan_outs_total "))
-    return int(line.split()[1])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "flexgate_fan_outs_total":
+                return int(sample.value)
+    raise RuntimeError("the gateway's /metrics has no flexgate_fan_outs_total")
 
 
 class Recorder:
