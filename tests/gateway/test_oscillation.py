@@ -98,3 +98,18 @@ def test_a_meter_read_every_5_s_sees_nothing_of_the_band_and_says_so():
     assert "nothing of 0.1-20 Hz" in doc["meter"]["reason"]
     assert doc["agents"]["reason"] == "no agent reports"
     assert doc["alarm"] is False  # what no source sees raises nothing
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"oscillation_band_low_hz": 5.0, "oscillation_band_high_hz": 1.0}, "must be above"),
+        ({"oscillation_limit_kw": 0.0}, "greater than 0"),
+        ({"ramp_down_kw_per_min": -1.0}, "greater than 0"),
+    ],
+)
+def test_bad_oscillation_and_ramp_settings_are_refused(setting, message):
+    from gateway.settings import GatewaySettings
+
+    with pytest.raises(ValueError, match=message):
+        GatewaySettings(lab=True, **setting)
