@@ -673,7 +673,7 @@ def test_an_unsafe_sync_check_says_which_loop_setting_makes_it_safe():
     doc = json.loads(flexgate(*demo, "--json").stdout)
     delay, window, spread = doc["advice"]
     assert delay.startswith("a faster loop: --delay-s below 0.25 s")
-    assert "FLEXGATE_RECONCILE_PERIOD_S" in delay
+    assert "FLEXGATE_METER_PERIOD_S" in delay  # the loop that couples jobs: the site loop
     assert window.startswith("a loop that averages over whole iteration periods: --window-s 6")
     assert spread.startswith("--spread 0 means identical jobs")
     # Each advised setting, applied, gives a safe loop with nothing more to advise.

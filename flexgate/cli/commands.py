@@ -212,8 +212,9 @@ def loop_advice(
     limit = min((x for x in limits if x is not None), default=None)
     if limit is not None and limit > 0 and check(delay_s=0.95 * limit)["verdict"] == "safe":
         advice.append(
-            f"a faster loop: --delay-s below {limit:.3g} s (the gateway's site loop: the "
-            "meter's age, dead time and lag plus the plan and the agents' actuation)"
+            f"a faster loop: --delay-s below {limit:.3g} s (the gateway's site loop: "
+            "FLEXGATE_METER_PERIOD_S, the meter's FLEXGATE_METER_DEAD_S and _LAG_S, the plan "
+            "and the agents' actuation)"
         )
     windows = sorted({round(k * p, 6) for p in periods for k in ADVICE_WINDOW_PERIODS})
     window = next((w for w in windows if check(window_s=w)["verdict"] == "safe"), None)
