@@ -80,7 +80,7 @@ def create_app(
         if settings.vtn_url and ven31 is None:
             from gateway.openadr.ven import Ven  # openleadr loads only when a VTN is configured
 
-            ven = Ven(settings, tuple(http_trace))
+            ven = Ven(settings, tuple(http_trace), clock)
         fleet = Fleet(settings, store, clock, client)
         overhead = Overhead(settings, store, clock)
         source = job_source or open_job_source(settings, fleet)

@@ -17,8 +17,8 @@ from pydantic import BaseModel, ValidationError
 from agents.protocol import CapCommand, CapResponse, Health, TelemetryResponse
 from gateway.agentclient import Ack, AgentUnreachableError, gpu_errors
 from gateway.clock import Clock, SystemClock
+from gateway.retries import command_backoff
 
-BACKOFF_S = 0.1
 HEALTH_TIMEOUT_S = 2.0
 TELEMETRY_TIMEOUT_S = 3.0
 Model = TypeVar("Model", bound=BaseModel)
@@ -86,8 +86,11 @@ class HttpAgentClient:
 
     async def put_caps(self, node: str, address: str, command: CapCommand) -> Ack:
         sent_at, start = self._clock.now(), self._clock.monotonic()
-        error = "not sent"
-        for attempt in range(1, self._retries + 2):
+        attempts = 0
+
+        async def put() -> Ack:
+            nonlocal attempts
+            attempts += 1
             try:
                 async with self._http().put(
                     f"{address}/v1/caps",
@@ -96,26 +99,27 @@ class HttpAgentClient:
                     timeout=aiohttp.ClientTimeout(total=self._timeout_s),
                 ) as response:
                     body = await response.json(content_type=None)
-                    if response.status == 200:
-                        answer = CapResponse.model_validate(body)
-                        return Ack(
-                            node,
-                            "acked",
-                            attempt,
-                            sent_at,
-                            self._clock.now(),
-                            self._clock.monotonic() - start,
-                            answer,
-                            gpu_errors(answer),
-                        )
-                    error = f"HTTP {response.status}: {_detail(body)}"
-                    if response.status < 500:
-                        break
+                    if response.status != 200:
+                        error = f"HTTP {response.status}: {_detail(body)}"
+                        if response.status >= 500:
+                            raise _RetryableError(error)
+                        return Ack(node, "failed", attempts, sent_at, None, None, None, error)
+                    answer = CapResponse.model_validate(body)
             except (TimeoutError, aiohttp.ClientError, ValueError, ValidationError) as exc:
-                error = _describe(exc)
-            if attempt <= self._retries:
-                await self._clock.sleep(BACKOFF_S * 2 ** (attempt - 1))
-        return Ack(node, "failed", attempt, sent_at, None, None, None, error)
+                raise _RetryableError(_describe(exc)) from exc
+            done_s = self._clock.monotonic() - start
+            errors = gpu_errors(answer)
+            return Ack(node, "acked", attempts, sent_at, self._clock.now(), done_s, answer, errors)
+
+        try:
+            backoff = command_backoff(self._retries)
+            return await backoff.call(self._clock, put, on=(_RetryableError,))
+        except _RetryableError as exc:
+            return Ack(node, "failed", attempts, sent_at, None, None, None, str(exc))
+
+
+class _RetryableError(Exception):
+    """A command worth sending again: a timeout, a connection error, a 5xx answer."""
 
 
 def _detail(body: Any) -> Any:

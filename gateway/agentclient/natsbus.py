@@ -53,9 +53,9 @@ from agents.protocol import (
 )
 from gateway.agentclient import Ack, AgentUnreachableError, gpu_errors
 from gateway.clock import Clock, SystemClock
+from gateway.retries import command_backoff
 
 log = logging.getLogger("flexgate.gateway")
-BACKOFF_S = 0.1
 HEALTH_TIMEOUT_S = 2.0
 HEALTH_AT_ONCE = 500
 CONNECT_TIMEOUT_S = 5.0
@@ -247,6 +247,7 @@ class NatsAgentClient:
         subscription = await nc.subscribe(f"{inbox}.*", cb=fan.answered)
         try:
             pending = list(range(len(targets)))
+            backoff = command_backoff(self._retries)
             for attempt in range(1, self._retries + 2):
                 fan.waiting = set(pending)
                 fan.done.clear()
@@ -276,7 +277,7 @@ class NatsAgentClient:
                 pending = [i for i in pending if fan.retry[i]]
                 if not pending or attempt > self._retries:
                     break
-                await self._clock.sleep(BACKOFF_S * 2 ** (attempt - 1))
+                await self._clock.sleep(backoff.wait_s(attempt))
         finally:
             with contextlib.suppress(NatsError):
                 await subscription.unsubscribe()

@@ -26,8 +26,10 @@ from typing import Any
 import aiohttp
 from openleadr import OpenADRClient, enums, objects
 
+from gateway.clock import Clock, SystemClock
 from gateway.openadr.signals import Party, SiteLoad, read_event
 from gateway.openadr.xml import harden_parser
+from gateway.retries import VTN_BACKOFF
 from gateway.services.events import Events
 from gateway.services.site import SitePower
 from gateway.settings import GatewaySettings
@@ -35,7 +37,6 @@ from gateway.store.models import EventRow
 
 log = logging.getLogger("flexgate.ven")
 
-RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 #: The largest VTN reply read. OpenADR messages are kilobytes; openleadr would read any size.
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 #: The TELEMETRY_USAGE report offered to the VTN: one rID per value of `GET /v1/site`, in kW.
@@ -95,9 +96,12 @@ class Ven:
     id_prefix = "oadr"
 
     def __init__(
-        self, settings: GatewaySettings, trace_configs: tuple[aiohttp.TraceConfig, ...] = ()
+        self,
+        settings: GatewaySettings,
+        trace_configs: tuple[aiohttp.TraceConfig, ...] = (),
+        clock: Clock | None = None,
     ) -> None:
-        self.settings = settings
+        self.settings, self.clock = settings, clock or SystemClock()
         self.registered = False
         self.client = Client(
             ven_name=settings.ven_name,
@@ -146,22 +150,23 @@ class Ven:
         return self._events
 
     async def _register(self) -> None:
-        attempt = 0
-        while not self.client.registration_id:
-            try:
-                await self.client.run()
-            except Exception as exc:  # the VTN may be down: keep trying, say so
-                log.warning("VTN registration failed: %s", exc)
-            if self.client.registration_id:
-                break
-            # openleadr closes its HTTP session when registration fails and would reuse the
-            # closed one on the next try: drop it so the next attempt opens a new one.
-            session = self.client.client_session
-            if session is not None and session.closed:
-                self.client.client_session = None
-            await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
-            attempt += 1
+        """Registered with the VTN, asked again with backoff while it does not answer."""
+        await VTN_BACKOFF.call(self.clock, self._try_register, on=(_NotRegisteredError,))
         self.registered = True
+
+    async def _try_register(self) -> None:
+        try:
+            await self.client.run()
+        except Exception as exc:  # the VTN may be down: keep trying, say so
+            log.warning("VTN registration failed: %s", exc)
+        if self.client.registration_id:
+            return
+        # openleadr closes its HTTP session when registration fails and would reuse the
+        # closed one on the next try: drop it so the next attempt opens a new one.
+        session = self.client.client_session
+        if session is not None and session.closed:
+            self.client.client_session = None
+        raise _NotRegisteredError
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -225,3 +230,7 @@ class Ven:
             return frozenset(n.strip() for n in text.split(",") if n.strip())
 
         return Party(self.client.ven_id, names(settings.ven_groups), names(settings.ven_resources))
+
+
+class _NotRegisteredError(Exception):
+    """The VTN did not register this VEN (yet)."""

@@ -7,7 +7,7 @@ it answers the VTN's echo challenge, `GET <callbackUrl>?echo=` and `GET <callbac
 a notification must carry the subscription's bearer token), and reads programs and events every
 FLEXGATE_VTN_POLL_S whatever the webhook does (the fallback, and the check on what it missed).
 
-A subscription the VTN refuses is asked for again with backoff (`SUBSCRIBE_RETRY_S`), not at
+A subscription the VTN refuses is asked for again with backoff (`SUBSCRIBE_BACKOFF`), not at
 every poll; before each, the VEN deletes its own left on the VTN (`GET /subscriptions`, matched
 on clientName and callback URL): a VTN may store one and still answer an error, and one left by
 a previous run carries a bearer token nobody holds any more. A notification is answered as soon
@@ -76,6 +76,7 @@ from gateway.openadr.signals31 import (
     read_event31,
 )
 from gateway.openadr.vtn31 import VtnClient, VtnError, valid
+from gateway.retries import SUBSCRIBE_BACKOFF, VTN_BACKOFF
 from gateway.services.events import Events
 from gateway.services.site import SitePower
 from gateway.settings import GatewaySettings
@@ -83,9 +84,6 @@ from gateway.store.models import EventRow, as_utc
 
 log = logging.getLogger("flexgate.ven31")
 
-RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
-#: Waits between refused subscription attempts [s]: each may leave one stored on the VTN.
-SUBSCRIBE_RETRY_S = (1.0, 2.0, 5.0, 15.0, 60.0, 300.0)
 #: The path the gateway serves the VTN's notifications on.
 CALLBACK_PATH = "/openadr3/notifications"
 #: Notifications read and waiting to be acted on; more are answered 503 (the poll reads them).
@@ -191,32 +189,35 @@ class Ven31:
         await self.vtn.aclose()
 
     async def _run(self) -> None:
-        attempt = 0
         while True:
             try:
-                if self.ven is None:
-                    await self._register()
-                if self.subscription_id is None and self.settings.ven_callback_url:
-                    await self._try_subscribe()
-                if self.settings.vtn_mqtt and not self.notifications.asked:
-                    await self.notifications.connect()
-                await self.poll()
-                await self._lift_safe_mode()
-                await self.notifications.follow(set(self.programs))
-                self.reachable, attempt = True, 0
-                await self.reports.send_undelivered()
-                await self._until_next_poll()
-            except (VtnError, VtnAuthError) as exc:
-                self.reachable = False
-                delay = RETRY_S[min(attempt, len(RETRY_S) - 1)]
-                log.warning("VTN: %s; the stored events run on; retrying in %g s", exc, delay)
-                attempt += 1
-                await self._hold_safe_mode()
-                await self.clock.sleep(delay)
+                await VTN_BACKOFF.call(
+                    self.clock, self._round, on=(VtnError, VtnAuthError), before_sleep=self._lost
+                )
             except Exception:  # a bug must not end the VEN: say so, and go on
                 log.exception("the VEN's poll failed")
-                attempt += 1
-                await self.clock.sleep(RETRY_S[-1])
+                await self.clock.sleep(VTN_BACKOFF.most_s)
+
+    async def _round(self) -> None:
+        """One poll of the VTN (registered and subscribed first where it is not yet), then
+        the wait for the next."""
+        if self.ven is None:
+            await self._register()
+        if self.subscription_id is None and self.settings.ven_callback_url:
+            await self._try_subscribe()
+        if self.settings.vtn_mqtt and not self.notifications.asked:
+            await self.notifications.connect()
+        await self.poll()
+        await self._lift_safe_mode()
+        await self.notifications.follow(set(self.programs))
+        self.reachable = True
+        await self.reports.send_undelivered()
+        await self._until_next_poll()
+
+    async def _lost(self, exc: BaseException, delay_s: float) -> None:
+        self.reachable = False
+        log.warning("VTN: %s; the stored events run on; retrying in %g s", exc, delay_s)
+        await self._hold_safe_mode()
 
     async def _until_next_poll(self) -> None:
         """FLEXGATE_VTN_POLL_S, or less when MQTT asks for a poll (after a reconnection)."""
@@ -273,15 +274,15 @@ class Ven31:
 
     async def _try_subscribe(self) -> None:
         """Subscribe; a VTN that refuses is polled meanwhile, and asked again after a wait
-        that grows (SUBSCRIBE_RETRY_S; the reason logged when it changes)."""
+        that grows (`SUBSCRIBE_BACKOFF`; the reason logged when it changes)."""
         if self.clock.monotonic() < self._subscribe_at:
             return
         try:
             await self._subscribe()
             self._subscribe_error, self._subscribe_failures = None, 0
         except (VtnError, VtnAuthError) as exc:
-            wait_s = SUBSCRIBE_RETRY_S[min(self._subscribe_failures, len(SUBSCRIBE_RETRY_S) - 1)]
             self._subscribe_failures += 1
+            wait_s = SUBSCRIBE_BACKOFF.wait_s(self._subscribe_failures)
             self._subscribe_at = self.clock.monotonic() + wait_s
             if str(exc) != self._subscribe_error:
                 log.warning(
