@@ -6,7 +6,7 @@
 - gateway: flexmodel, and of agents only agents.protocol (the wire schemas).
 - inside gateway every module belongs to a named layer, and imports only its own layer and
   those below it: root (app, run) -> api -> grid protocol (openadr) -> services -> settings
-  -> outside world (the agent client, the meter, the job source) -> store -> base (clock,
+  -> outside world (the agent client, the meter, the job source) -> store -> base (clock, retries,
   errors). Routes call services, never the store.
 - in gateway, only the grid-protocol package imports openleadr and paho (MQTT), and only it
   and the outside-world parts (agent client, meter) import aiohttp; only the outside world
@@ -55,7 +55,7 @@ GATEWAY_LAYERS = {
     "settings": ("gateway.settings",),
     "outside world": ("gateway.agentclient", "gateway.meter", "gateway.jobsource"),
     "store": ("gateway.store",),
-    "base": ("gateway.clock", "gateway.errors", "gateway.units", "gateway"),
+    "base": ("gateway.clock", "gateway.retries", "gateway.errors", "gateway.units", "gateway"),
 }
 LAYER_ORDER = list(GATEWAY_LAYERS)
 #: Third-party packages only some gateway layers may import.
