@@ -332,19 +332,21 @@ def local_days(
     out = []
     for day in range(int(days[0]), int(days[-1]) + 1):
         mine = days == day
-        count = np.bincount(slots[mine], minlength=size)
+        happened = np.bincount(slots[mine], minlength=size)
+        if not happened.any():  # a whole day skipped (Samoa, 30 December 2011)
+            continue
         total = np.bincount(slots[mine], weights=loads[mine], minlength=size)
         flagged = np.bincount(slots[mine], weights=flags[mine].astype(float), minlength=size)
-        covered = np.flatnonzero(count)
-        if not covered.size:  # a whole day skipped (Samoa, 30 December 2011)
-            continue
+        mean = np.full(size, np.nan)
+        mean[happened > 0] = total[happened > 0] / happened[happened > 0]
+        # Before or after the grid nothing says whether an interval happened: count it
+        # once, with no reading, so the day is incomplete rather than short.
+        count = happened.copy()
+        covered = np.flatnonzero(happened)
         if day == days[0]:
             count[: covered[0]] = 1
         if day == days[-1]:
             count[covered[-1] + 1 :] = 1
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
-        mean[(count > 0) & ~np.isin(np.arange(size), covered)] = np.nan
         out.append(
             MeterDay(
                 day=day,

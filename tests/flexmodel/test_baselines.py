@@ -555,3 +555,16 @@ def test_an_adjustment_window_before_midnight_gives_no_baseline():
         x_of_y_baseline(
             r, day(EVENT_DAY), history, start_min=120, end_min=240, calendar=CALENDAR, event_days=()
         )
+
+
+def test_a_day_the_grid_covers_in_part_is_incomplete():
+    # UTC, hourly from 06:00 on day 0 to 17:00 on day 1: day 0 lacks 00:00..05:00, day 1
+    # 18:00..23:00; both count those hours once, with no reading.
+    starts = list(range(6 * 3600, 42 * 3600, 3600))
+    first, last = local_days(starts, [0] * len(starts), [1.0] * len(starts), interval_min=60)
+    assert (first.day, last.day) == (0, 1)
+    assert first.occurrences.tolist() == [1] * 24
+    np.testing.assert_array_equal(np.isnan(first.load_kw), [True] * 6 + [False] * 18)
+    np.testing.assert_array_equal(np.isnan(last.load_kw), [False] * 18 + [True] * 6)
+    assert not first.is_complete(1.0)
+    assert not last.is_complete(1.0)
