@@ -426,7 +426,8 @@ def _baseline(
 def _event_slots(event: MeterDay, start_min: int, end_min: int) -> slice:
     step = event.interval_min
     for name, minute in (("start_min", start_min), ("end_min", end_min)):
-        if not (0 <= minute <= MINUTES_PER_DAY and minute % step == 0):
+        on_clock = isinstance(minute, int | np.integer) and minute % step == 0
+        if not (on_clock and 0 <= minute <= MINUTES_PER_DAY):
             raise InvalidBaselineError(
                 f"{name} {minute!r} must be a minute of the day on the {step}-minute clock"
             )

@@ -519,6 +519,8 @@ def event_baseline(**changes):
         (lambda: meter_day(0, [1.0] * 24, interval_min=7), "interval_min"),
         (lambda: meter_day(0, [1.0] * 23, interval_min=60), "load_kw"),
         (lambda: event_baseline(start_min=845), "start_min"),
+        (lambda: event_baseline(start_min=840.5), "start_min"),
+        (lambda: event_baseline(end_min=1500), "end_min"),
         (lambda: event_baseline(end_min=840), "end_min"),
         (
             lambda: event_baseline(adjustment="additive", adjustment_hours=0.25),
