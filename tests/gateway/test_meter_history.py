@@ -385,3 +385,13 @@ def test_a_clean_stop_writes_every_sample_taken_and_a_restart_serves_them(tmp_pa
         params = {"start": first.isoformat(), "interval": "raw"}
         served = api.get("/v1/site/meter", params=params).json()["samples"]
     assert [p["at"] for p in served[: len(kept)]] == [p.at.isoformat() for p in kept]
+
+
+def test_an_hour_of_1_s_samples_stays_within_the_documented_bytes_per_day(tmp_path):
+    """bench/meter_history_bench.py measures a day (docs/operations.md, "Meter history"); an
+    hour here keeps the figure honest: samples at about 23 bytes each, intervals included."""
+    from bench.meter_history_bench import measure
+
+    result = measure(tmp_path, hours=1.0)
+    assert (result["samples"], result["intervals"]) == (3600, 60 + 12 + 4 + 2)
+    assert result["bytes_per_sample"] < 30
