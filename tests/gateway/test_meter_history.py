@@ -315,12 +315,13 @@ def test_the_history_is_served_and_bad_parameters_are_refused_by_name(tmp_path, 
             "estimated": True,
             "fault": False,
         }
-        bad = {
-            "interval": {**span, "interval": "2m"},
-            "start": {**span, "start": "yesterday"},
-            "end": {**span, "end": start.replace(tzinfo=None).isoformat()},  # no UTC offset
-        }
-        for name, params in bad.items():
+        bad = [
+            ("interval", {**span, "interval": "2m"}),
+            ("start", {**span, "start": "yesterday"}),
+            ("start", {**span, "start": "0001-01-01T00:00:00Z"}),  # before any history
+            ("end", {**span, "end": start.replace(tzinfo=None).isoformat()}),  # no UTC offset
+        ]
+        for name, params in bad:
             answer = api.get("/v1/site/meter", params=params)
             assert answer.status_code == 422, answer.text
             assert names(answer.json()["detail"]) == name, answer.text

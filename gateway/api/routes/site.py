@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import Query
@@ -23,6 +23,8 @@ INTERVALS = {"1m": 60, "5m": 300, "15m": 900, "30m": 1800}
 MAX_POINTS = 20_000
 #: Without `start`, the span asked for ends this long before `end`.
 DEFAULT_SPAN = timedelta(hours=1)
+#: The times a history can hold: after the Unix epoch, well before the calendar's end.
+EARLIEST, LATEST = datetime(1970, 1, 2, tzinfo=UTC), datetime(9000, 1, 1, tzinfo=UTC)
 
 
 @router.get("/site", response_model=SiteState)
@@ -79,6 +81,10 @@ async def meter_history(
         if when is not None and when.utcoffset() is None:
             raise InvalidRequestError(
                 f"{name}: {when.isoformat()} has no UTC offset; give one (2026-11-03T00:00:00Z)"
+            )
+        if when is not None and not EARLIEST <= when <= LATEST:
+            raise InvalidRequestError(
+                f"{name}: {when.isoformat()} is outside {EARLIEST.year} to {LATEST.year}"
             )
     end = end or history.clock.now()
     start = start or end - DEFAULT_SPAN
