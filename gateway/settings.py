@@ -139,6 +139,13 @@ class GatewaySettings(BaseSettings):
     meter_noise_kw: float = Field(default=0.0, ge=0.0)
     meter_check_kw: float | None = Field(default=None, gt=0.0)
     meter_max_kw: float | None = Field(default=None, gt=0.0)  #: the site's physical maximum
+    #: the meter history (gateway.services.meterhistory): every site sample stored, written in
+    #: batches every FLUSH_S, kept RAW_KEEP_S (at least an hour: the 30-minute intervals are
+    #: rolled up from them), and its 1/5/15/30-minute intervals kept KEEP_DAYS
+    meter_history: bool = True
+    meter_history_flush_s: float = Field(default=10.0, gt=0.0, le=3600.0)
+    meter_history_raw_keep_s: float = Field(default=7 * 86400.0, ge=3600.0)
+    meter_history_keep_days: float = Field(default=400.0, ge=90.0)
     calibrate: bool = True  #: fit the overhead factor on the meter (a real meter only)
     calibration_window_s: float = Field(default=60.0, gt=0.0)
     calibration_settle_s: float = Field(default=60.0, ge=0.0)

@@ -298,3 +298,35 @@ class Health(_Open):
         description="what the gateway runs on: store, meter, transport, job source, OpenADR "
         "(docs/operations.md), secrets masked",
     )
+
+
+class MeterIntervalDoc(_Open):
+    start: str
+    end: str
+    mean_kw: float | None = Field(description="the mean of its samples [kW]; null in a gap")
+    samples: int
+    coverage: float = Field(description="samples over those the meter period gives it, 0 to 1")
+    gap: bool = Field(description="more than one sample missing (none at all: coverage 0)")
+    estimated_share: float
+    estimated: bool = Field(description="any sample estimated, or taken while the meter faulted")
+    fault: bool = Field(description="any sample taken while the meter was faulted or suspected")
+
+
+class MeterSampleDoc(_Open):
+    at: str
+    power_kw: float = Field(description="the meter's reading, or the estimate [kW]")
+    estimated: bool
+    fault: bool
+
+
+class MeterHistoryDoc(_Open):
+    """`GET /v1/site/meter`: `intervals` for 1m to 30m, `samples` for raw."""
+
+    interval: str
+    interval_s: int | None
+    start: str
+    end: str
+    source: str = Field(description="the meter now, or `estimate`")
+    meter_period_s: float
+    intervals: list[MeterIntervalDoc] | None = None
+    samples: list[MeterSampleDoc] | None = None
