@@ -42,6 +42,7 @@ from gateway.services.predictions import Predictions
 from gateway.services.quotes import Quotes
 from gateway.services.reconciler import Reconciler
 from gateway.services.scattering import Scatterer
+from gateway.services.settlement import Settlement
 from gateway.services.site import SitePower, open_feed
 from gateway.services.status import Status
 from gateway.services.targets import Targets
@@ -123,6 +124,7 @@ def create_app(
             characteriser,
             predictions,
             history,
+            Settlement(settings, store, clock),
         )
         await fleet.discover()
         curves.start()  # before events resume: plans use the measured curves in force

@@ -20,6 +20,7 @@ from gateway.services.meterhistory import MeterHistory
 from gateway.services.predictions import Predictions
 from gateway.services.quotes import Quotes
 from gateway.services.scattering import Scatterer
+from gateway.services.settlement import Settlement
 from gateway.services.site import SitePower
 from gateway.services.status import Status
 from gateway.services.targets import Targets
@@ -45,6 +46,7 @@ class Services:
     characteriser: Characteriser | None = None
     predictions: Predictions | None = None  #: PFIs predicted from telemetry
     meter_history: MeterHistory | None = None  #: the site's samples and intervals
+    settlement: Settlement | None = None  #: events settled under the program's baselines
 
 
 # Coroutines, not plain functions: FastAPI runs a plain function dependency in a worker
