@@ -305,3 +305,31 @@ def test_the_settlement_is_served_and_linked_from_the_event(tmp_path):
             bad = api.get("/v1/events/ev-1/settlement", params=params)
             assert bad.status_code == 422, bad.text
             assert named in str(bad.json()["detail"]), bad.text
+
+
+def test_the_repeated_hour_of_a_fall_back_day_is_folded_onto_the_site_clock(database_url):
+    """America/New_York falls back on Sunday 2026-11-01: 01:00-02:00 happens twice (05:00 and
+    06:00 UTC). The event, 08:00-09:00 UTC, is 03:00-04:00 on the site's clock. Same day: the
+    3 h before it on the clock, 00:00-03:00, are twelve intervals, the repeated four holding
+    the mean of both occurrences (120 and 160 kW: 140); with 100 kW elsewhere and the 2 h
+    after at 100, the baseline is (4 x 100 + 4 x 140 + 4 x 100 + 8 x 100) / 20 = 108 kW."""
+    loads = {**dict.fromkeys(range(20, 24), 120.0), **dict.fromkeys(range(24, 28), 160.0)}
+    loads |= dict.fromkeys(range(32, 36), 50.0)
+    store = Store(database_url)
+    try:
+        write_day(store, date(2026, 11, 1), lambda slot: loads.get(slot, 100.0))
+        write_day(store, date(2026, 11, 2), lambda slot: 100.0)
+        with store.session() as s:
+            start = datetime(2026, 11, 1, 8, tzinfo=UTC)
+            repo.add_event(s, event=event_row("ev-dst", start, 50.0))
+            s.commit()
+        settings = settings_for(database_url, site_timezone="America/New_York")
+        settlement = Settlement(settings, store, SteppedClock(START))
+        doc = asyncio.run(settlement.doc("ev-dst", rules="sameday-3+2"))
+    finally:
+        store.close()
+    (rule,) = doc["rules"]
+    assert doc["event_day"] == "2026-11-01"
+    assert [r["baseline_kw"] for r in rule["intervals"]] == [108.0] * 4
+    assert [r["delivered_kw"] for r in rule["intervals"]] == [58.0] * 4
+    assert rule["totals"]["compliance"] == 1.0
