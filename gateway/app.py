@@ -35,12 +35,14 @@ from gateway.services.events import Events
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.jobfeed import JobFeed
+from gateway.services.meterhistory import MeterHistory
 from gateway.services.oscillation import OscillationWatch
 from gateway.services.overhead import Overhead
 from gateway.services.predictions import Predictions
 from gateway.services.quotes import Quotes
 from gateway.services.reconciler import Reconciler
 from gateway.services.scattering import Scatterer
+from gateway.services.settlement import Settlement
 from gateway.services.site import SitePower, open_feed
 from gateway.services.status import Status
 from gateway.services.targets import Targets
@@ -88,6 +90,10 @@ def create_app(
         power = SitePower(settings, clock, fleet, book, overhead, open_feed(settings, clock=clock))
         targets = Targets(settings, store, clock, client, fleet, book, power)
         tracker = Tracker(settings, clock, power, targets, book, fleet)
+        # first of the site's listeners: a sample is kept whatever the others do with it
+        history = MeterHistory(settings, store, clock, power)
+        if settings.meter_history:
+            power.subscribe(history.on_sample)
         power.subscribe(tracker.step)
         power.subscribe(Deliveries(store, clock, power, tracker).sample)
         quotes = Quotes(settings, store, book, fleet)
@@ -117,6 +123,8 @@ def create_app(
             curves,
             characteriser,
             predictions,
+            history,
+            Settlement(settings, store, clock),
         )
         await fleet.discover()
         curves.start()  # before events resume: plans use the measured curves in force
@@ -124,6 +132,7 @@ def create_app(
         reconciler.start()
         characteriser.start()
         power.start()
+        history.start()
         predictions.start()
         if feed is not None:
             feed.start()
@@ -141,6 +150,7 @@ def create_app(
             reconciler.stop()
             predictions.stop()
             power.stop()
+            await history.stop()  # after the site's last sample: everything given is written
             targets.stop()
             fleet.stop()
             events.stop()

@@ -9,10 +9,12 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+from datetime import date, datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -26,6 +28,7 @@ from agents.protocol import (
     node_token,
     unknown_variables,
 )
+from flexmodel.baselines import INTERVAL_MINUTES, PRESETS
 from flexmodel.errors import InvalidJobError
 from flexmodel.quote import DEFAULT_POWER_UNCERTAINTY
 from flexmodel.tiers import TierTable
@@ -139,6 +142,20 @@ class GatewaySettings(BaseSettings):
     meter_noise_kw: float = Field(default=0.0, ge=0.0)
     meter_check_kw: float | None = Field(default=None, gt=0.0)
     meter_max_kw: float | None = Field(default=None, gt=0.0)  #: the site's physical maximum
+    #: the meter history (gateway.services.meterhistory): every site sample stored, written in
+    #: batches every FLUSH_S, kept RAW_KEEP_S (at least an hour: the 30-minute intervals are
+    #: rolled up from them), and its 1/5/15/30-minute intervals kept KEEP_DAYS
+    meter_history: bool = True
+    meter_history_flush_s: float = Field(default=10.0, gt=0.0, le=3600.0)
+    meter_history_raw_keep_s: float = Field(default=7 * 86400.0, ge=3600.0)
+    meter_history_keep_days: float = Field(default=400.0, ge=90.0)
+    #: settlement (gateway.services.settlement): the program's baseline rules (presets of
+    #: flexmodel.baselines), the site's time zone (IANA) its clock intervals are in, their
+    #: length [min], and the program's holidays (ISO dates)
+    settlement_rules: str = Field(default="10of10,sameday-3+2", description="preset names")
+    site_timezone: str = "UTC"
+    settlement_interval_min: int = 15
+    settlement_holidays: str = Field(default="", description="comma-separated ISO dates")
     calibrate: bool = True  #: fit the overhead factor on the meter (a real meter only)
     calibration_window_s: float = Field(default=60.0, gt=0.0)
     calibration_settle_s: float = Field(default=60.0, ge=0.0)
@@ -266,6 +283,7 @@ class GatewaySettings(BaseSettings):
         if self.agents_ca is not None and not self.agents_ca.is_file():
             raise ValueError(f"FLEXGATE_AGENTS_CA {self.agents_ca}: no such file")
         self._check_meter()
+        self._check_settlement()
         if self.job_source_default_tier >= self.tier_table.count:
             raise ValueError(
                 f"FLEXGATE_JOB_SOURCE_DEFAULT_TIER ({self.job_source_default_tier}) names no tier "
@@ -380,6 +398,37 @@ class GatewaySettings(BaseSettings):
                 f"{', '.join(bad[:3])}"
             )
 
+    @property
+    def settlement_rule_names(self) -> tuple[str, ...]:
+        """FLEXGATE_SETTLEMENT_RULES as a list of preset names (checked at load)."""
+        return tuple(n.strip() for n in self.settlement_rules.split(",") if n.strip())
+
+    @property
+    def site_zone(self) -> ZoneInfo:
+        return ZoneInfo(self.site_timezone)
+
+    @property
+    def holiday_dates(self) -> frozenset[date]:
+        return parse_dates(self.settlement_holidays)
+
+    def _check_settlement(self) -> None:
+        for name in self.settlement_rule_names:
+            if name not in PRESETS:
+                raise ValueError(
+                    f"FLEXGATE_SETTLEMENT_RULES: {name!r} is not a baseline preset (one of "
+                    f"{', '.join(PRESETS)})"
+                )
+        problem = interval_problem(self.settlement_interval_min)
+        if problem:
+            raise ValueError(f"FLEXGATE_SETTLEMENT_INTERVAL_MIN: {problem}")
+        problem = zone_problem(self.site_timezone, self.settlement_interval_min)
+        if problem:
+            raise ValueError(f"FLEXGATE_SITE_TIMEZONE: {problem}")
+        try:
+            parse_dates(self.settlement_holidays)
+        except ValueError as exc:
+            raise ValueError(f"FLEXGATE_SETTLEMENT_HOLIDAYS: {exc}") from None
+
     def _check_meter(self) -> None:
         try:
             open_meter(self.meter_url, json_key=self.meter_json_key, timeout_s=self.meter_timeout_s)
@@ -433,6 +482,44 @@ def is_loopback(host: str) -> bool:
 @lru_cache
 def get_settings() -> GatewaySettings:
     return GatewaySettings()
+
+
+def interval_problem(interval_min: int) -> str | None:
+    """Why a settlement interval length [min] cannot be used, or None."""
+    if interval_min not in INTERVAL_MINUTES:
+        return f"{interval_min} is not one of {', '.join(map(str, INTERVAL_MINUTES))} minutes"
+    return None
+
+
+def zone_problem(name: str, interval_min: int) -> str | None:
+    """Why a time zone cannot carry a site's clock intervals of `interval_min`, or None:
+    unknown, or an offset from UTC off the intervals' grid (India's +5:30 on hours), since
+    the meter history's intervals are aligned on UTC."""
+    try:
+        zone = ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return f"{name!r} is not a time zone of the IANA database (Europe/London, America/New_York)"
+    for month in (1, 7):
+        offset = zone.utcoffset(datetime(2026, month, 1))
+        if offset is not None and offset.total_seconds() % (60 * interval_min):
+            return (
+                f"{name}'s offset from UTC ({offset}) is not a whole number of "
+                f"{interval_min}-minute intervals: choose a shorter settlement interval"
+            )
+    return None
+
+
+def parse_dates(text: str) -> frozenset[date]:
+    """`2026-11-26,2026-12-25` -> the dates; ValueError naming the one that is not a date."""
+    out = set()
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        try:
+            out.add(date.fromisoformat(item))
+        except ValueError:
+            raise ValueError(f"{item!r} is not an ISO date (2026-11-26)") from None
+    return frozenset(out)
 
 
 def parse_fallback_limits(text: str) -> dict[str, float]:

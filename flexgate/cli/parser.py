@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -369,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     vtn.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
     vtn.set_defaults(command=commands.run_mock_vtn, name="mock-vtn")
     _add_characterise(sub)
+    _add_report(sub)
     return parser
 
 
@@ -400,6 +402,64 @@ def _add_characterise(sub: Any) -> None:
     )
     verb.add_argument("--json", action="store_true", help="print one JSON document")
     verb.set_defaults(command=_characterise, name="characterise")
+
+
+def _report(args: argparse.Namespace) -> int:
+    from flexgate.cli.report import run_report  # httpx: a gateway client's
+
+    return run_report(args)
+
+
+def _month(text: str) -> str:
+    try:
+        datetime.strptime(text, "%Y-%m")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a month as YYYY-MM, got {text!r}") from None
+    return text
+
+
+def _add_report(sub: Any) -> None:
+    verb = sub.add_parser(
+        "report",
+        help="a month's or an event's settlement from a running gateway, as CSV and HTML",
+        description="Reads each event's settlement under the program's baselines from a "
+        "running gateway (GET /v1/events/ID/settlement) and writes a CSV of its intervals and "
+        "a self-contained HTML page with plots (docs/operations.md, 'Settlement').",
+    )
+    which = verb.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--month", type=_month, metavar="YYYY-MM", help="every event on the site's days of it"
+    )
+    which.add_argument("--event", metavar="ID", help="one event")
+    verb.add_argument(
+        "--gateway",
+        default="http://127.0.0.1:8000",
+        metavar="URL",
+        help="the gateway's base URL (default http://127.0.0.1:8000)",
+    )
+    verb.add_argument(
+        "--token",
+        default=None,
+        help="the read token (default: FLEXGATE_READ_TOKEN, else FLEXGATE_API_TOKEN, else none)",
+    )
+    verb.add_argument(
+        "--rules", metavar="PRESETS", help="baseline presets, comma-separated (default: the site's)"
+    )
+    verb.add_argument(
+        "--interval-min",
+        type=int,
+        choices=(1, 5, 15, 30, 60),
+        metavar="MIN",
+        help="settlement interval: 1, 5, 15, 30 or 60 (default: the site's)",
+    )
+    verb.add_argument(
+        "--out", type=Path, default=Path("out"), metavar="DIR", help="folder (default out)"
+    )
+    verb.add_argument(
+        "--timeout-s", type=_positive, default=30.0, metavar="S", help="per request (default 30)"
+    )
+    verb.add_argument("--json", action="store_true", help="print one JSON document")
+    verb.set_defaults(command=_report, name="report")
 
 
 def _add_controller(verb: Any) -> None:

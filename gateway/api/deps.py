@@ -16,9 +16,11 @@ from gateway.services.events import Events
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.jobfeed import JobFeed
+from gateway.services.meterhistory import MeterHistory
 from gateway.services.predictions import Predictions
 from gateway.services.quotes import Quotes
 from gateway.services.scattering import Scatterer
+from gateway.services.settlement import Settlement
 from gateway.services.site import SitePower
 from gateway.services.status import Status
 from gateway.services.targets import Targets
@@ -43,6 +45,8 @@ class Services:
     curves: JobCurves | None = None
     characteriser: Characteriser | None = None
     predictions: Predictions | None = None  #: PFIs predicted from telemetry
+    meter_history: MeterHistory | None = None  #: the site's samples and intervals
+    settlement: Settlement | None = None  #: events settled under the program's baselines
 
 
 # Coroutines, not plain functions: FastAPI runs a plain function dependency in a worker

@@ -145,6 +145,76 @@ class Ramp(BaseModel):
     steepest_up_kw_per_min: float = Field(description="the largest planned rise in a minute")
 
 
+class SettlementLink(BaseModel):
+    href: str = Field(description="GET it for the event settled under each rule")
+    rules: list[str] = Field(description="the program's baseline presets")
+    interval_min: int = Field(description="the settlement interval [min]")
+    timezone: str = Field(description="the site's clock (IANA)")
+
+
+class SettledInterval(_Open):
+    start: str
+    end: str
+    baseline_kw: float | None = Field(description="what the rule counts; null: no baseline")
+    unadjusted_baseline_kw: float | None
+    metered_kw: float | None = Field(description="the meter history's mean; null: no reading")
+    delivered_kw: float | None = Field(description="baseline less metered [kW]")
+    delivered_kwh: float | None
+    target_kw: float = Field(description="the event's reduction over the interval [kW]")
+    met: bool = Field(description="delivered at least the target")
+    estimated: bool = Field(description="a sample estimated or faulted in it")
+    estimated_share: float
+    fault: bool = Field(description="a sample taken while the meter faulted")
+    gap: bool = Field(description="the meter history is missing samples in it")
+    hours: float
+
+
+class SettlementTotals(_Open):
+    intervals: int
+    intervals_met: int
+    compliance: float | None = Field(description="the share of intervals met")
+    delivered_kwh: float | None
+    target_kwh: float
+    mean_delivered_kw: float | None
+    mean_target_kw: float | None
+    estimated_intervals: list[str]
+    fault_intervals: list[str]
+    unsettled_intervals: list[str] = Field(description="no baseline or no reading")
+
+
+class SettlementBaseline(_Open):
+    days_used: list[str] = Field(description="the local days the baseline averages")
+    adjustment_factor: float
+    adjustment_kw: float
+    capped: bool
+    adjusted: bool
+
+
+class SettledRule(_Open):
+    rule: str = Field(description="the preset (flexmodel.baselines.PRESETS)")
+    kind: str
+    parameters: dict[str, Any]
+    reason: str | None = Field(description="why the rule gives no baseline; null when it does")
+    baseline: SettlementBaseline | None
+    intervals: list[SettledInterval]
+    totals: SettlementTotals
+
+
+class Settlement(_Open):
+    event_id: str
+    status: str
+    start: str
+    end: str
+    timezone: str
+    interval_min: int
+    event_day: str = Field(description="the event's local day")
+    holidays: list[str]
+    event_days_excluded: list[str] = Field(description="other events' local days")
+    throughput_kept: float | None = Field(description="the plan's throughput after over before")
+    computed_at: str
+    rules: list[SettledRule]
+
+
 class Event(_Open):
     id: str
     source: str = Field(description="manual or openadr")
@@ -166,6 +236,9 @@ class Event(_Open):
         default=None,
         description="its plans against the ramp-rate limit; null with no limit set (or for an "
         "event planned before this gateway started)",
+    )
+    settlement: SettlementLink | None = Field(
+        default=None, description="where its settlement under the program's baselines is"
     )
 
 
@@ -298,3 +371,35 @@ class Health(_Open):
         description="what the gateway runs on: store, meter, transport, job source, OpenADR "
         "(docs/operations.md), secrets masked",
     )
+
+
+class MeterIntervalDoc(_Open):
+    start: str
+    end: str
+    mean_kw: float | None = Field(description="the mean of its samples [kW]; null in a gap")
+    samples: int
+    coverage: float = Field(description="samples over those the meter period gives it, 0 to 1")
+    gap: bool = Field(description="more than one sample missing (none at all: coverage 0)")
+    estimated_share: float
+    estimated: bool = Field(description="any sample estimated, or taken while the meter faulted")
+    fault: bool = Field(description="any sample taken while the meter was faulted or suspected")
+
+
+class MeterSampleDoc(_Open):
+    at: str
+    power_kw: float = Field(description="the meter's reading, or the estimate [kW]")
+    estimated: bool
+    fault: bool
+
+
+class MeterHistoryDoc(_Open):
+    """`GET /v1/site/meter`: `intervals` for 1m to 30m, `samples` for raw."""
+
+    interval: str
+    interval_s: int | None
+    start: str
+    end: str
+    source: str = Field(description="the meter now, or `estimate`")
+    meter_period_s: float
+    intervals: list[MeterIntervalDoc] | None = None
+    samples: list[MeterSampleDoc] | None = None

@@ -28,6 +28,7 @@ from gateway.services.grid import ExternalEvent, GridProtocol, Interval
 from gateway.services.intervals import from_doc, level_now, reduction_now, stored_doc
 from gateway.services.jobbook import JobBook
 from gateway.services.quotes import Quotes
+from gateway.services.settlement import settlement_link
 from gateway.services.site import SitePower
 from gateway.services.targets import Targets
 from gateway.services.tracking import Tracker
@@ -137,6 +138,7 @@ class Events:
                         delivery_doc(deliveries[event.id]) if event.id in deliveries else None
                     ),
                     "ramp": ramps[event.id].doc() if event.id in ramps else None,
+                    "settlement": settlement_link(self.settings, event.id),
                 }
             )
         return out

@@ -44,6 +44,7 @@ UPGRADES: dict[int, tuple[tuple[str, str], ...]] = {
             )
         ),
     ),
+    6: (),  # the tables meter_samples and meter_intervals
 }
 
 

@@ -7,15 +7,16 @@ Times are timezone-aware UTC.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Integer
 from sqlmodel import Field, SQLModel
 
 #: Bump when a table changes, with its upgrade in `gateway.store.db.UPGRADES`; an older
 #: database is upgraded when opened, a newer one is refused with a clear error.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 def as_utc(when: datetime) -> datetime:
@@ -30,6 +31,22 @@ def iso(when: datetime | None) -> str | None:
 
 def _when(**kwargs: Any) -> Any:
     return Field(sa_column=Column(DateTime(timezone=True), **kwargs))
+
+
+def epoch_ms(when: datetime) -> int:
+    """A UTC instant as the meter history keys it: milliseconds since the Unix epoch."""
+    return round(as_utc(when).timestamp() * 1000)
+
+
+def from_epoch_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def _epoch_key() -> Any:
+    # BIGINT on PostgreSQL; on SQLite exactly INTEGER, so the key is the table's rowid (no
+    # second b-tree for an index): a day of 1 s samples is half the size.
+    kind = BigInteger().with_variant(Integer(), "sqlite")
+    return Field(sa_column=Column(kind, primary_key=True, autoincrement=False))
 
 
 class SchemaVersion(SQLModel, table=True):
@@ -190,3 +207,61 @@ class PfiRecordRow(SQLModel, table=True):
     source: str  #: `sweep`, or the measuring service's name
     grid_w: list[float] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     at: datetime = _when(nullable=False)
+
+
+#: The meter history's interval lengths [s]: 1, 5, 15 and 30 minutes.
+INTERVAL_LENGTHS_S = (60, 300, 900, 1800)
+
+
+class MeterSampleRow(SQLModel, table=True):
+    """One sample of the site's facility power, as the site took it every meter period
+    (schema version 6; `gateway.services.meterhistory`): the meter's reading, or the estimate
+    where there is no meter or it was faulted. Kept `FLEXGATE_METER_HISTORY_RAW_KEEP_S`.
+    Keyed by time in UTC milliseconds rather than a datetime column, for the bytes per day."""
+
+    __tablename__ = "meter_samples"
+    at_ms: int = _epoch_key()  #: when the site took it, UTC [ms since the epoch]
+    kw: float  #: facility power [kW]
+    estimated: bool  #: the model's estimate, not a meter's reading
+    fault: bool  #: taken while the meter was faulted or suspected (its value: the estimate)
+
+
+class MeterIntervalRow(SQLModel, table=True):
+    """The samples of one closed interval of `length_s` (`INTERVAL_LENGTHS_S`), aligned on
+    UTC (schema version 6). Only intervals with a sample are stored: a missing one is a gap."""
+
+    __tablename__ = "meter_intervals"
+    length_s: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    start_ms: int = Field(
+        sa_column=Column(BigInteger(), primary_key=True, autoincrement=False)
+    )  #: UTC [ms since the epoch]
+    mean_kw: float  #: the mean of its samples [kW]
+    samples: int
+    coverage: float  #: samples over those the meter period gives the interval, at most 1
+    gap: bool  #: more than one sample of the period missing
+    estimated_share: float  #: the share of its samples estimated or faulted
+    estimated: bool  #: any sample estimated or faulted
+    fault: bool  #: any sample taken while the meter was faulted or suspected
+
+
+@dataclass(frozen=True)
+class MeterInterval:
+    """An interval of the meter history as a reader sees it; a gap has no mean."""
+
+    start: datetime
+    end: datetime
+    mean_kw: float | None  #: [kW]
+    samples: int
+    coverage: float
+    gap: bool
+    estimated_share: float
+    estimated: bool
+    fault: bool
+
+
+@dataclass(frozen=True)
+class MeterSample:
+    at: datetime
+    kw: float  #: [kW]
+    estimated: bool
+    fault: bool

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Query
 from fastapi.responses import JSONResponse
 
 from agents.protocol import problems
 from gateway.api.deps import ServicesDep, Writer, v1_router
-from gateway.api.schemas import Event, EventCreate, Events
+from gateway.api.schemas import Event, EventCreate, Events, Settlement
 
 router = v1_router()
 #: The most events one page of the list gives.
@@ -36,6 +36,26 @@ async def list_events(
 async def get_event(event_id: str, services: ServicesDep) -> JSONResponse:
     events = services.events
     return JSONResponse(events.describe([events.get(event_id)])[0])
+
+
+@router.get(
+    "/events/{event_id}/settlement", response_model=Settlement, responses=problems(404, 422)
+)
+async def event_settlement(
+    event_id: str,
+    services: ServicesDep,
+    rules: Annotated[
+        str | None,
+        Query(max_length=200, description="baseline presets, comma-separated; default: the site's"),
+    ] = None,
+    interval_min: Annotated[
+        int | None, Query(description="1, 5, 15, 30 or 60; default: the site's")
+    ] = None,
+) -> dict[str, Any]:
+    """The event settled under each baseline rule (docs/operations.md, "Settlement")."""
+    settlement = services.settlement
+    assert settlement is not None
+    return await settlement.doc(event_id, rules=rules, interval_min=interval_min)
 
 
 @router.post("/events", status_code=201, response_model=Event, responses=problems(400, 422))

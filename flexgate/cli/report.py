@@ -1,0 +1,152 @@
+"""`flexgate report`: a month's (or one event's) settlement from a running gateway, written as
+a CSV of intervals and an HTML page (flexgate.settlementreport).
+
+It reads `GET /v1/events`, each event's `GET /v1/events/{id}/settlement` and the meter
+history around it (`GET /v1/site/meter`). A month is the site's: an event belongs to it by
+its local day. An unknown event (404) or a refused parameter (422) is bad input, exit 2; a
+gateway that does not answer, a failure, exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import httpx
+
+from flexgate.cli import output
+from flexgate.cli.readers import BadInputError
+from flexgate.settlementreport import render_html, write_csv
+
+#: The meter history drawn either side of an event.
+CONTEXT = timedelta(hours=2)
+
+
+class GatewayFailedError(Exception):
+    """The gateway did not answer, or answered a failure."""
+
+
+def run_report(args: argparse.Namespace) -> int:
+    token = (
+        args.token
+        or os.environ.get("FLEXGATE_READ_TOKEN")
+        or os.environ.get("FLEXGATE_API_TOKEN", "")
+    )
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    params = {k: v for k, v in (("rules", args.rules), ("interval_min", args.interval_min)) if v}
+    try:
+        with httpx.Client(
+            base_url=args.gateway.rstrip("/"), timeout=args.timeout_s, headers=headers
+        ) as api:
+            events = {e["id"]: e for e in _get(api, "/v1/events")["events"]}
+            if args.event is not None:
+                if args.event not in events:
+                    raise BadInputError(f"no event '{args.event}' at {args.gateway}")
+                settlements = [_settle(api, args.event, params)]
+                title, stem = f"Settlement of event {args.event}", f"settlement-{args.event}"
+            else:
+                settlements = _month(api, events.values(), args.month, params)
+                month = datetime.strptime(args.month, "%Y-%m").strftime("%B %Y")
+                title, stem = f"Settlement report, {month}", f"settlement-{args.month}"
+            contexts = {d["event_id"]: _context(api, d) for d in settlements}
+    except GatewayFailedError as exc:
+        print(f"flexgate report: failed: {exc}", file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    csv_path, html_path = args.out / f"{stem}.csv", args.out / f"{stem}.html"
+    rows = write_csv(csv_path, settlements)
+    html_path.write_text(render_html(title, settlements, events, contexts), encoding="utf-8")
+    doc = {
+        "csv": str(csv_path),
+        "html": str(html_path),
+        "rows": rows,
+        "events": [_summary(d) for d in settlements],
+    }
+    if args.json:
+        output.print_json(doc)
+    else:
+        print(f"{len(settlements)} event(s), {rows} interval rows")
+        print(f"CSV:  {csv_path}")
+        print(f"HTML: {html_path}")
+    return 0
+
+
+def _get(api: httpx.Client, path: str, params: dict[str, Any] | None = None) -> Any:
+    try:
+        answer = api.get(path, params=params)
+    except httpx.HTTPError as exc:
+        raise GatewayFailedError(f"the gateway at {api.base_url} did not answer: {exc}") from None
+    if answer.status_code in (404, 422):
+        raise BadInputError(str(_detail(answer)))
+    if answer.status_code != 200:
+        raise GatewayFailedError(f"{path}: {answer.status_code}: {_detail(answer)}")
+    return answer.json()
+
+
+def _detail(answer: httpx.Response) -> Any:
+    try:
+        return answer.json().get("detail")
+    except ValueError:
+        return answer.text
+
+
+def _settle(api: httpx.Client, event_id: str, params: dict[str, Any]) -> dict[str, Any]:
+    doc: dict[str, Any] = _get(api, f"/v1/events/{event_id}/settlement", params)
+    return doc
+
+
+def _month(
+    api: httpx.Client, events: Any, month: str, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The settlements of the events on the site's days of `month` (YYYY-MM): the events
+    starting within a day of it by UTC are settled, and kept by their local day."""
+    first = datetime.strptime(month, "%Y-%m")
+    after = (first + timedelta(days=32)).replace(day=1)
+    near = [
+        e
+        for e in events
+        if first - timedelta(days=1)
+        <= datetime.fromisoformat(e["start"]).replace(tzinfo=None)
+        < after + timedelta(days=1)
+        and not e.get("test")
+    ]
+    settled = [_settle(api, e["id"], params) for e in near]
+    return [d for d in settled if d["event_day"].startswith(month)]
+
+
+def _context(api: httpx.Client, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The meter history's intervals around the event, at the settlement's length (30 min
+    for hours), or none where the gateway keeps none."""
+    length = {60: "30m"}.get(doc["interval_min"], f"{doc['interval_min']}m")
+    start = datetime.fromisoformat(doc["start"]) - CONTEXT
+    end = datetime.fromisoformat(doc["end"]) + CONTEXT
+    params = {"start": start.isoformat(), "end": end.isoformat(), "interval": length}
+    try:
+        history: list[dict[str, Any]] = _get(api, "/v1/site/meter", params)["intervals"]
+    except BadInputError:
+        return []
+    return history
+
+
+def _summary(doc: dict[str, Any]) -> dict[str, Any]:
+    zone = ZoneInfo(doc["timezone"])
+    return {
+        "event_id": doc["event_id"],
+        "event_day": doc["event_day"],
+        "start_local": datetime.fromisoformat(doc["start"]).astimezone(zone).isoformat(),
+        "throughput_kept": doc["throughput_kept"],
+        "rules": {
+            r["rule"]: {
+                "reason": r["reason"],
+                "delivered_kwh": r["totals"]["delivered_kwh"],
+                "mean_delivered_kw": r["totals"]["mean_delivered_kw"],
+                "mean_target_kw": r["totals"]["mean_target_kw"],
+                "compliance": r["totals"]["compliance"],
+            }
+            for r in doc["rules"]
+        },
+    }

@@ -1,0 +1,269 @@
+"""The settlement report a site manager reads (`flexgate report`): a CSV of every settled
+interval, and one self-contained HTML page (inline SVG, no script, no link out) with the
+month's table of events and each event's plot.
+
+Both are built from the gateway's settlement documents (`GET /v1/events/{id}/settlement`,
+docs/operations.md, "Settlement"); nothing is computed again here.
+"""
+
+from __future__ import annotations
+
+import csv
+from datetime import datetime
+from html import escape
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from flexgate.settlementsvg import RULE_COLOURS, settlement_svg
+
+CSV_COLUMNS = (
+    "event_id",
+    "rule",
+    "start",
+    "end",
+    "baseline_kw",
+    "unadjusted_baseline_kw",
+    "metered_kw",
+    "target_kw",
+    "delivered_kw",
+    "delivered_kwh",
+    "met",
+    "estimated",
+    "fault",
+    "gap",
+    "reason",
+)
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 980px; color: #222; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-top: 2em; }
+.meta { color: #555; margin-top: 0; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.9em; }
+th, td { border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: right; }
+th { background: #f3f3f3; } td.l, th.l { text-align: left; }
+.bad { color: #b00020; font-weight: 600; } .good { color: #1a7f37; font-weight: 600; }
+.note { color: #555; font-size: 0.85em; } .flag { color: #8a6d00; }
+details { margin: 0.4em 0 1em; }
+"""
+
+
+def write_csv(path: Path, settlements: list[dict[str, Any]]) -> int:
+    """One row per event, rule and interval; the rows written."""
+    rows = 0
+    with path.open("w", newline="", encoding="utf-8") as out:
+        writer = csv.writer(out)
+        writer.writerow(CSV_COLUMNS)
+        for doc in settlements:
+            for rule in doc["rules"]:
+                for row in rule["intervals"]:
+                    writer.writerow(
+                        [doc["event_id"], rule["rule"], row["start"], row["end"]]
+                        + [_cell(row[c]) for c in CSV_COLUMNS[4:-1]]
+                        + [rule["reason"] or ""]
+                    )
+                    rows += 1
+    return rows
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.4f}".rstrip("0").rstrip(".")
+    return str(value)
+
+
+def _num(value: float | None, digits: int = 1, unit: str = "") -> str:
+    return "&ndash;" if value is None else f"{value:,.{digits}f}{unit}"
+
+
+def _pct(value: float | None) -> str:
+    if value is None:
+        return "&ndash;"
+    css = "good" if value >= 0.999 else "bad" if value < 0.75 else ""
+    return f'<span class="{css}">{100 * value:.0f}%</span>'
+
+
+def _local(text: str, zone: ZoneInfo, form: str = "%a %d %b %H:%M") -> str:
+    return datetime.fromisoformat(text).astimezone(zone).strftime(form)
+
+
+def render_html(
+    title: str,
+    settlements: list[dict[str, Any]],
+    events: dict[str, dict[str, Any]],
+    contexts: dict[str, list[dict[str, Any]]],
+) -> str:
+    """The page: a summary per rule, the table of events, then each event's plot and
+    intervals. `events` are the events' documents (`GET /v1/events`), `contexts` the meter
+    history around each."""
+    zone_name = settlements[0]["timezone"] if settlements else "UTC"
+    zone = ZoneInfo(zone_name)
+    rules = list(dict.fromkeys(r["rule"] for d in settlements for r in d["rules"]))
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>",
+        f"<h1>{escape(title)}</h1>",
+        f'<p class="meta">{len(settlements)} event(s); times on the site clock, '
+        f"{escape(zone_name)}; rules {escape(', '.join(rules) or 'none')}; "
+        f"settlement interval {settlements[0]['interval_min'] if settlements else '-'} min.</p>",
+    ]
+    parts += _summary(settlements, rules)
+    parts += _table(settlements, events, rules, zone)
+    for doc in settlements:
+        parts += _event_section(doc, events.get(doc["event_id"], {}), contexts, zone)
+    parts.append(
+        '<p class="note">Delivered = the rule\'s baseline less the metered load, per '
+        "interval. Compliance = the share of intervals that delivered at least the target; an "
+        "interval with no baseline or no reading is not met. Estimated: a sample in the "
+        "interval was the model's estimate or taken while the meter faulted. The presets are "
+        "flexgate's reading of the programs' rules: check them against your program's manual "
+        '(docs/operations.md, "Settlement").</p></body></html>'
+    )
+    return "\n".join(parts)
+
+
+def _summary(settlements: list[dict[str, Any]], rules: list[str]) -> list[str]:
+    out = [
+        "<h2>Summary</h2><table><tr><th class=l>rule</th><th>events settled</th>"
+        "<th>delivered kWh</th><th>target kWh</th><th>intervals met</th><th>compliance</th></tr>"
+    ]
+    for name in rules:
+        settled = [
+            r
+            for d in settlements
+            for r in d["rules"]
+            if r["rule"] == name and r["baseline"] is not None
+        ]
+        delivered = sum(r["totals"]["delivered_kwh"] or 0.0 for r in settled)
+        target = sum(r["totals"]["target_kwh"] for r in settled)
+        met = sum(r["totals"]["intervals_met"] for r in settled)
+        count = sum(r["totals"]["intervals"] for r in settled)
+        out.append(
+            f"<tr><td class=l>{escape(name)}</td><td>{len(settled)} of {len(settlements)}</td>"
+            f"<td>{_num(delivered)}</td><td>{_num(target)}</td><td>{met} of {count}</td>"
+            f"<td>{_pct(met / count if count else None)}</td></tr>"
+        )
+    out.append("</table>")
+    return out
+
+
+def _table(
+    settlements: list[dict[str, Any]],
+    events: dict[str, dict[str, Any]],
+    rules: list[str],
+    zone: ZoneInfo,
+) -> list[str]:
+    head = "".join(
+        f'<th colspan="3" style="border-bottom: 3px solid {RULE_COLOURS[n % 5]}">'
+        f"{escape(name)}</th>"
+        for n, name in enumerate(rules)
+    )
+    sub = "<th>kWh</th><th>mean kW</th><th>compliance</th>" * len(rules)
+    out = [
+        "<h2>Events</h2><table>",
+        "<tr><th class=l rowspan=2>event</th><th class=l rowspan=2>when</th>"
+        "<th class=l rowspan=2>status</th><th rowspan=2>target kW</th>"
+        f"<th rowspan=2>throughput kept</th>{head}<th class=l rowspan=2>flags</th></tr>",
+        f"<tr>{sub}</tr>",
+    ]
+    for doc in settlements:
+        by_rule = {r["rule"]: r for r in doc["rules"]}
+        cells = ""
+        for name in rules:
+            rule = by_rule.get(name)
+            if rule is None or rule["baseline"] is None:
+                why = escape(rule["reason"] or "") if rule else "not asked"
+                cells += f'<td colspan="3" class="l note" title="{why}">no baseline</td>'
+                continue
+            totals = rule["totals"]
+            cells += (
+                f"<td>{_num(totals['delivered_kwh'])}</td>"
+                f"<td>{_num(totals['mean_delivered_kw'])}</td><td>{_pct(totals['compliance'])}</td>"
+            )
+        first = doc["rules"][0]["totals"] if doc["rules"] else None
+        flags = []
+        if first and first["estimated_intervals"]:
+            flags.append(f"{len(first['estimated_intervals'])} estimated")
+        if first and first["fault_intervals"]:
+            flags.append(f"{len(first['fault_intervals'])} meter fault")
+        kept = doc.get("throughput_kept")
+        event = events.get(doc["event_id"], {})
+        out.append(
+            f'<tr><td class=l><a href="#{escape(doc["event_id"])}">{escape(doc["event_id"])}</a>'
+            f"</td><td class=l>{_local(doc['start'], zone)}&ndash;"
+            f"{_local(doc['end'], zone, '%H:%M')}</td>"
+            f"<td class=l>{escape(doc['status'])}</td>"
+            f"<td>{_num(first['mean_target_kw'] if first else event.get('reduction_kw'))}</td>"
+            f"<td>{'&ndash;' if kept is None else f'{100 * kept:.0f}%'}</td>{cells}"
+            f'<td class="l flag">{escape(", ".join(flags))}</td></tr>'
+        )
+    out.append("</table>")
+    return out
+
+
+def _event_section(
+    doc: dict[str, Any],
+    event: dict[str, Any],
+    contexts: dict[str, list[dict[str, Any]]],
+    zone: ZoneInfo,
+) -> list[str]:
+    out = [
+        f'<h2 id="{escape(doc["event_id"])}">{escape(doc["event_id"])}: '
+        f"{_local(doc['start'], zone, '%A %d %B %Y, %H:%M')}&ndash;"
+        f"{_local(doc['end'], zone, '%H:%M')}</h2>",
+        f'<p class="meta">{escape(str(event.get("source", "")))} event, '
+        f"{escape(doc['status'])}; other event days left out of the baselines: "
+        f"{escape(', '.join(doc['event_days_excluded']) or 'none')}.</p>",
+        settlement_svg(doc, contexts.get(doc["event_id"], []), zone),
+    ]
+    for rule in doc["rules"]:
+        base = rule["baseline"]
+        if base is None:
+            out.append(
+                f"<p><b>{escape(rule['rule'])}</b>: no baseline: {escape(rule['reason'] or '')}</p>"
+            )
+            continue
+        adjustment = ""
+        kind = rule["parameters"].get("adjustment")
+        if base["adjusted"]:
+            moved = (
+                f"&times;{base['adjustment_factor']:.3f}"
+                if kind == "multiplicative"
+                else f"{base['adjustment_kw']:+.1f} kW"
+            )
+            capped = " (capped)" if base["capped"] else ""
+            adjustment = f"; day-of adjustment {moved}{capped}"
+        out.append(
+            f"<details><summary><b>{escape(rule['rule'])}</b>: "
+            f"{_num(rule['totals']['delivered_kwh'])} kWh delivered, compliance "
+            f"{_pct(rule['totals']['compliance'])}; baseline days "
+            f"{escape(', '.join(base['days_used']))}{adjustment}</summary>"
+            + _intervals(rule, zone)
+            + "</details>"
+        )
+    return out
+
+
+def _intervals(rule: dict[str, Any], zone: ZoneInfo) -> str:
+    rows = [
+        "<table><tr><th class=l>interval</th><th>baseline kW</th><th>metered kW</th>"
+        "<th>target kW</th><th>delivered kW</th><th>kWh</th><th>met</th>"
+        "<th class=l>marks</th></tr>"
+    ]
+    for row in rule["intervals"]:
+        marks = [m for m in ("estimated", "fault", "gap") if row[m]]
+        rows.append(
+            f"<tr><td class=l>{_local(row['start'], zone, '%H:%M')}</td>"
+            f"<td>{_num(row['baseline_kw'])}</td><td>{_num(row['metered_kw'])}</td>"
+            f"<td>{_num(row['target_kw'])}</td><td>{_num(row['delivered_kw'])}</td>"
+            f"<td>{_num(row['delivered_kwh'], 2)}</td>"
+            f"<td>{'yes' if row['met'] else '<span class=bad>no</span>'}</td>"
+            f'<td class="l flag">{", ".join(marks)}</td></tr>'
+        )
+    rows.append("</table>")
+    return "".join(rows)

@@ -1,0 +1,757 @@
+"""Baselines (docs/model.md, "Baselines"): the load a site would have drawn without an event.
+
+A program pays for its baseline minus the metered load. Each rule here is one family's, every
+parameter explicit; `PRESETS` name parameter sets of known programs, to be checked against the
+program's own manual.
+
+    x_of_y_baseline     per interval, the mean of the X highest-load of the last Y eligible
+                        days, with a day-of adjustment (none, additive, multiplicative) capped
+    same_day_baseline   one level: the mean of B hours before the event (ending A hours before
+                        its start) and F hours after its end
+    match_day_baseline  per interval, the mean of the N eligible days whose load over a window
+                        before the event is closest to the event day's
+    meter_before        one level: the mean of the S seconds of samples before a trigger
+
+Data come as local days (`MeterDay`): one mean per clock interval from the site's local
+midnight, with the times each interval occurred that day (0 for the hour skipped at spring
+forward, 2 for the hour repeated at fall back, whose value is the mean of both). `local_days`
+builds them from UTC intervals and their UTC offsets (the caller's time-zone database gives
+the offsets; flexmodel reads no clock). Days are integers (local days since 1970-01-01 from
+`local_days`); which are weekdays and holidays comes from a `Calendar` passed in.
+
+Bad parameters raise `InvalidBaselineError` naming the parameter. Data that give no baseline
+under a rule (too few eligible days, no reading in a window the rule needs) raise
+`NoBaselineError` with the reason: a settlement records it for that event and rule, and goes
+on with the others.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from flexmodel.errors import InvalidBaselineError, NoBaselineError
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
+Adjustment = Literal["none", "additive", "multiplicative"]
+
+INTERVAL_MINUTES = (1, 5, 15, 30, 60)
+MINUTES_PER_DAY = 1440
+SECONDS_PER_DAY = 86400
+ADJUSTMENTS = ("none", "additive", "multiplicative")
+
+
+def _check_interval_min(interval_min: int) -> None:
+    if interval_min not in INTERVAL_MINUTES:
+        raise InvalidBaselineError(
+            f"interval_min {interval_min!r} must be one of {', '.join(map(str, INTERVAL_MINUTES))}"
+        )
+
+
+def _check_hours(name: str, hours: float) -> None:
+    if not (math.isfinite(hours) and hours >= 0.0):
+        raise InvalidBaselineError(f"{name} {hours!r} must be a number of hours, at least 0")
+
+
+def _check_share(name: str, share: float) -> None:
+    if not (math.isfinite(share) and 0.0 <= share <= 1.0):
+        raise InvalidBaselineError(f"{name} {share!r} must lie in [0, 1]")
+
+
+def _check_days(name: str, days: int, least: int) -> None:
+    if not (isinstance(days, int) and days >= least):
+        raise InvalidBaselineError(
+            f"{name} {days!r} must be a whole number of days, at least {least}"
+        )
+
+
+def _intervals_in(name: str, hours: float, interval_min: int) -> int:
+    """How many clock intervals `hours` spans, refused unless a whole number."""
+    count = round(hours * 60.0 / interval_min)
+    if not math.isclose(count * interval_min, hours * 60.0, abs_tol=1e-9):
+        raise InvalidBaselineError(
+            f"{name} {hours:g} h is not a whole number of {interval_min}-minute intervals"
+        )
+    return count
+
+
+@dataclass(frozen=True)
+class XOfYRule:
+    """The mean of the `x_days` highest-load of the last `y_days` eligible days, adjusted by
+    the event day's load over `adjustment_hours` ending `adjustment_lead_hours` before the
+    start, limited to +/- `cap_percent` of the unadjusted baseline (None: no limit)."""
+
+    x_days: int
+    y_days: int
+    lookback_days: int
+    adjustment: Adjustment
+    adjustment_hours: float
+    adjustment_lead_hours: float
+    cap_percent: float | None
+    max_estimated_share: float
+
+    def __post_init__(self) -> None:
+        _check_days("x_days", self.x_days, 1)
+        _check_days("y_days", self.y_days, 1)
+        if self.x_days > self.y_days:
+            raise InvalidBaselineError(
+                f"x_days {self.x_days} exceeds y_days {self.y_days}: the X days are among the Y"
+            )
+        _check_days("lookback_days", self.lookback_days, self.y_days)
+        if self.adjustment not in ADJUSTMENTS:
+            raise InvalidBaselineError(
+                f"adjustment {self.adjustment!r} must be one of {', '.join(ADJUSTMENTS)}"
+            )
+        _check_hours("adjustment_hours", self.adjustment_hours)
+        _check_hours("adjustment_lead_hours", self.adjustment_lead_hours)
+        if self.adjustment != "none" and self.adjustment_hours == 0.0:
+            raise InvalidBaselineError(
+                f"adjustment_hours must be above 0 for the {self.adjustment} adjustment"
+            )
+        if self.cap_percent is not None and not (
+            math.isfinite(self.cap_percent) and 0.0 <= self.cap_percent <= 100.0
+        ):
+            raise InvalidBaselineError(f"cap_percent {self.cap_percent!r} must lie in [0, 100]")
+        _check_share("max_estimated_share", self.max_estimated_share)
+
+
+@dataclass(frozen=True)
+class SameDayRule:
+    """One level for the whole event: the mean of the `before_hours` ending `lead_hours` before
+    the start and the `after_hours` from its end, all intervals pooled."""
+
+    before_hours: float
+    after_hours: float
+    lead_hours: float
+    max_estimated_share: float
+
+    def __post_init__(self) -> None:
+        _check_hours("before_hours", self.before_hours)
+        _check_hours("after_hours", self.after_hours)
+        _check_hours("lead_hours", self.lead_hours)
+        if self.before_hours == 0.0 and self.after_hours == 0.0:
+            raise InvalidBaselineError("before_hours and after_hours cannot both be 0")
+        _check_share("max_estimated_share", self.max_estimated_share)
+
+
+@dataclass(frozen=True)
+class MatchDayRule:
+    """The mean of the `days` eligible days whose load over the `match_hours` ending
+    `match_lead_hours` before the start is closest (mean absolute difference) to the event
+    day's, found within `lookback_days`."""
+
+    days: int
+    match_hours: float
+    match_lead_hours: float
+    lookback_days: int
+    max_estimated_share: float
+
+    def __post_init__(self) -> None:
+        _check_days("days", self.days, 1)
+        _check_hours("match_hours", self.match_hours)
+        if self.match_hours == 0.0:
+            raise InvalidBaselineError("match_hours must be above 0")
+        _check_hours("match_lead_hours", self.match_lead_hours)
+        _check_days("lookback_days", self.lookback_days, self.days)
+        _check_share("max_estimated_share", self.max_estimated_share)
+
+
+BaselineRule = XOfYRule | SameDayRule | MatchDayRule
+
+_TEN_OF_TEN = XOfYRule(
+    x_days=10,
+    y_days=10,
+    lookback_days=45,
+    adjustment="multiplicative",
+    adjustment_hours=3.0,
+    adjustment_lead_hours=1.0,
+    cap_percent=20.0,
+    max_estimated_share=0.1,
+)
+#: Named parameter sets. The program parameters are the issue's reading of CAISO's "10 of 10",
+#: PJM's CBL, Same-Day 3+2 and Match-Day 3-day; the lookback (45 days), the estimated share
+#: allowed (10%) and the match-day window (3 h ending 1 h before) are flexgate's choices. An
+#: operator checks the preset against the program's manual before relying on it.
+PRESETS: MappingProxyType[str, BaselineRule] = MappingProxyType(
+    {
+        "10of10": _TEN_OF_TEN,
+        "10of10-40": replace(_TEN_OF_TEN, cap_percent=40.0),
+        "high5of10": replace(_TEN_OF_TEN, x_days=5, adjustment="additive", cap_percent=None),
+        "sameday-3+2": SameDayRule(
+            before_hours=3.0, after_hours=2.0, lead_hours=0.0, max_estimated_share=0.1
+        ),
+        "matchday-3": MatchDayRule(
+            days=3, match_hours=3.0, match_lead_hours=1.0, lookback_days=45, max_estimated_share=0.1
+        ),
+    }
+)
+
+
+def preset(name: str) -> BaselineRule:
+    """The rule a preset names."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        known = ", ".join(PRESETS)
+        raise InvalidBaselineError(f"preset {name!r} is not one of {known}") from None
+
+
+@dataclass(frozen=True)
+class Calendar:
+    """Which days are weekdays. `monday` is any day index that fell on a Monday (4 for
+    `local_days`' days since 1970-01-01); `weekend` the days of the week (0 Monday .. 6
+    Sunday) that are not weekdays; `holidays` the day indices of the program's holidays."""
+
+    holidays: frozenset[int] = frozenset()
+    monday: int = 4
+    weekend: frozenset[int] = frozenset({5, 6})
+
+    def __post_init__(self) -> None:
+        if not self.weekend <= frozenset(range(7)):
+            raise InvalidBaselineError(f"weekend {sorted(self.weekend)} must hold days 0 to 6")
+
+    def is_weekday(self, day: int) -> bool:
+        return day not in self.holidays and (day - self.monday) % 7 not in self.weekend
+
+
+@dataclass(frozen=True)
+class MeterDay:
+    """One local day at the site's meter, one entry per clock interval from local midnight.
+
+    `load_kw`: the mean load of each interval, NaN where there was no reading [kW];
+    `estimated`: the intervals estimated rather than metered; `occurrences`: how many times
+    each clock interval happened that day (1; 0 in the hour skipped at spring forward, 2 in the
+    hour repeated at fall back, `load_kw` holding the mean of both). Build with `meter_day` or
+    `local_days`.
+    """
+
+    day: int
+    interval_min: int
+    load_kw: FloatArray
+    estimated: BoolArray
+    occurrences: IntArray
+
+    def __post_init__(self) -> None:
+        _check_interval_min(self.interval_min)
+        size = MINUTES_PER_DAY // self.interval_min
+        for name, dtype in (
+            ("load_kw", np.float64),
+            ("estimated", np.bool_),
+            ("occurrences", np.int64),
+        ):
+            array = np.array(getattr(self, name), dtype=dtype)
+            if array.shape != (size,):
+                raise InvalidBaselineError(
+                    f"{name} of day {self.day} holds {array.size} values, not the {size} "
+                    f"{self.interval_min}-minute intervals of a day"
+                )
+            array.flags.writeable = False
+            object.__setattr__(self, name, array)
+        if not np.isin(self.occurrences, (0, 1, 2)).all():
+            raise InvalidBaselineError(f"occurrences of day {self.day} must be 0, 1 or 2")
+
+    @property
+    def exists(self) -> BoolArray:
+        """The clock intervals that happened that day."""
+        return self.occurrences > 0
+
+    def is_complete(self, max_estimated_share: float) -> bool:
+        """Every interval that happened has a reading, and at most `max_estimated_share` of
+        them are estimates."""
+        exists = self.exists
+        if np.isnan(self.load_kw[exists]).any():
+            return False
+        return int(self.estimated[exists].sum()) <= max_estimated_share * int(exists.sum())
+
+
+def meter_day(
+    day: int,
+    load_kw: Sequence[float] | FloatArray,
+    *,
+    interval_min: int,
+    estimated: Sequence[bool] | BoolArray | None = None,
+    occurrences: Sequence[int] | IntArray | None = None,
+) -> MeterDay:
+    """A `MeterDay` with nothing estimated and every interval happening once, unless told."""
+    size = len(load_kw)
+    return MeterDay(
+        day=day,
+        interval_min=interval_min,
+        load_kw=np.asarray(load_kw, dtype=np.float64),
+        estimated=np.zeros(size, bool) if estimated is None else np.asarray(estimated, bool),
+        occurrences=np.ones(size, np.int64) if occurrences is None else np.asarray(occurrences),
+    )
+
+
+def local_days(
+    start_utc_s: Sequence[int] | IntArray,
+    utc_offset_s: Sequence[int] | IntArray,
+    load_kw: Sequence[float] | FloatArray,
+    *,
+    interval_min: int,
+    estimated: Sequence[bool] | BoolArray | None = None,
+) -> list[MeterDay]:
+    """Interval data on a complete UTC grid (every interval's start [s since the Unix epoch],
+    NaN where no reading) folded onto the site's local days.
+
+    `utc_offset_s` is each interval's local offset from UTC [s] (from the site's time zone).
+    An interval repeated at fall back gets the mean of both readings (NaN if either is
+    missing; estimated if either is); an interval skipped at spring forward occurs 0 times.
+    Intervals of the first and last day outside the grid are missing (NaN, once).
+    """
+    _check_interval_min(interval_min)
+    step_s = interval_min * 60
+    starts = np.asarray(start_utc_s, dtype=np.int64)
+    offsets = np.asarray(utc_offset_s, dtype=np.int64)
+    loads = np.asarray(load_kw, dtype=np.float64)
+    flags = np.zeros(loads.size, bool) if estimated is None else np.asarray(estimated, bool)
+    if not starts.size or not (offsets.shape == loads.shape == flags.shape == starts.shape):
+        raise InvalidBaselineError(
+            "start_utc_s, utc_offset_s, load_kw and estimated must be equally long, not empty"
+        )
+    if (np.diff(starts) != step_s).any():
+        raise InvalidBaselineError(
+            f"start_utc_s must step by {step_s} s with no gap (a missing reading is NaN)"
+        )
+    local_s = starts + offsets
+    if (local_s % step_s).any():
+        raise InvalidBaselineError(
+            f"utc_offset_s must put every interval on the local {interval_min}-minute clock"
+        )
+    days = local_s // SECONDS_PER_DAY
+    slots = (local_s % SECONDS_PER_DAY) // step_s
+    size = MINUTES_PER_DAY // interval_min
+    out = []
+    for day in range(int(days[0]), int(days[-1]) + 1):
+        mine = days == day
+        happened = np.bincount(slots[mine], minlength=size)
+        if not happened.any():  # a whole day skipped (Samoa, 30 December 2011)
+            continue
+        total = np.bincount(slots[mine], weights=loads[mine], minlength=size)
+        flagged = np.bincount(slots[mine], weights=flags[mine].astype(float), minlength=size)
+        mean = np.full(size, np.nan)
+        mean[happened > 0] = total[happened > 0] / happened[happened > 0]
+        # Before or after the grid nothing says whether an interval happened: count it
+        # once, with no reading, so the day is incomplete rather than short.
+        count = happened.copy()
+        covered = np.flatnonzero(happened)
+        if day == days[0]:
+            count[: covered[0]] = 1
+        if day == days[-1]:
+            count[covered[-1] + 1 :] = 1
+        out.append(
+            MeterDay(
+                day=day,
+                interval_min=interval_min,
+                load_kw=mean,
+                estimated=flagged > 0,
+                occurrences=count.astype(np.int64),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A rule's baseline for one event, one entry per clock interval of the event.
+
+    `baseline_kw` is what the program counts (NaN in the intervals that did not happen);
+    `unadjusted_kw`, the same before the day-of adjustment. `adjustment_factor` and
+    `adjustment_kw` are the adjustment the rule computed (1 and 0 when none), before any cap;
+    `capped` says the cap limited at least one interval. `occurrences` counts each interval's
+    happenings on the event day (2 in a repeated hour: twice the energy per kW).
+    """
+
+    rule: BaselineRule
+    day: int
+    interval_min: int
+    start_min: int
+    baseline_kw: FloatArray
+    unadjusted_kw: FloatArray
+    occurrences: IntArray
+    days_used: tuple[int, ...]
+    adjustment_factor: float = 1.0
+    adjustment_kw: float = 0.0
+    capped: bool = False
+
+    @property
+    def interval_start_min(self) -> IntArray:
+        """Each interval's start, in minutes after local midnight on the clock."""
+        count = self.baseline_kw.size
+        return self.start_min + self.interval_min * np.arange(count, dtype=np.int64)
+
+    @property
+    def no_baseline_min(self) -> tuple[int, ...]:
+        """The starts of the intervals with no baseline (they did not happen that day)."""
+        return tuple(int(m) for m in self.interval_start_min[np.isnan(self.baseline_kw)])
+
+
+def _baseline(
+    rule: BaselineRule,
+    event: MeterDay,
+    start_min: int,
+    unadjusted_kw: FloatArray,
+    baseline_kw: FloatArray,
+    days_used: tuple[int, ...],
+    *,
+    adjustment_factor: float = 1.0,
+    adjustment_kw: float = 0.0,
+    capped: bool = False,
+) -> Baseline:
+    first = start_min // event.interval_min
+    baseline_kw.flags.writeable = unadjusted_kw.flags.writeable = False
+    return Baseline(
+        rule=rule,
+        day=event.day,
+        interval_min=event.interval_min,
+        start_min=start_min,
+        baseline_kw=baseline_kw,
+        unadjusted_kw=unadjusted_kw,
+        occurrences=event.occurrences[first : first + baseline_kw.size],
+        days_used=days_used,
+        adjustment_factor=adjustment_factor,
+        adjustment_kw=adjustment_kw,
+        capped=capped,
+    )
+
+
+def _event_slots(event: MeterDay, start_min: int, end_min: int) -> slice:
+    step = event.interval_min
+    for name, minute in (("start_min", start_min), ("end_min", end_min)):
+        on_clock = isinstance(minute, int | np.integer) and minute % step == 0
+        if not (on_clock and 0 <= minute <= MINUTES_PER_DAY):
+            raise InvalidBaselineError(
+                f"{name} {minute!r} must be a minute of the day on the {step}-minute clock"
+            )
+    if end_min <= start_min:
+        raise InvalidBaselineError(f"end_min {end_min} must come after start_min {start_min}")
+    return slice(start_min // step, end_min // step)
+
+
+def _window_before(
+    event: MeterDay, start: int, hours: float, lead_hours: float, names: tuple[str, str]
+) -> slice:
+    """The clock intervals of `hours` ending `lead_hours` before interval `start`."""
+    length = _intervals_in(names[0], hours, event.interval_min)
+    lead = _intervals_in(names[1], lead_hours, event.interval_min)
+    first = start - lead - length
+    if first < 0:
+        raise NoBaselineError(
+            f"the {hours:g} h ending {lead_hours:g} h before the start begin before the event "
+            f"day's midnight (day {event.day})"
+        )
+    return slice(first, start - lead)
+
+
+def _readings(event: MeterDay, window: slice, what: str) -> FloatArray:
+    """The event day's readings in the intervals of `window` that happened, all present."""
+    values = event.load_kw[window][event.exists[window]]
+    if np.isnan(values).any() or not values.size:
+        raise NoBaselineError(f"day {event.day} has no reading in every interval of {what}")
+    return values
+
+
+def eligible_days(
+    event: MeterDay,
+    history: Sequence[MeterDay],
+    *,
+    lookback_days: int,
+    calendar: Calendar,
+    event_days: Collection[int],
+    max_estimated_share: float,
+) -> tuple[list[MeterDay], str]:
+    """The eligible days before the event's, newest first, and why the others are not: within
+    `lookback_days`, not an event day of the program, of the event day's type (weekday, or
+    weekend and holiday), complete."""
+    seen: set[int] = set()
+    for day in history:
+        if day.interval_min != event.interval_min:
+            raise InvalidBaselineError(
+                f"interval_min {day.interval_min} of day {day.day} differs from the event "
+                f"day's {event.interval_min}"
+            )
+        if day.day in seen:
+            raise InvalidBaselineError(f"history holds day {day.day} twice")
+        seen.add(day.day)
+    recent = sorted(
+        (d for d in history if event.day - lookback_days <= d.day < event.day),
+        key=lambda d: -d.day,
+    )
+    weekday = calendar.is_weekday(event.day)
+    excluded = {"event days": 0, "other day type": 0, "incomplete": 0}
+    eligible = []
+    for day in recent:
+        if day.day in event_days:
+            excluded["event days"] += 1
+        elif calendar.is_weekday(day.day) != weekday:
+            excluded["other day type"] += 1
+        elif not day.is_complete(max_estimated_share):
+            excluded["incomplete"] += 1
+        else:
+            eligible.append(day)
+    why = ", ".join(f"{n} {reason}" for reason, n in excluded.items())
+    return eligible, f"{len(recent)} days in the {lookback_days} before day {event.day}: {why}"
+
+
+def _mean_of_days(days: Sequence[MeterDay], slots: slice) -> FloatArray:
+    """Each interval's mean over the days it happened on (NaN where on none)."""
+    loads = np.stack([d.load_kw[slots] for d in days])
+    happened = np.stack([d.exists[slots] for d in days])
+    count = happened.sum(axis=0)
+    total = np.where(happened, loads, 0.0).sum(axis=0)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def _mean_load(day: MeterDay, slots: slice) -> float:
+    values = day.load_kw[slots][day.exists[slots]]
+    return float(values.mean()) if values.size else -math.inf
+
+
+def _capped(adjusted: FloatArray, unadjusted: FloatArray, cap_percent: float | None) -> FloatArray:
+    if cap_percent is None:
+        return adjusted
+    one = unadjusted * (1.0 - cap_percent / 100.0)
+    other = unadjusted * (1.0 + cap_percent / 100.0)
+    return np.clip(adjusted, np.minimum(one, other), np.maximum(one, other))
+
+
+def x_of_y_baseline(
+    rule: XOfYRule,
+    event: MeterDay,
+    history: Sequence[MeterDay],
+    *,
+    start_min: int,
+    end_min: int,
+    calendar: Calendar,
+    event_days: Collection[int],
+) -> Baseline:
+    """The X-of-Y baseline for an event from `start_min` to `end_min` on `event`'s day.
+
+    The Y eligible days are the newest; of those, the X with the highest mean load over the
+    event's intervals (the newer first on a tie). The adjustment compares the event day's mean
+    reading over its window with the unadjusted baseline's mean there: their ratio
+    (multiplicative) or difference [kW] (additive).
+    """
+    slots = _event_slots(event, start_min, end_min)
+    days, why = eligible_days(
+        event,
+        history,
+        lookback_days=rule.lookback_days,
+        calendar=calendar,
+        event_days=event_days,
+        max_estimated_share=rule.max_estimated_share,
+    )
+    if len(days) < rule.y_days:
+        raise NoBaselineError(f"{len(days)} eligible days, {rule.y_days} needed ({why})")
+    chosen = sorted(days[: rule.y_days], key=lambda d: -_mean_load(d, slots))[: rule.x_days]
+    unadjusted = _mean_of_days(chosen, slots)
+    unadjusted[~event.exists[slots]] = np.nan
+    used = tuple(sorted((d.day for d in chosen), reverse=True))
+    if rule.adjustment == "none":
+        return _baseline(rule, event, start_min, unadjusted, unadjusted.copy(), used)
+    window = _window_before(
+        event,
+        slots.start,
+        rule.adjustment_hours,
+        rule.adjustment_lead_hours,
+        ("adjustment_hours", "adjustment_lead_hours"),
+    )
+    metered_kw = float(_readings(event, window, "the adjustment window").mean())
+    reference = _mean_of_days(chosen, window)[event.exists[window]]
+    reference_kw = float(reference.mean())
+    factor, offset_kw = 1.0, 0.0
+    if rule.adjustment == "multiplicative":
+        if not reference_kw > 0.0:
+            raise NoBaselineError(
+                f"the baseline's mean over the adjustment window is {reference_kw:g} kW: no ratio"
+            )
+        factor = metered_kw / reference_kw
+        adjusted = unadjusted * factor
+    else:
+        offset_kw = metered_kw - reference_kw
+        adjusted = unadjusted + offset_kw
+    limited = _capped(adjusted, unadjusted, rule.cap_percent)
+    moved = np.abs(limited - adjusted)
+    return _baseline(
+        rule,
+        event,
+        start_min,
+        unadjusted,
+        limited,
+        used,
+        adjustment_factor=factor,
+        adjustment_kw=offset_kw,
+        capped=bool((moved[np.isfinite(moved)] > 1e-9).any()),
+    )
+
+
+def same_day_baseline(
+    rule: SameDayRule, event: MeterDay, *, start_min: int, end_min: int
+) -> Baseline:
+    """The same-day baseline: one level, the pooled mean of the intervals that happened in the
+    hours before and after the event, every one with a reading, at most the rule's share
+    estimated. Needs the event day's readings after the event's end."""
+    slots = _event_slots(event, start_min, end_min)
+    before = _window_before(
+        event, slots.start, rule.before_hours, rule.lead_hours, ("before_hours", "lead_hours")
+    )
+    after_length = _intervals_in("after_hours", rule.after_hours, event.interval_min)
+    after = slice(slots.stop, slots.stop + after_length)
+    if after.stop > event.load_kw.size:
+        raise NoBaselineError(
+            f"the {rule.after_hours:g} h after the event end after the event day's midnight "
+            f"(day {event.day})"
+        )
+    window = np.zeros(event.load_kw.size, bool)
+    window[before] = window[after] = True
+    window &= event.exists
+    values = event.load_kw[window]
+    if np.isnan(values).any() or not values.size:
+        raise NoBaselineError(f"day {event.day} has no reading in every interval around the event")
+    if int(event.estimated[window].sum()) > rule.max_estimated_share * values.size:
+        raise NoBaselineError(
+            f"day {event.day} has more than {rule.max_estimated_share:g} of the intervals "
+            "around the event estimated"
+        )
+    level = np.full(slots.stop - slots.start, float(values.mean()))
+    level[~event.exists[slots]] = np.nan
+    return _baseline(rule, event, start_min, level, level.copy(), (event.day,))
+
+
+def match_day_baseline(
+    rule: MatchDayRule,
+    event: MeterDay,
+    history: Sequence[MeterDay],
+    *,
+    start_min: int,
+    end_min: int,
+    calendar: Calendar,
+    event_days: Collection[int],
+) -> Baseline:
+    """The match-day baseline: each interval's mean over the `rule.days` eligible days whose
+    load over the match window is closest to the event day's readings there (mean absolute
+    difference over the intervals both days had; the newer first on a tie)."""
+    slots = _event_slots(event, start_min, end_min)
+    window = _window_before(
+        event,
+        slots.start,
+        rule.match_hours,
+        rule.match_lead_hours,
+        ("match_hours", "match_lead_hours"),
+    )
+    _readings(event, window, "the match window")
+    days, why = eligible_days(
+        event,
+        history,
+        lookback_days=rule.lookback_days,
+        calendar=calendar,
+        event_days=event_days,
+        max_estimated_share=rule.max_estimated_share,
+    )
+    if len(days) < rule.days:
+        raise NoBaselineError(f"{len(days)} eligible days, {rule.days} needed ({why})")
+
+    def distance_kw(day: MeterDay) -> float:
+        both = day.exists[window] & event.exists[window]
+        if not both.any():
+            return math.inf
+        return float(np.abs(day.load_kw[window][both] - event.load_kw[window][both]).mean())
+
+    chosen = sorted(days, key=distance_kw)[: rule.days]
+    mean_kw = _mean_of_days(chosen, slots)
+    mean_kw[~event.exists[slots]] = np.nan
+    used = tuple(sorted((d.day for d in chosen), reverse=True))
+    return _baseline(rule, event, start_min, mean_kw, mean_kw.copy(), used)
+
+
+def baseline(
+    rule: BaselineRule,
+    event: MeterDay,
+    history: Sequence[MeterDay],
+    *,
+    start_min: int,
+    end_min: int,
+    calendar: Calendar,
+    event_days: Collection[int],
+) -> Baseline:
+    """The baseline of any day-based rule (a preset's, for one), by its kind."""
+    if isinstance(rule, SameDayRule):
+        return same_day_baseline(rule, event, start_min=start_min, end_min=end_min)
+    if isinstance(rule, XOfYRule):
+        return x_of_y_baseline(
+            rule,
+            event,
+            history,
+            start_min=start_min,
+            end_min=end_min,
+            calendar=calendar,
+            event_days=event_days,
+        )
+    return match_day_baseline(
+        rule,
+        event,
+        history,
+        start_min=start_min,
+        end_min=end_min,
+        calendar=calendar,
+        event_days=event_days,
+    )
+
+
+@dataclass(frozen=True)
+class MeterBefore:
+    """A fast event's baseline: the mean of the `samples` readings in the `window_s` before
+    `trigger_s` [kW]."""
+
+    baseline_kw: float
+    trigger_s: float
+    window_s: float
+    samples: int
+
+
+def meter_before(
+    times_s: Sequence[float] | FloatArray,
+    load_kw: Sequence[float] | FloatArray,
+    *,
+    trigger_s: float,
+    window_s: float,
+    max_gap_s: float,
+) -> MeterBefore:
+    """The mean of the readings taken in [trigger_s - window_s, trigger_s) [kW].
+
+    The readings are taken as evenly spaced (a plain mean); none may be missing, and no
+    stretch of the window longer than `max_gap_s` may go without one (its edges included).
+    """
+    for name, value in (("window_s", window_s), ("max_gap_s", max_gap_s)):
+        if not (math.isfinite(value) and value > 0.0):
+            raise InvalidBaselineError(f"{name} {value!r} must be a number of seconds above 0")
+    if not math.isfinite(trigger_s):
+        raise InvalidBaselineError(f"trigger_s {trigger_s!r} must be a time [s]")
+    times = np.asarray(times_s, dtype=np.float64)
+    loads = np.asarray(load_kw, dtype=np.float64)
+    if times.shape != loads.shape or times.ndim != 1:
+        raise InvalidBaselineError("times_s and load_kw must be equally long")
+    if (np.diff(times) <= 0.0).any():
+        raise InvalidBaselineError("times_s must increase")
+    inside = (times >= trigger_s - window_s) & (times < trigger_s)
+    edges = np.concatenate(([trigger_s - window_s], times[inside], [trigger_s]))
+    longest_s = float(np.diff(edges).max())
+    if longest_s > max_gap_s:
+        raise NoBaselineError(
+            f"{longest_s:g} s without a reading in the {window_s:g} s before the trigger "
+            f"(max_gap_s {max_gap_s:g})"
+        )
+    values = loads[inside]
+    if not values.size:
+        raise NoBaselineError(f"no reading in the {window_s:g} s before the trigger")
+    if np.isnan(values).any():
+        raise NoBaselineError(f"a reading in the {window_s:g} s before the trigger is missing")
+    return MeterBefore(float(values.mean()), trigger_s, window_s, int(values.size))

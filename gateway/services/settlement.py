@@ -1,0 +1,309 @@
+"""Per-event settlement (docs/operations.md, "Settlement"): what the utility would count.
+
+For an event and each baseline rule of the program (`FLEXGATE_SETTLEMENT_RULES`, presets of
+`flexmodel.baselines`), the meter history is read on the site's clock
+(`gateway.services.meterdays`), the rule's baseline computed for the event's intervals, and
+each interval settled: the baseline, the metered load, the delivered kW (baseline less
+metered) and kWh, the target the event record states for it, and whether it was met. A rule
+that gives no baseline (too few eligible days, a window without readings) says why instead.
+
+Settlement intervals are the clock intervals of `FLEXGATE_SETTLEMENT_INTERVAL_MIN` that
+overlap the event. An interval's target is the time-weighted mean of the event's intervals'
+reductions over it (0 outside them): a fixed reduction as stored, a level as the baseline
+less the level, a share of the baseline the event began with. Compliance is the share of the
+settlement intervals whose delivered kW is at least their target; an interval with no
+baseline or no reading is not met. The event days the X-of-Y and match-day rules leave out are
+the local days of the other stored events (test events excepted), whatever became of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from flexmodel.baselines import (
+    Baseline,
+    MeterDay,
+    SameDayRule,
+    XOfYRule,
+    baseline,
+    preset,
+)
+from flexmodel.errors import FlexModelError
+from gateway.clock import Clock
+from gateway.errors import InvalidRequestError, NotFoundError
+from gateway.services.intervals import from_doc
+from gateway.services.meterdays import (
+    LocalClock,
+    calendar,
+    day_index,
+    day_of,
+    fold,
+    local_midnight,
+    read_intervals,
+)
+from gateway.settings import GatewaySettings, interval_problem, zone_problem
+from gateway.store import repo
+from gateway.store.db import Store
+from gateway.store.models import EventRow, MeterInterval, as_utc, iso
+from gateway.units import rounded
+
+#: A delivered kW this close under the target still meets it (rounding of the means) [kW].
+MET_TOLERANCE_KW = 1e-6
+
+
+def settlement_link(settings: GatewaySettings, event_id: str) -> dict[str, Any]:
+    """What `GET /v1/events/{id}` shows (computing it on every read would cost each listing a
+    read of weeks of meter history per event): where the settlement is, under which rules."""
+    return {
+        "href": f"/v1/events/{event_id}/settlement",
+        "rules": list(settings.settlement_rule_names),
+        "interval_min": settings.settlement_interval_min,
+        "timezone": settings.site_timezone,
+    }
+
+
+class Settlement:
+    def __init__(self, settings: GatewaySettings, store: Store, clock: Clock) -> None:
+        self.settings, self.store, self.clock = settings, store, clock
+
+    async def doc(
+        self, event_id: str, *, rules: str | None = None, interval_min: int | None = None
+    ) -> dict[str, Any]:
+        """`GET /v1/events/{id}/settlement`: the event settled under each rule (`rules`, a
+        comma list of presets, and `interval_min` override the settings)."""
+        names = self._rules(rules)
+        minutes = self._interval(interval_min)
+        return await asyncio.to_thread(self._settle, event_id, names, minutes)
+
+    def _rules(self, rules: str | None) -> tuple[str, ...]:
+        if rules is None:
+            return self.settings.settlement_rule_names
+        names = tuple(n.strip() for n in rules.split(",") if n.strip())
+        if not names:
+            raise InvalidRequestError("rules: name at least one baseline preset")
+        for name in names:
+            try:
+                preset(name)
+            except FlexModelError as exc:
+                raise InvalidRequestError(f"rules: {exc}") from None
+        return names
+
+    def _interval(self, interval_min: int | None) -> int:
+        if interval_min is None:
+            return self.settings.settlement_interval_min
+        problem = interval_problem(interval_min) or zone_problem(
+            self.settings.site_timezone, interval_min
+        )
+        if problem:
+            raise InvalidRequestError(f"interval_min: {problem}")
+        return interval_min
+
+    def _settle(self, event_id: str, names: tuple[str, ...], interval_min: int) -> dict[str, Any]:
+        clock = LocalClock(self.settings.site_zone)
+        with self.store.session() as s:
+            event = repo.get_event(s, event_id=event_id)
+            if event is None:
+                raise NotFoundError(f"no event '{event_id}'")
+            others = [e for e in repo.list_events(s) if e.id != event_id and not e.test]
+            plan = repo.get_plan(s, plan_id=event.plan_id) if event.plan_id else None
+            span = EventSpan(event, clock, interval_min)
+            lookback = max((_lookback_days(preset(n)) for n in names), default=0)
+            first_day = span.day - timedelta(days=lookback)
+            intervals = read_intervals(
+                s,
+                start=local_midnight(first_day, clock.zone),
+                end=local_midnight(span.day + timedelta(days=1), clock.zone),
+                interval_min=interval_min,
+            )
+        days = {d.day: d for d in fold(intervals, clock, interval_min)}
+        mine = [i for i in intervals if span.start <= i.start < span.end]
+        event_days = {day_index(clock.day(as_utc(e.start))) for e in others} | {
+            day_index(clock.day(as_utc(e.end) - timedelta(microseconds=1))) for e in others
+        }
+        context = {
+            "days": days,
+            "event_days": event_days - {day_index(span.day)},
+            "calendar": calendar(self.settings.holiday_dates),
+        }
+        return rounded(
+            {
+                "event_id": event.id,
+                "status": event.status,
+                "start": iso(event.start),
+                "end": iso(event.end),
+                "timezone": self.settings.site_timezone,
+                "interval_min": interval_min,
+                "event_day": span.day.isoformat(),
+                "holidays": sorted(d.isoformat() for d in self.settings.holiday_dates),
+                "event_days_excluded": sorted(day_of(d).isoformat() for d in event_days),
+                "throughput_kept": _throughput_kept(plan.doc if plan else None),
+                "computed_at": iso(self.clock.now()),
+                "rules": [_settle_rule(n, event, span, mine, **context) for n in names],
+            }
+        )
+
+
+def _lookback_days(rule: Any) -> int:
+    return 0 if isinstance(rule, SameDayRule) else int(rule.lookback_days)
+
+
+def _throughput_kept(plan: dict[str, Any] | None) -> float | None:
+    """The share of the mix's throughput the event's current plan kept, if it says."""
+    if not plan or not plan.get("throughput_before"):
+        return None
+    return float(plan["throughput_after"]) / float(plan["throughput_before"])
+
+
+class EventSpan:
+    """The event on the site's clock: its settlement intervals' span, its local day, and the
+    minutes of that day it covers (`start_min`, `end_min`)."""
+
+    def __init__(self, event: EventRow, clock: LocalClock, interval_min: int) -> None:
+        self.clock = clock
+        step = interval_min * 60
+        begins, ends = as_utc(event.start).timestamp(), as_utc(event.end).timestamp()
+        self.start = datetime.fromtimestamp(begins // step * step, UTC)
+        self.end = datetime.fromtimestamp(-(-ends // step) * step, UTC)
+        self.day = clock.day(self.start)
+        self.start_min = clock.minute(self.start, self.day)
+        self.end_min = clock.minute(self.end, self.day)
+        #: why no rule can settle it, if so
+        self.problem: str | None = None
+        if clock.day(self.end - timedelta(seconds=1)) != self.day:
+            self.problem = (
+                f"the event crosses the site's midnight ({self.day.isoformat()}, "
+                f"{clock.zone.key}): a baseline covers one local day"
+            )
+
+
+def _settle_rule(
+    name: str,
+    event: EventRow,
+    span: EventSpan,
+    intervals: Sequence[MeterInterval],
+    *,
+    days: dict[int, MeterDay],
+    event_days: set[int],
+    calendar: Any,
+) -> dict[str, Any]:
+    rule = preset(name)
+    out: dict[str, Any] = {"rule": name, "kind": type(rule).__name__, "parameters": asdict(rule)}
+    found: Baseline | None = None
+    reason = span.problem
+    today = days.get(day_index(span.day))
+    if reason is None and today is None:
+        reason = f"no meter history on {span.day.isoformat()}"
+    if reason is None and today is not None:
+        history = [d for d in days.values() if d.day < today.day]
+        try:
+            found = baseline(
+                rule,
+                today,
+                history,
+                start_min=span.start_min,
+                end_min=span.end_min,
+                calendar=calendar,
+                event_days=event_days,
+            )
+        except FlexModelError as exc:  # NoBaselineError: the rule's answer, not a failure
+            reason = _dated(str(exc))
+    out["reason"] = reason
+    out["baseline"] = None if found is None else _baseline_doc(found)
+    rows = [_row(i, event, span, found) for i in intervals]
+    out["intervals"] = rows
+    out["totals"] = _totals(rows)
+    return out
+
+
+def _dated(reason: str) -> str:
+    """flexmodel's day indices as the dates a person reads."""
+    return re.sub(r"\bday (\d{4,6})\b", lambda m: day_of(int(m.group(1))).isoformat(), reason)
+
+
+def _baseline_doc(found: Baseline) -> dict[str, Any]:
+    return {
+        "days_used": [day_of(d).isoformat() for d in found.days_used],
+        "adjustment_factor": found.adjustment_factor,
+        "adjustment_kw": found.adjustment_kw,
+        "capped": found.capped,
+        "adjusted": isinstance(found.rule, XOfYRule) and found.rule.adjustment != "none",
+    }
+
+
+def _row(
+    interval: MeterInterval, event: EventRow, span: EventSpan, found: Baseline | None
+) -> dict[str, Any]:
+    hours = (interval.end - interval.start).total_seconds() / 3600
+    baseline_kw = unadjusted_kw = None
+    if found is not None:
+        slot = (span.clock.minute(interval.start, span.day) - found.start_min) // found.interval_min
+        value = float(found.baseline_kw[slot])
+        baseline_kw = None if math.isnan(value) else value
+        raw = float(found.unadjusted_kw[slot])
+        unadjusted_kw = None if math.isnan(raw) else raw
+    metered_kw = interval.mean_kw
+    delivered_kw = None if baseline_kw is None or metered_kw is None else baseline_kw - metered_kw
+    target_kw = _target_kw(event, interval, baseline_kw)
+    return {
+        "start": iso(interval.start),
+        "end": iso(interval.end),
+        "baseline_kw": baseline_kw,
+        "unadjusted_baseline_kw": unadjusted_kw,
+        "metered_kw": metered_kw,
+        "delivered_kw": delivered_kw,
+        "delivered_kwh": None if delivered_kw is None else delivered_kw * hours,
+        "target_kw": target_kw,
+        "met": delivered_kw is not None and delivered_kw >= target_kw - MET_TOLERANCE_KW,
+        "estimated": interval.estimated,
+        "estimated_share": interval.estimated_share,
+        "fault": interval.fault,
+        "gap": interval.gap,
+        "hours": hours,
+    }
+
+
+def _target_kw(event: EventRow, interval: MeterInterval, baseline_kw: float | None) -> float:
+    """The time-weighted mean over the interval of the reduction the event's intervals ask
+    for [kW]."""
+    total_kws = 0.0
+    for doc in event.intervals:
+        part = from_doc(doc)
+        lo = max(as_utc(part.start), interval.start)
+        hi = min(as_utc(part.end), interval.end)
+        if hi <= lo:
+            continue
+        reference_kw = baseline_kw if baseline_kw is not None else float(event.baseline_kw or 0.0)
+        began_kw = event.baseline_kw if event.baseline_kw is not None else reference_kw
+        if part.level_kw is not None and baseline_kw is None:
+            kw = part.reduction_kw  # no baseline to hold a level against: as received
+        else:
+            kw = part.reduction_now_kw(reference_kw, began_kw)
+        total_kws += kw * (hi - lo).total_seconds()
+    return total_kws / (interval.end - interval.start).total_seconds()
+
+
+def _totals(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    delivered = [r for r in rows if r["delivered_kw"] is not None]
+    met = sum(1 for r in rows if r["met"])
+    hours = sum(r["hours"] for r in rows)
+    delivered_hours = sum(r["hours"] for r in delivered)
+    return {
+        "intervals": len(rows),
+        "intervals_met": met,
+        "compliance": met / len(rows) if rows else None,
+        "delivered_kwh": sum(r["delivered_kwh"] for r in delivered) if delivered else None,
+        "target_kwh": sum(r["target_kw"] * r["hours"] for r in rows),
+        "mean_delivered_kw": (
+            sum(r["delivered_kwh"] for r in delivered) / delivered_hours if delivered else None
+        ),
+        "mean_target_kw": sum(r["target_kw"] * r["hours"] for r in rows) / hours if rows else None,
+        "estimated_intervals": [r["start"] for r in rows if r["estimated"]],
+        "fault_intervals": [r["start"] for r in rows if r["fault"]],
+        "unsettled_intervals": [r["start"] for r in rows if r["delivered_kw"] is None],
+    }

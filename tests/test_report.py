@@ -1,0 +1,72 @@
+"""`flexgate report` (issue 38, item 5): a month's settlement read from a running gateway,
+written as a CSV of intervals and a self-contained HTML page. The site is
+tests/gateway/test_settlement.py's: the event ev-1 (2026-11-18) and the other event ev-0
+(2026-11-16, on a 500 kW day: the 10of10 adjustment is capped, nothing is delivered)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+
+from flexgate.cli import main
+from gateway.store.db import Store
+from tests.gateway.test_meter_history import running_gateway
+from tests.gateway.test_settlement import HOLIDAY, write_site
+
+
+def test_a_month_and_an_event_are_reported_as_csv_and_html(tmp_path, capsys):
+    database_url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    store = Store(database_url)
+    try:
+        write_site(store)
+    finally:
+        store.close()
+    out = tmp_path / "out"
+    options = {"settlement_holidays": HOLIDAY.isoformat()}
+    with running_gateway(tmp_path, database_url, **options) as (api, _):
+        gateway = str(api.base_url)
+        month = ["report", "--month", "2026-11", "--gateway", gateway, "--out", str(out)]
+        assert main([*month, "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert main(["report", "--event", "ev-1", "--gateway", gateway, "--out", str(out)]) == 0
+        shown = capsys.readouterr().out
+        assert main(["report", "--event", "nope", "--gateway", gateway, "--out", str(out)]) == 2
+        assert "no event 'nope'" in capsys.readouterr().err
+        bad = ["report", "--event", "ev-1", "--gateway", gateway, "--rules", "9of9"]
+        assert main(bad) == 2
+        assert "rules: preset '9of9'" in capsys.readouterr().err
+        assert main(["report", "--month", "2026-10", "--gateway", gateway, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["events"] == []
+    assert (doc["csv"], doc["html"]) == (
+        str(out / "settlement-2026-11.csv"),
+        str(out / "settlement-2026-11.html"),
+    )
+    assert [e["event_id"] for e in doc["events"]] == ["ev-0", "ev-1"]
+    ev0, ev1 = doc["events"]
+    assert ev1["rules"]["10of10"]["compliance"] == 0.75
+    assert ev0["rules"]["10of10"]["compliance"] == 0.0
+    with open(doc["csv"], newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert doc["rows"] == len(rows) == 2 * 2 * 4  # events, rules, 15-minute intervals
+    first = rows[8]  # ev-1 under 10of10, 14:00
+    assert (first["event_id"], first["rule"], first["start"]) == (
+        "ev-1",
+        "10of10",
+        "2026-11-18T14:00:00+00:00",
+    )
+    assert (first["baseline_kw"], first["metered_kw"], first["target_kw"]) == ("110", "70", "35")
+    assert (first["delivered_kw"], first["delivered_kwh"], first["met"]) == ("40", "10", "true")
+    assert [r["estimated"] for r in rows[8:12]] == ["false", "true", "true", "false"]
+    capped = rows[0]  # ev-0: the 10of10 adjustment x5 capped at +20%: 120 kW against 500
+    assert (capped["baseline_kw"], capped["delivered_kw"]) == ("120", "-380")
+    page = (out / "settlement-2026-11.html").read_text()
+    assert page.startswith("<!DOCTYPE html>")
+    assert page.count("<svg") == 2
+    assert not re.search(r"<script|<link|src=", page)  # self-contained
+    assert "Settlement report, November 2026" in page
+    assert "75%" in page
+    assert "(capped)" in page
+    assert "settlement-ev-1.html" in shown
+    one = (out / "settlement-ev-1.csv").read_text().splitlines()
+    assert len(one) == 1 + 2 * 4
