@@ -165,6 +165,12 @@ class GatewaySettings(BaseSettings):
     loop_window_s: float | None = Field(default=None, gt=0.0)  #: None: from the jobs' periods
     loop_gain: float = Field(default=0.5, gt=0.0, le=1.5)  #: share of the error taken per sample
     loop_max_correction: float = Field(default=1.0, gt=0.0, le=2.0)
+    #: how a delta (a reduction from what the site would draw) is held where there is a meter:
+    #: "gain", the model's plan at the site's measured gain (the meter's answer to the
+    #: events' opening steps: a cooling step or a meter offset is not the event's); "meter",
+    #: the meter's reading at the meter before the event less the reduction (what a
+    #: meter-before settlement counts)
+    loop_delta_basis: Literal["gain", "meter"] = "gain"
     #: a ceiling (an import capacity limit) is judged on means over this interval, from this
     #: long after it began (the ramp allowance) [s]
     limit_interval_s: float = Field(default=60.0, gt=0.0)

@@ -12,6 +12,10 @@ period) with the predicted one, when that is at least `check_kw`:
 - `wrong_sign`: against it by more than a quarter;
 - `implausible`: more than three times it.
 
+A meter whose readings wandered (as a meter's noise does) and then hold one value exactly for
+a settling time is `stuck` too, with no move of the loop's needed (a delta held on the site's
+gain makes none for hours).
+
 Two `stuck` verdicts in a row make the feed `suspect` (`MeterFeed.suspect`); the others must
 hold for two whole settling times, since a disturbance the loop answers (a cooling step, a job
 that ended before the scheduler said so) makes the meter's move differ from the loop's own for
@@ -45,6 +49,11 @@ ANSWERED = 2.0
 CHECK_SHARE = 0.02
 #: ... or of this many standard deviations of the meter's noise, whichever is larger.
 CHECK_SIGMAS = 6.0
+#: Readings exactly the same, at least this many over a settling time, from a meter whose
+#: readings wandered before (their changes changed sign at least `WANDERED` of the time): a
+#: value held, judged with no move of the loop's to answer.
+FROZEN_READINGS = 4
+WANDERED = 0.25
 
 
 @dataclass(frozen=True)
@@ -118,16 +127,20 @@ class MeterWatch:
         period_s: float,
     ) -> None:
         small_kw, large_kw = self._expected(points, then)
-        if abs(small_kw) < check_kw:
+        span = meter[then:]
+        frozen = _frozen(meter, then)
+        if not frozen and abs(small_kw) < check_kw:
             self._bad = 0
             return
         moved_kw = float(meter[-1] - meter[then])
-        along = moved_kw / abs(small_kw) * (1 if small_kw > 0 else -1)  # share, in its sense
-        span = meter[then:]
-        if along >= LOW and moved_kw / large_kw <= HIGH:
+        along = moved_kw / abs(small_kw) * (1 if small_kw > 0 else -1) if small_kw else 0.0
+        if not frozen and along >= LOW and moved_kw / large_kw <= HIGH:
             self._bad = 0
             return
-        if float(span.max() - span.min()) <= self.noise_kw:
+        if frozen:
+            reason = "stuck"
+            detail = f"{len(span)} readings all {span[-1]:g} kW, where they wandered before"
+        elif float(span.max() - span.min()) <= self.noise_kw:
             reason = "stuck"
             detail = f"{len(span)} readings within {self.noise_kw:g} kW (the meter's noise)"
         elif along >= LOW:
@@ -169,6 +182,18 @@ class MeterWatch:
         if answered or (abs(level_kw) <= check_kw and (moving or not stuck)):
             self.feed.clear_suspicion()
             self._bad = 0
+
+
+def _frozen(meter: np.ndarray, then: int) -> bool:
+    """Every reading since `then` the same (`FROZEN_READINGS` or more), where before it they
+    wandered as a meter's noise does (a steady approach of a noise-free model does not)."""
+    span, changes = meter[then:], np.diff(meter[: then + 1])
+    if span.size < FROZEN_READINGS or np.any(span != span[0]):
+        return False
+    moving = changes[changes != 0]
+    if moving.size < FROZEN_READINGS:
+        return False
+    return float(np.mean(np.diff(np.sign(moving)) != 0)) >= WANDERED
 
 
 def _mid(point: _Point) -> float:

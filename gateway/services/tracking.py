@@ -12,6 +12,11 @@ a correction of the requested reduction, re-planned through the same allocator:
 - The target level is the event's level (a setpoint), or the facility power just before the
   event (averaged over the window; the model's baseline when the meter had no whole window
   yet) less its reduction, moved by the model's baseline when the job mix changes.
+- A delta where there is a meter is held on the site's gain instead (`FLEXGATE_LOOP_DELTA_BASIS`
+  `gain`, the default): no integral of the meter's level, which a cooling step moves as much
+  as the event; each move of the plan is read on the meter's own answer to it, once whole, the
+  shed is the sum of the answers, and the next move is what is left over the gain the last
+  answer showed (`_hold_on_gain`).
 - The meter sees each move late: a re-plan after the loop's dead time (the meter's age, the
   plan and dispatch, the agents' actuation), through the cooling's lag, spread over the window
   the reading is averaged on. The loop does not wait for it (a Smith predictor): `unseen` is
@@ -92,6 +97,17 @@ LIMIT_MIN_SAMPLES = 30
 LIMIT_MARGIN_FLOOR = 0.005
 LIMIT_MARGIN_DEFAULT = 0.02
 LIMIT_MARGIN_MOST = 0.10
+#: A delta held on the site's gain: the events' first answers kept (the site's gain before an
+#: event reads its own is their median); the share of a move a reading must show to be on
+#: its plateau; the factor an answer may stray from the gain believed and be read (a site's
+#: gain per planned kW is not one number: the deeper cut lands on other jobs); the flatness
+#: asked of the meter before and after a move (a share of its answer, beyond 3 sigma of the
+#: meter's scatter at rest); and how close to the reduction the shed must come [share].
+ANSWER_GAINS_KEPT = 9
+PLATEAU_SHARE = 0.98
+ANSWER_STRAY = 3.0
+ANSWER_FLAT = 0.02
+ANSWER_CLOSE = 0.02
 
 
 @dataclass
@@ -127,6 +143,16 @@ class Pursuit:
     settled_at: dict[float, float] = field(default_factory=dict)
     #: the correction once settled, as a share of the reduction: the model's error here
     settled_share: float | None = None
+    #: a delta held on the site's gain (`FLEXGATE_LOOP_DELTA_BASIS`), not on the meter
+    on_gain: bool = False
+    #: on the site's gain: the planned moves (when, model kW shed) whose answer at the meter
+    #: is awaited (`Tracker._read_answer`), the meter's level before them [kW] (None: not
+    #: flat, the answer is the model's), and the shed so far at the meter, each move's answer
+    #: read on its own (a static load step between them is in none) [kW]
+    answering: list[tuple[float, float]] = field(default_factory=list)
+    before_kw: float | None = None
+    shed_kw: float = 0.0
+    answers: int = 0  #: the moves' answers read (the first is the site's gain)
 
 
 class Tracker:
@@ -161,6 +187,8 @@ class Tracker:
         #: asked at the meter, less 1
         self.model_errors: deque[float] = deque(maxlen=BOUND_EVENTS_KEPT)
         self.last_gain = 1.0  #: the last settled event's gain at the meter, where the next starts
+        #: the meter's first answer of each delta on the site's gain, per planned kW
+        self.answer_gains: deque[float] = deque(maxlen=ANSWER_GAINS_KEPT)
         self.delays_s: tuple[float, ...] = (0.0,)  #: its distribution (delay_s is the mean)
         self.verdict: str | None = None
         self.reason: str | None = None  #: why the loop was adjusted, held or refused
@@ -180,6 +208,13 @@ class Tracker:
     @property
     def integral_gain_per_s(self) -> float:
         return self.gain / self.period_s
+
+    @property
+    def site_gain(self) -> float:
+        """What the site sheds at the meter per kW the model plans, before an event reads its
+        own: the median of the deltas' first answers (`ANSWER_GAINS_KEPT`), else the last
+        settled event's."""
+        return float(np.median(self.answer_gains)) if self.answer_gains else self.last_gain
 
     async def pursue(
         self, event_id: str, reduction_kw: float, level_kw: float | None, *, ceiling: bool = False
@@ -202,10 +237,20 @@ class Tracker:
                 started_s=self.clock.monotonic(),
                 target_since_s=self.clock.monotonic(),
             )
+            known.on_gain = (
+                level_kw is None
+                and self.site.feed is not None
+                and self.settings.loop_delta_basis == "gain"
+            )
             held_kw = self.targets.held_reduction_kw
             # The first plan moves the site from what is held now (another event's caps).
             known.achieved_kw = known.planned_kw = held_kw or 0.0
-            known.gain = self.last_gain
+            known.gain = self.site_gain if known.on_gain else self.last_gain
+            if known.on_gain:
+                # From the site at rest, the meter before the event is the level the first
+                # move's answer is read against; from caps held, the model says what they shed.
+                known.before_kw = known.start_facility_kw if held_kw == 0.0 else None
+                known.shed_kw = known.gain * (held_kw or 0.0)
             known.correction_kw = self._opening_correction_kw(known)
             self.pursuit = known
             if held_kw is None:
@@ -219,7 +264,10 @@ class Tracker:
         )
         if moved or ceiling != known.ceiling:
             known.target_since_s = self.clock.monotonic()
-            if level_kw is None and known.level_kw is None:
+            if known.on_gain:
+                known.correction_kw = reduction_kw / known.gain - reduction_kw
+                self._before_move(known)
+            elif level_kw is None and known.level_kw is None:
                 known.correction_kw = carried_correction_kw(known, reduction_kw)
         known.reduction_kw, known.level_kw, known.ceiling = reduction_kw, level_kw, ceiling
         margin_kw = self.limit_margin_kw(level_kw) if ceiling and level_kw else 0.0
@@ -248,6 +296,8 @@ class Tracker:
         if pursuit is not None and pursuit.settled_share is not None:
             self.model_errors.append(pursuit.settled_share)
             self.last_gain = pursuit.gain
+            if pursuit.on_gain and pursuit.achieved_kw > 0:  # its shed over its plan, not a slope
+                self.last_gain = pursuit.shed_kw / pursuit.achieved_kw
         self.pursuit = None
 
     def _opening_correction_kw(self, pursuit: Pursuit) -> float:
@@ -256,6 +306,8 @@ class Tracker:
         asked; none before there are `BOUND_EVENTS`), on what this event asks at the meter: for
         a level, the meter before the event less the level, not the model's baseline less it
         (a model whose baseline is off would start the site that far off the level)."""
+        if pursuit.on_gain:
+            return pursuit.reduction_kw / pursuit.gain - pursuit.reduction_kw
         asked_kw = pursuit.reduction_kw
         if pursuit.level_kw is not None and pursuit.start_facility_kw is not None:
             asked_kw = max(pursuit.start_facility_kw - pursuit.level_kw, 0.0)
@@ -295,6 +347,9 @@ class Tracker:
             # Each planned kW is expected at the meter as the site has answered the plans so far.
             move_kw = pursuit.gain * (pursuit.achieved_kw - achieved_kw)
             pursuit.moves.append((self.targets.planned_at_s, move_kw))
+            if pursuit.on_gain:
+                shed_kw = achieved_kw - pursuit.achieved_kw
+                pursuit.answering.append((self.targets.planned_at_s, shed_kw))
             pursuit.achieved_kw = achieved_kw
 
     def _reference_kw(self, pursuit: Pursuit, mix: JobMix) -> float | None:
@@ -329,6 +384,9 @@ class Tracker:
         baseline_kw = self.site.facility_kw(self._uncapped_gpu_kw(pursuit, mix))
         if pursuit.baseline_kw is not None and baseline_kw != pursuit.baseline_kw:
             pursuit.moves.append((self.clock.monotonic(), baseline_kw - pursuit.baseline_kw))
+            if pursuit.on_gain:  # the meter's move is not the plan's alone: the model's
+                pursuit.shed_kw = pursuit.gain * pursuit.achieved_kw
+                pursuit.answering, pursuit.before_kw = [], None
         pursuit.baseline_kw = baseline_kw
         self._watch_meter(pursuit)
         measured = self.site.filtered_kw(self.window_s)
@@ -338,6 +396,9 @@ class Tracker:
             target = reference - pursuit.reduction_kw
         pursuit.measured_kw, pursuit.target_kw = measured, target
         pursuit.reference_kw = reference
+        if pursuit.on_gain:
+            await self._hold_on_gain(pursuit)
+            return
         if await self._undo_suspected(pursuit):
             return
         if measured is None or target is None or self.verdict == "held":
@@ -376,6 +437,115 @@ class Tracker:
         moved = abs(max(pursuit.reduction_kw + correction, 0.0) - pursuit.planned_kw)
         if moved > max(DEADBAND * pursuit.reduction_kw, 0.05):
             await self._plan(pursuit)
+
+    async def _hold_on_gain(self, pursuit: Pursuit) -> None:
+        """A delta on the site's gain: each move of the plan is answered at the meter and read
+        on its own once whole (`_read_answer`): the shed so far is the sum of the answers, and
+        the next move is what is left over the gain the last answer showed (a secant step
+        on the site's true curve), until the shed is within `ANSWER_CLOSE` of the reduction.
+        No integral of the meter's level: a cooling step, a meter offset or drifting static
+        load between moves is not the event's, and is not corrected for."""
+        if pursuit.answering and not self._read_answer(pursuit):
+            return  # still answering
+        if self.clock.monotonic() < self._ready_s:
+            return
+        left_kw = pursuit.reduction_kw - pursuit.shed_kw
+        if abs(left_kw) <= max(ANSWER_CLOSE * pursuit.reduction_kw, 3.0 * self._rest_noise_kw()):
+            return
+        most_kw = float((self.targets.last_plan or {}).get("max_facility_kw", math.inf))
+        # The first answer, from rest, is the gain over the whole cut: caps above what a job
+        # truly draws shed nothing, so past them the next kW shed more than that average.
+        # Taken no lower than the model's until a move at depth has shown the slope there.
+        slope = pursuit.gain if pursuit.answers > 1 else max(pursuit.gain, 1.0)
+        requested = min(max(pursuit.planned_kw + left_kw / slope, 0.0), most_kw)
+        if abs(requested - pursuit.planned_kw) <= max(DEADBAND * pursuit.reduction_kw, 0.05):
+            return  # the plan cannot move closer (at its floor, or all of the fleet)
+        pursuit.correction_kw = requested - pursuit.reduction_kw
+        self._before_move(pursuit)
+        await self._plan(pursuit)
+
+    def _before_move(self, pursuit: Pursuit) -> None:
+        """The meter's level a move's answer is read against: its last window, if flat (a
+        move planned while another is answered joins it: their level before stands)."""
+        if not pursuit.answering:
+            pursuit.before_kw = self._flat_level_kw(self._recent_meter(), pursuit)
+
+    def _read_answer(self, pursuit: Pursuit) -> bool:
+        """The meter's answer to the moves awaited, once it shows them whole for a window:
+        its level before them less its plateau after, added to the shed, and the gain per
+        planned kW it shows; the model's (the gain believed) where the meter was not flat
+        before or after, or answered implausibly. False while it is still answering."""
+        moves = pursuit.answering
+        planned_kw = sum(kw for _, kw in moves)
+        read_s, meter = self._meter_since(moves[0][0])
+        shown = sum(
+            kw * step_share(read_s - at_s - self.dead_s, 0.0, *self._path()) for at_s, kw in moves
+        ) / (planned_kw or 1.0)
+        plateau = meter[shown >= PLATEAU_SHARE] if planned_kw else meter
+        wanted = self._window_readings()
+        feed = self.site.feed
+        if plateau.size < wanted and not (feed is None or feed.suspect_since_s is not None):
+            return False
+        pursuit.answering = []
+        after_kw = self._flat_level_kw(plateau[:wanted], pursuit)
+        answer_kw = None
+        if pursuit.before_kw is not None and after_kw is not None and planned_kw:
+            answer_kw = pursuit.before_kw - after_kw
+            gain = answer_kw / planned_kw
+            if not 1.0 / ANSWER_STRAY <= gain / pursuit.gain <= ANSWER_STRAY:
+                log.info(
+                    "site loop: the meter's answer %.2f kW to %.2f kW planned is not "
+                    "believed (gain %.2f)",
+                    answer_kw,
+                    planned_kw,
+                    pursuit.gain,
+                )
+                answer_kw = None
+            elif abs(planned_kw) >= GAIN_MIN_SHARE * (pursuit.start_facility_kw or 0.0):
+                if not pursuit.answers:  # its first answer: the site's gain from now on
+                    self.answer_gains.append(gain)
+                pursuit.answers += 1
+                pursuit.gain = gain
+        pursuit.shed_kw += pursuit.gain * planned_kw if answer_kw is None else answer_kw
+        pursuit.settled_share = pursuit.achieved_kw / max(pursuit.reduction_kw, 1e-9) - 1.0
+        return True
+
+    def _meter_since(self, since_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """The meter's readings from `since_s` on: when each was read, and its kW."""
+        samples = [s for s in self.site.history if s.at_s >= since_s and s.facility_kw is not None]
+        return (
+            np.array([s.reading_at_s for s in samples]),
+            np.array([s.facility_kw for s in samples], dtype=float),
+        )
+
+    def _recent_meter(self) -> np.ndarray:
+        readings = [s.facility_kw for s in self.site.history if s.facility_kw is not None]
+        return np.array(readings[-self._window_readings() :], dtype=float)
+
+    def _window_readings(self) -> int:
+        return max(round(self.window_s / self.period_s), 3)
+
+    def _flat_level_kw(self, meter: np.ndarray, pursuit: Pursuit) -> float | None:
+        """The meter's level over these readings [kW]; None unless there are a window's worth
+        and their halves agree within 3 sigma of the meter's scatter at rest and
+        `ANSWER_FLAT` of the reduction (a cooling step inside them does not)."""
+        if meter.size < self._window_readings():
+            return None
+        first, second = np.array_split(meter, 2)
+        tolerance_kw = 3.0 * self._rest_noise_kw() + ANSWER_FLAT * pursuit.reduction_kw
+        if abs(float(np.mean(first) - np.mean(second))) > tolerance_kw:
+            return None
+        return float(np.mean(meter))
+
+    def _rest_noise_kw(self) -> float:
+        """The meter's scatter, reading to reading (robust: the loop's own steps and a
+        cooling step do not count), or as declared if larger [kW]."""
+        readings = [s.facility_kw for s in self.site.history if s.facility_kw is not None]
+        changes = np.diff(np.array(readings[-4 * self._window_readings() :], dtype=float))
+        spread = 0.0
+        if changes.size > 2:
+            spread = _MAD_TO_SD * float(np.median(np.abs(changes - np.median(changes))))
+        return max(spread / math.sqrt(2.0), self.settings.meter_noise_kw)
 
     def _watch_meter(self, pursuit: Pursuit) -> None:
         """The meter watch's sample: the predictor's reading now, with the dead time short and
@@ -687,6 +857,9 @@ class Tracker:
             "verdict": self.verdict,
             "reason": self.reason,
             "coupling_per_s": self.coupling_per_s,
+            #: "gain" (a delta on the site's gain), "meter" (a delta or level at the meter)
+            "basis": None if pursuit is None else "gain" if pursuit.on_gain else "meter",
+            "site_gain": pursuit.gain if pursuit else self.site_gain,
         }
 
 

@@ -50,15 +50,18 @@ async def true_sheds(site: SimulatedSite, seconds: float) -> tuple[float, list[f
     return uncapped, sheds
 
 
+@pytest.mark.parametrize("basis", ["gain", "meter"])
 @pytest.mark.parametrize("dead_s", [20.0, 30.0, 40.0])
-def test_a_meter_with_tens_of_seconds_of_dead_time_settles_without_ringing(tmp_path, dead_s):
+def test_a_meter_with_tens_of_seconds_of_dead_time_settles_without_ringing(tmp_path, dead_s, basis):
     """The defaults (a sample every 5 s, a 10 s window, gain 0.5) on a meter whose own delay
     is 20-40 s before a 3 s lag. The loop predicts the dead time as dead time (not as lag)
     and lowers its gain to what a dead time known to +-25% allows: it overshoots by under
     10%, and once it has reached 90% of the request it stays within 10% of it (the loop that
-    took the delay for lag swung from 110% down to 67% at 30 s)."""
+    took the delay for lag swung from 110% down to 67% at 30 s). Held on the site's gain, each
+    move waits for its whole answer: no ringing either."""
     site = make_site(
         tmp_path,
+        loop_delta_basis=basis,
         meter_period_s=5.0,
         loop_window_s=10.0,
         time_constant_s=3.0,
@@ -80,15 +83,16 @@ def test_a_meter_with_tens_of_seconds_of_dead_time_settles_without_ringing(tmp_p
     assert f"dead time {dead_s:.1f} +/- " in rule
 
 
+@pytest.mark.parametrize("basis", ["gain", "meter"])
 @pytest.mark.parametrize("offset_kw", [3.0, -3.0])
-def test_a_frozen_meter_is_caught_and_the_loop_undoes_what_it_believed(tmp_path, offset_kw):
+def test_a_frozen_meter_is_caught_and_the_loop_undoes_what_it_believed(tmp_path, offset_kw, basis):
     """A meter whose value freezes 3 kW above (or below) the truth while its timestamps stay
     fresh. The loop's next moves go unanswered: the watch calls it stuck within a few
     settling times, the loop goes back to its correction from before the freeze and holds,
     the site's figures fall back to the estimate, and the site keeps shedding what was asked
     (believed, the meter drove it to its bound: 15.7 kW, or to nothing). When the meter reads
     again the suspicion lifts and the loop goes on."""
-    site = make_site(tmp_path, noise_kw=0.05, meter_noise_kw=0.05)
+    site = make_site(tmp_path, noise_kw=0.05, meter_noise_kw=0.05, loop_delta_basis=basis)
 
     async def run() -> None:
         uncapped, _ = await true_sheds(site, 120.0)
@@ -116,6 +120,67 @@ def test_a_frozen_meter_is_caught_and_the_loop_undoes_what_it_believed(tmp_path,
         assert (await site.power.doc())["meter"]["fault"] is None
         assert site.tracker.doc()["error_kw"] == pytest.approx(0.0, abs=0.03 * REDUCTION_KW)
         assert uncapped - site.meter.true_facility_kw() == pytest.approx(REDUCTION_KW, rel=0.02)
+
+    try:
+        asyncio.run(run())
+    finally:
+        site.close()
+
+
+@pytest.mark.parametrize("basis", ["gain", "meter"])
+def test_a_delta_is_not_shed_again_for_a_cooling_step(tmp_path, basis):
+    """A chiller adds 3 kW of static load ten minutes into a 10 kW delta, on a meter 10 s
+    late. What the site would draw without the event rises by the same 3 kW, so the event's
+    shed is unchanged: held on the site's gain (each of the plan's moves read on its own
+    answer), the site keeps shedding 10 kW. Held at the meter, the loop takes the step for
+    the model's error and sheds it too (the campaign's deltas that missed, 14 of 18)."""
+    site = make_site(
+        tmp_path, meter_period_s=5.0, meter_delay_s=10.0, noise_kw=0.05, loop_delta_basis=basis
+    )
+    truth = site.meter.truth
+
+    async def run() -> list[float]:
+        uncapped, _ = await true_sheds(site, 600.0)
+        step_kw = 3.0
+        site.meter.truth = dataclasses.replace(truth, static_kw=truth.static_kw + step_kw)
+        sheds = []
+        for _ in range(round(600.0 / site.settings.meter_period_s)):
+            await site.tick()
+            sheds.append(uncapped + step_kw - site.meter.true_facility_kw())
+        return sheds
+
+    try:
+        sheds = asyncio.run(run())
+    finally:
+        site.close()
+    settled = sheds[-24:]  # the last two minutes
+    if basis == "gain":
+        assert max(abs(kw - REDUCTION_KW) for kw in sheds) < 0.03 * REDUCTION_KW
+        assert site.tracker.doc()["basis"] == "gain"
+    else:
+        assert min(settled) > REDUCTION_KW + 2.5  # the step shed as well
+
+
+def test_a_frozen_meter_is_caught_on_a_steady_hold(tmp_path):
+    """A delta held on the site's gain makes no move for hours once its shed is read, so no
+    predicted move can go unanswered: a register that holds one value exactly, where the
+    meter's noise made every reading differ, is stuck all the same, within a few settling
+    times."""
+    site = make_site(tmp_path, noise_kw=0.05, meter_noise_kw=0.05)
+
+    async def run() -> None:
+        await true_sheds(site, 600.0)
+        plans = site.tracker.pursuit.planned_kw
+        site.meter.freeze(2.0)
+        faults = []
+        for _ in range(120):
+            await site.tick()
+            faults.append((await site.power.doc())["meter"]["fault"])
+        assert site.tracker.pursuit.planned_kw == plans  # no move made, none predicted
+        caught = next(i for i, fault in enumerate(faults) if fault)
+        assert caught * site.settings.meter_period_s <= 30.0
+        assert faults[caught].startswith("stuck: ")
+        assert "where they wandered before" in faults[caught]
 
     try:
         asyncio.run(run())
