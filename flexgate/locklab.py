@@ -162,6 +162,9 @@ def site_settings(unsafe: bool) -> dict[str, Any]:
         else {}
     )
     return loop | {
+        # The loop that can lock is the integral at the meter: a delta held on the site's gain
+        # (the default) moves only to reach its shed, then holds, and pulls no job.
+        "loop_delta_basis": "meter",
         "scatter": "off",
         "scatter_spread": LAB_SCATTER_SPREAD,
         "scatter_max_spread": LAB_SCATTER_MAX_SPREAD,
