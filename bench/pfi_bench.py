@@ -36,14 +36,17 @@ otherwise count the watts it never sheds as cut for free). `gap_closed_as_planne
 share as the plan itself believes its shed (this bench's figure before issue 34's
 references). `measured` is what the gateway
 plans on (`gateway.services.curves.fields_in_force`): a fit whose PFI's standard error is at
-most 0.15 or below its prediction's is the job's curve, a monotone cubic between its levels
-(`sweep_interpolation: pchip`) and the fleet family at its PFI below them
-(`sweep_extension: family`); a fit not good enough for that is weighed with the prediction on
-the job's own grid. `measured_linear`, `measured_within_range` and `measured_not_combined`
-are the same without one part each: straight lines between the levels, nothing below them,
-the prediction alone where the fit is not good enough. The measured plans are compared on two
-further draws of 60 jobs too (`plans_other_draws`); the gap target holds only if it holds on
-all three.
+most 0.15 or below its prediction's is the job's curve, the fleet family's shape at its PFI on
+its grid through its uncapped level (`FLEXGATE_CURVE_SHAPE=family`,
+`sweep_interpolation: family`); a fit not good enough for that is weighed with the prediction
+on the job's own grid. `measured_points` plans on the measured points instead
+(`FLEXGATE_CURVE_SHAPE=points`, before: a monotone cubic between the levels,
+`sweep_interpolation: pchip`, and the fleet family at its PFI below them,
+`sweep_extension: family`); `measured_linear` and `measured_within_range` are those points
+with straight lines between the levels and with nothing below them; `measured_not_combined`
+the gateway's rule with the prediction alone where the fit is not good enough. The measured
+plans are compared on two further draws of 60 jobs too (`plans_other_draws`); the gap target
+holds only if it holds on all three.
 
     python bench/pfi_bench.py            # writes bench/results/pfi.json
 """
@@ -216,8 +219,10 @@ def probe_once(truth: dict, periods: float, seed: int, references: bool = True) 
 def beliefs(jobs: list[dict], rows: list[dict], seed: int = 5) -> dict[str, list[dict]]:
     """The job mix each planner believes: the default PFI, predicted PFIs, and the measured
     curves as the gateway uses them (`gateway.services.curves.fields_in_force` over each
-    job's prediction), and the same without each of the rule's parts: straight lines between
-    the levels, nothing below them, no weighing of fits not good enough with the prediction."""
+    job's prediction), the same planned on the measured points (`curve_shape=points`: a
+    cubic between the levels, the family below them), those with straight lines between the
+    levels and with nothing below them, and no weighing of fits not good enough with the
+    prediction."""
     rng = np.random.default_rng(seed)
     predictor = study_predictor()
     declared = [{k: v for k, v in j.items() if k not in UNKNOWN} for j in jobs]
@@ -230,7 +235,12 @@ def beliefs(jobs: list[dict], rows: list[dict], seed: int = 5) -> dict[str, list
     believed = parse_job_mix({"jobs": predicted}).jobs
 
     def measured(**rule: Any) -> list[dict]:
-        rule = {"extension": "family", "interpolation": "pchip", "combine": True} | rule
+        rule = {
+            "extension": "family",
+            "interpolation": "pchip",
+            "combine": True,
+            "shape": "family",
+        } | rule
         out = []
         for p, job, r in zip(predicted, believed, rows, strict=True):
             fields, _ = fields_in_force(job, r["fit"], max_stderr=GOOD_STDERR, **rule)
@@ -241,8 +251,9 @@ def beliefs(jobs: list[dict], rows: list[dict], seed: int = 5) -> dict[str, list
         "default": declared,
         "predicted": predicted,
         "measured": measured(),
-        "measured_linear": measured(interpolation="linear"),
-        "measured_within_range": measured(extension="none"),
+        "measured_points": measured(shape="points"),
+        "measured_linear": measured(shape="points", interpolation="linear"),
+        "measured_within_range": measured(shape="points", extension="none"),
         "measured_not_combined": measured(combine=False),
     }
 

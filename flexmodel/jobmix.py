@@ -50,7 +50,7 @@ STATIC_LOAD_RANGE_KW = (0.0, 1_000_000.0)
 #: What a sweep's curve is below its lowest cap (`flexmodel.jobs.Job.sweep_extension`).
 SWEEP_EXTENSIONS = ("none", "family")
 #: How a sweep's curve joins its points (`flexmodel.jobs.Job.sweep_interpolation`).
-SWEEP_INTERPOLATIONS = ("linear", "pchip")
+SWEEP_INTERPOLATIONS = ("linear", "pchip", "family")
 
 
 def parse_job_mix_json(

@@ -60,7 +60,10 @@ class Job:
     #: below the sweep's lowest cap: `none` (the job goes no lower) or `family` (the fleet
     #: family at the sweep's own PFI, joined to its lowest point: `extend_below`)
     sweep_extension: str = "none"
-    #: between the sweep's points: `linear` or `pchip` (a monotone cubic: `sweep_curve`)
+    #: between the sweep's points: `linear` or `pchip` (a monotone cubic: `sweep_curve`); or
+    #: `family`: not the points' shape but the fleet family's at the job's PFI on its grid
+    #: (`pfi` and `pfi_grid_w`, else the sweep's own), through the sweep's uncapped point,
+    #: over the whole cap range (`sweep_extension` then has nothing below to add)
     sweep_interpolation: str = "linear"
     min_cap_w: float = DEFAULT_MIN_CAP_W
     max_cap_w: float = DEFAULT_MAX_CAP_W
@@ -257,8 +260,11 @@ def job_curves(jobs: tuple[Job, ...] | list[Job], pfi: Array | None = None) -> C
 
 def _sweep_table(job: Job) -> Curves:
     """A sweep job's curve: its measured points, and below them the fleet family at the
-    sweep's own PFI on its own grid when the job asks for it (`sweep_extension: family`)."""
+    sweep's own PFI on its own grid when the job asks for it (`sweep_extension: family`); or,
+    with `sweep_interpolation: family`, the fleet family alone (`_sweep_family_table`)."""
     sweep = job.measured_sweep
+    if job.sweep_interpolation == "family":
+        return _sweep_family_table(job, sweep)
     measured = sweep.curve(
         job.period_s, name=f"job '{job.id}' sweep", interpolation=job.sweep_interpolation
     )
@@ -266,6 +272,27 @@ def _sweep_table(job: Job) -> Curves:
         return measured
     stand_in = replace(job, sweep=None, pfi=sweep.pfi, pfi_grid_w=sweep.grid_w)
     return extend_below(measured, _family_table([stand_in], np.array([sweep.pfi])))
+
+
+def _sweep_family_table(job: Job, sweep: MeasuredSweep) -> Curves:
+    """A sweep job planned on the fleet family's shape: the family at the job's PFI on its
+    grid (`pfi` and `pfi_grid_w` when given, as a measured curve in force sets them, else the
+    sweep's own PFI on its kept caps), through the sweep's uncapped point. A few noisy
+    levels joined by a cubic wiggle, and a planner allocates on the wiggles; the points still
+    give the PFI and the uncapped level (docs/model.md, section 1)."""
+    pfi, grid = job.pfi, job.pfi_grid_w
+    if pfi is None or grid is None:
+        if sweep.pfi is None:
+            raise InvalidSweepError(
+                f"job '{job.id}' sweep: no cap slowed the job beyond the measurement noise, "
+                "so it has no PFI for the fleet family's shape (sweep_interpolation: family)"
+            )
+        pfi, grid = sweep.pfi, sweep.grid_w
+    _, power_w, throughput = max(job.full_sweep)
+    stand_in = replace(
+        job, sweep=None, pfi=pfi, pfi_grid_w=grid, power_w=power_w, throughput=throughput
+    )
+    return _family_table([stand_in], np.array([pfi]))
 
 
 def _family_shape(jobs: list[Job]) -> FamilyShape:

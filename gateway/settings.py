@@ -225,6 +225,9 @@ class GatewaySettings(BaseSettings):
     curve_extend: Literal["family", "none"] = "family"
     #: between a measured curve's levels: a monotone cubic, or straight lines
     curve_interpolation: Literal["pchip", "linear"] = "pchip"
+    #: what a measured curve is planned on: the fleet family's shape at the measured PFI and
+    #: uncapped level, or the measured points themselves (as interpolated and extended above)
+    curve_shape: Literal["family", "points"] = "family"
 
     @property
     def tier_table(self) -> TierTable:

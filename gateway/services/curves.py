@@ -19,11 +19,16 @@
   `curve_max_pfi_stderr`, or below that of the PFI it would replace (a prediction's, the
   default's), replaces the job's curve in the job book (`JobBook.use_curves`), as a sweep in
   the job-mix form with the fitted error, so plans and quotes use it and firm kW carries its
-  uncertainty. Between its levels the curve is a monotone cubic (`curve_interpolation`);
-  below its lowest level the fleet family at the fitted PFI (`curve_extend`,
-  `flexmodel.curves.extend_below`), so measuring a job never makes it less flexible to the
-  planner than its prediction did. A fit not good enough for that is weighed with the PFI it
-  would replace, on the job's own grid (`combined`).
+  uncertainty. Its shape (`curve_shape`): by default the fleet family's at the fitted PFI
+  on the measured grid, through the measured uncapped level (`sweep_interpolation: family`):
+  the few measured levels, each off by its noise and the drift left after its removal, give
+  the PFI and the uncapped level well, their shape between them badly, and a planner given a
+  cubic through them allocates on its wiggles (docs/benchmarks.md, "PFI measured on site by
+  probing"). With `curve_shape=points`, the points themselves: a monotone cubic between the
+  levels (`curve_interpolation`) and below the lowest the fleet family at the fitted PFI
+  (`curve_extend`, `flexmodel.curves.extend_below`). Either way measuring a job never makes
+  it less flexible to the planner than its prediction did. A fit not good enough for that is
+  weighed with the PFI it would replace, on the job's own grid (`combined`).
 """
 
 from __future__ import annotations
@@ -194,12 +199,15 @@ def fields_in_force(
     interpolation: str,
     combine: bool = True,
     carry_shape_rel: float = CARRY_SHAPE_REL,
+    shape: str = "family",
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The job-mix fields a fit sets over the job `job` (as declared, with its prediction),
     and why the measured curve itself is not in force (None when it is).
 
-    A good enough fit (`verdict`) sets its curve: the measured points joined by
-    `interpolation`, the fleet family at its PFI below them (`extension`). A fit not good
+    A good enough fit (`verdict`) sets its curve: with `shape="points"` the measured points
+    joined by `interpolation`, the fleet family at its PFI below them (`extension`); with
+    `shape="family"` the fleet family's shape at its PFI on its grid through its uncapped
+    point (`sweep_interpolation: family`, the points kept for what they say). A fit not good
     enough on its own still says something: with `combine`, its PFI, carried to the job's
     own grid through the fleet family (`flexmodel.jobs.pfi_on_own_grid`), is weighed with the
     PFI it would replace (a prediction, a declaration with its error, the default) by their
@@ -211,7 +219,7 @@ def fields_in_force(
     why = verdict(fit, max_stderr, replaced)
     if why is None and fit is not None:
         sweep = fit["sweep"]
-        return {
+        fields = {
             "power_w": sweep[-1]["power_w"],
             "power_stderr_w": fit.get("power_stderr_w"),  # None in fits stored before it
             "pfi": fit["pfi"],
@@ -219,7 +227,10 @@ def fields_in_force(
             "sweep": sweep,
             "sweep_extension": extension,
             "sweep_interpolation": interpolation,
-        }, None
+        }
+        if shape == "family":  # the PFI is on the measured grid: the family is read there
+            fields |= {"sweep_interpolation": "family", "pfi_grid_w": list(fit["grid_w"])}
+        return fields, None
     plausible = fit is not None and PFI_RANGE[0] <= (fit.get("pfi") or 0.0) <= PFI_RANGE[1]
     if not (combine and plausible and replaced > 0 and fit and fit["pfi_stderr"] > 0):
         return None, why
@@ -335,6 +346,7 @@ class JobCurves:
             max_stderr=self.settings.curve_max_pfi_stderr,
             extension=self.settings.curve_extend,
             interpolation=self.settings.curve_interpolation,
+            shape=self.settings.curve_shape,
         )
 
     async def harvest(

@@ -232,7 +232,10 @@ def test_the_extension_continues_the_jobs_own_curve_when_the_family_is_its_truth
     [
         ({"sweep_extension": "linear"}, "'sweep_extension' must be one of none, family"),
         ({"sweep_extension": "family", "sweep": None}, "'sweep_extension' needs a 'sweep'"),
-        ({"sweep_interpolation": "cubic"}, "'sweep_interpolation' must be one of linear, pchip"),
+        (
+            {"sweep_interpolation": "cubic"},
+            "'sweep_interpolation' must be one of linear, pchip, family",
+        ),
         ({"sweep_interpolation": "pchip", "sweep": None}, "'sweep_interpolation' needs a"),
     ],
 )
@@ -240,6 +243,38 @@ def test_a_bad_sweep_option_is_refused_naming_it(doc, message):
     base = PROBED_JOB | {"sweep": _probed(0.3, PROBED_CAPS)}
     with pytest.raises(InvalidJobError, match=message):
         parse_job_mix({"jobs": [{k: v for k, v in (base | doc).items() if v is not None}]})
+
+
+def test_a_sweep_planned_on_the_family_shape_is_the_family_at_its_pfi():
+    """`sweep_interpolation: family`: the curve is the fleet family at the job's PFI on its
+    grid (the sweep's own without one) through the sweep's uncapped point, over the whole cap
+    range, not the points: a wiggle in a level moves the PFI, not the shape."""
+    points = _probed(0.3, PROBED_CAPS)
+    points[1] = points[1] | {"throughput": points[1]["throughput"] * 1.004}  # a noisy level
+    swept = PROBED_JOB | {"sweep": points, "sweep_interpolation": "family"}
+    mix = parse_job_mix({"jobs": [swept]})
+    own = mix.jobs[0].measured_sweep
+    family = parse_job_mix(
+        {"jobs": [PROBED_JOB | {"pfi": own.pfi, "pfi_grid_w": list(own.grid_w)}]}
+    ).curves
+    for label in ("cap_w", "power_w", "throughput"):
+        assert getattr(mix.curves, label) == pytest.approx(getattr(family, label)), label
+    assert mix.curves.cap_w[0, 0] == pytest.approx(200.0)  # the whole cap range
+    # Not through the wiggled level, as the points (pchip) are.
+    pchip = parse_job_mix({"jobs": [swept | {"sweep_interpolation": "pchip"}]}).curves
+    at = points[1]["cap_w"]
+    assert operating_point(pchip, at)[1][0] == pytest.approx(points[1]["throughput"])
+    assert abs(operating_point(mix.curves, at)[1][0] - points[1]["throughput"]) > 10.0
+    # A PFI given with its grid (a measured curve in force) is the one the family is read at.
+    given = parse_job_mix({"jobs": [swept | {"pfi": 2.0, "pfi_grid_w": [500.0, 700.0]}]})
+    at_given = parse_job_mix(
+        {"jobs": [PROBED_JOB | {"pfi": 2.0, "pfi_grid_w": [500.0, 700.0]}]}
+    ).curves
+    assert given.curves.throughput == pytest.approx(at_given.throughput)
+    # No cap slowed the job: no PFI, no family to plan on.
+    flat = [p | {"throughput": 20000.0} for p in points]
+    with pytest.raises(InvalidSweepError, match="no PFI for the fleet family's shape"):
+        parse_job_mix({"jobs": [swept | {"sweep": flat}]})
 
 
 WIDE_CAPS = (400.0, 500.0, 600.0, 700.0)

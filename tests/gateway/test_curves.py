@@ -24,6 +24,7 @@ from gateway.services.curves import (
     verdict,
 )
 from gateway.services.probecaps import probe_caps
+from gateway.settings import GatewaySettings
 
 
 def job_doc(job_id: str, pfi: float, period_s: float, power_w: float = 640.0) -> dict:
@@ -241,13 +242,14 @@ def test_a_fit_not_good_enough_is_weighed_with_the_pfi_it_would_replace():
     assert fields_in_force(swept, fit, **rule)[0] is None
     assert fields_in_force(job, fit | {"pfi": 40.0}, **rule)[0] is None
     assert fields_in_force(job, fit, **rule, combine=False)[0] is None
-    # A good enough fit sets its curve, joined as told.
+    # A good enough fit sets its curve, joined as told when planned on its points.
     good, why = fields_in_force(
-        job, fit | {"pfi_stderr": 0.1, "sweep": [{"power_w": 600.0}]}, **rule
+        job, fit | {"pfi_stderr": 0.1, "sweep": [{"power_w": 600.0}]}, **rule, shape="points"
     )
     assert why is None
     assert good["sweep_interpolation"] == "pchip"
     assert good["sweep_extension"] == "family"
+    assert "pfi_grid_w" not in good
     assert good["power_stderr_w"] is None  # a fit stored before it was kept: declared error
     measured, _ = fields_in_force(
         job,
@@ -255,6 +257,39 @@ def test_a_fit_not_good_enough_is_weighed_with_the_pfi_it_would_replace():
         **rule,
     )
     assert measured["power_stderr_w"] == 2.5
+
+
+def test_a_measured_curve_is_planned_on_the_family_shape_at_its_pfi():
+    """By default (`FLEXGATE_CURVE_SHAPE=family`) a fit in force is planned on the fleet
+    family at its PFI on its grid through its uncapped level, not on a cubic through its few
+    noisy levels: the planner's curve is that of a family job of that PFI, grid and power."""
+    assert GatewaySettings.model_fields["curve_shape"].default == "family"
+    doc = job_doc("f", 1.35, 1.0) | {"pfi_stderr": 0.3}
+    job = parse_job_mix({"jobs": [doc]}).jobs[0]
+    levels = ((520.0, 505.0, 18100.0), (610.0, 578.0, 19650.0), (700.0, 640.0, 20000.0))
+    fit = {
+        "pfi": 1.9,
+        "pfi_stderr": 0.05,
+        "grid_w": [520.0, 610.0, 700.0],
+        "sweep": [{"cap_w": c, "power_w": p, "throughput": t} for c, p, t in levels],
+    }
+    rule = {"max_stderr": 0.15, "extension": "family", "interpolation": "pchip"}
+    fields, why = fields_in_force(job, fit, **rule)
+    assert why is None
+    assert fields["sweep_interpolation"] == "family"
+    assert fields["pfi_grid_w"] == fit["grid_w"]
+    planned = parse_job_mix({"jobs": [doc | fields]}).curves
+    family = parse_job_mix(
+        {"jobs": [doc | {"pfi": 1.9, "pfi_grid_w": fit["grid_w"], "power_w": 640.0}]}
+    ).curves
+    for label in ("cap_w", "power_w", "throughput"):
+        assert getattr(planned, label) == pytest.approx(getattr(family, label)), label
+    # The points (as before, `FLEXGATE_CURVE_SHAPE=points`) pass through the middle level,
+    # which the family does not.
+    points, _ = fields_in_force(job, fit, **rule, shape="points")
+    on_points = parse_job_mix({"jobs": [doc | points]}).curves
+    assert operating_point(on_points, 610.0)[1][0] == pytest.approx(19650.0)
+    assert abs(operating_point(planned, 610.0)[1][0] - 19650.0) > 20.0
 
 
 def _swept(job_id: str) -> dict:
