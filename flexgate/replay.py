@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import numpy as np
 
@@ -154,6 +154,13 @@ class ShapedMeter:
         return None
 
 
+def _zone(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ReplayError(f"timezone: no time zone {name!r} in the IANA database") from None
+
+
 def _align(at: datetime, *, up: bool) -> datetime:
     seconds = at.timestamp() / ALIGN_S
     return datetime.fromtimestamp(
@@ -200,7 +207,7 @@ class Replay:
             gpus_per_node=gpus_per_node,
             seed=seed,
             folder=folder,
-            start=datetime.combine(self.history_from, time(0), tzinfo=ZoneInfo(timezone)),
+            start=datetime.combine(self.history_from, time(0), tzinfo=_zone(timezone)),
             static_load_kw=static_kw,
             site_timezone=timezone,
             settlement_rules=rules,

@@ -56,10 +56,14 @@ def test_a_short_replay_settles_its_events_near_what_they_delivered(tmp_path, ca
         store.close()
 
 
-def test_a_replay_of_more_events_than_weekdays_is_bad_input(tmp_path, capsys):
+def test_more_events_than_weekdays_an_unknown_preset_or_zone_are_bad_input(tmp_path, capsys):
     argv = ["replay", "--days", "3", "--events", "5", "--start", "2026-06-05"]
     assert main([*argv, "--out", str(tmp_path)]) == 2
     assert "5 events need as many weekdays; 3 days hold 1" in capsys.readouterr().err
+    assert main(["replay", "--rules", "9of9", "--out", str(tmp_path)]) == 2
+    assert "'9of9' is not a baseline preset" in capsys.readouterr().err
+    assert main(["replay", "--timezone", "Mars/Base", "--out", str(tmp_path)]) == 2
+    assert "no time zone 'Mars/Base'" in capsys.readouterr().err
 
 
 def test_events_fall_on_distinct_weekdays_in_the_afternoon_and_the_holiday_is_kept():

@@ -15,6 +15,8 @@ import time
 from datetime import date
 from typing import Any
 
+from pydantic import ValidationError
+
 from flexgate.cli import output
 from flexgate.cli.readers import BadInputError
 from flexgate.cli.report import write_report
@@ -40,8 +42,10 @@ def run_replay(args: argparse.Namespace) -> int:
             rules=args.rules,
             interval_min=args.interval_min,
         )
-    except ValueError as exc:  # the settings refuse a zone, a preset or an interval
-        raise BadInputError(str(exc).splitlines()[-1].strip()) from None
+    except ValidationError as exc:  # the settings refuse a zone, a preset or an interval
+        raise BadInputError("; ".join(e["msg"] for e in exc.errors())) from None
+    except ReplayError as exc:
+        raise BadInputError(str(exc)) from None
     try:
         result = asyncio.run(replay.run())
     except ReplayError as exc:
