@@ -25,6 +25,7 @@ import math
 import tempfile
 import zlib
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,7 @@ class SimulatedSite:
         sample_hz: float = 0.0,
         metered: bool = True,
         sensor: SensorModel | None = None,
+        start: datetime | None = None,
         **settings: Any,
     ) -> None:
         """`settings` override the gateway's (FLEXGATE_ names without the prefix). With
@@ -192,8 +194,9 @@ class SimulatedSite:
         number of samples), and reconciliation rounds run. Not `metered`, the gateway is
         given no meter and estimates the facility from the agents' power (the loop closes on
         that estimate); the simulated meter still reads the truth for the caller. `sensor`:
-        the GPUs' power sensor the agents read through (`flexmodel.sensors`; None: none)."""
-        self.clock = SteppedClock()
+        the GPUs' power sensor the agents read through (`flexmodel.sensors`; None: none).
+        `start`: the wall clock's first instant (default `SteppedClock`'s)."""
+        self.clock = SteppedClock(start)
         self.folder = folder or Path(tempfile.mkdtemp(prefix="flexgate-simsite-"))
         mix = parse_job_mix({"jobs": truth.jobs})
         names = sorted({p.node for j in mix.jobs for p in j.placement or ()})

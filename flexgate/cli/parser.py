@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from datetime import datetime
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -371,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     vtn.set_defaults(command=commands.run_mock_vtn, name="mock-vtn")
     _add_characterise(sub)
     _add_report(sub)
+    _add_replay(sub)
     return parser
 
 
@@ -460,6 +461,95 @@ def _add_report(sub: Any) -> None:
     )
     verb.add_argument("--json", action="store_true", help="print one JSON document")
     verb.set_defaults(command=_report, name="report")
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from flexgate.cli.replay import run_replay  # the simulated site's modules load when asked
+
+    return run_replay(args)
+
+
+def _day(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a day as YYYY-MM-DD, got {text!r}") from None
+
+
+def _add_replay(sub: Any) -> None:
+    verb = sub.add_parser(
+        "replay",
+        help="a lab replay of days of a site with events, settled as the month's report",
+        description="Synthesises the site's meter history into a gateway store (a daily "
+        "cycle, noise, weekends and a holiday lower), runs each event through the gateway's "
+        "loop on a simulated site, settles every event under the program's baselines and "
+        "writes the report's CSV and HTML (docs/operations.md, 'Settlement').",
+    )
+    verb.add_argument(
+        "--days", type=_positive_int, default=30, metavar="N", help="days replayed (default 30)"
+    )
+    verb.add_argument(
+        "--events",
+        type=_positive_int,
+        default=10,
+        metavar="N",
+        help="events, on distinct weekdays (default 10)",
+    )
+    verb.add_argument(
+        "--start",
+        type=_day,
+        default=date(2026, 6, 1),
+        metavar="YYYY-MM-DD",
+        help="the first day replayed (default 2026-06-01)",
+    )
+    verb.add_argument(
+        "--history-days",
+        type=_positive_int,
+        default=21,
+        metavar="N",
+        help="quiet days of history before it, for the baselines (default 21)",
+    )
+    verb.add_argument(
+        "--resolution-s",
+        type=int,
+        choices=(60, 300),
+        default=60,
+        metavar="S",
+        help="the synthesised history's sample period: 60 or 300 (default 60)",
+    )
+    verb.add_argument(
+        "--nodes",
+        type=_positive_int,
+        default=2,
+        metavar="N",
+        help="simulated nodes of 8 GPUs (default 2)",
+    )
+    verb.add_argument(
+        "--timezone",
+        default="America/New_York",
+        metavar="ZONE",
+        help="the site's time zone (default America/New_York)",
+    )
+    verb.add_argument(
+        "--rules",
+        default="10of10,sameday-3+2",
+        metavar="PRESETS",
+        help="baseline presets, comma-separated (default 10of10,sameday-3+2)",
+    )
+    verb.add_argument(
+        "--interval-min",
+        type=int,
+        choices=(1, 5, 15, 30, 60),
+        default=15,
+        metavar="MIN",
+        help="settlement interval: 1, 5, 15, 30 or 60 (default 15)",
+    )
+    verb.add_argument("--seed", type=_seed, default=1, metavar="N", help="default 1")
+    verb.add_argument(
+        "--out", type=Path, default=Path("out"), metavar="DIR", help="folder (default out)"
+    )
+    verb.add_argument("--json", action="store_true", help="print one JSON document")
+    verb.set_defaults(command=_replay, name="replay")
 
 
 def _add_controller(verb: Any) -> None:

@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -56,23 +57,35 @@ def run_report(args: argparse.Namespace) -> int:
     except GatewayFailedError as exc:
         print(f"flexgate report: failed: {exc}", file=sys.stderr)
         return 1
-    args.out.mkdir(parents=True, exist_ok=True)
-    csv_path, html_path = args.out / f"{stem}.csv", args.out / f"{stem}.html"
-    rows = write_csv(csv_path, settlements)
-    html_path.write_text(render_html(title, settlements, events, contexts), encoding="utf-8")
-    doc = {
-        "csv": str(csv_path),
-        "html": str(html_path),
-        "rows": rows,
-        "events": [_summary(d) for d in settlements],
-    }
+    doc = write_report(args.out, stem, title, settlements, events, contexts)
     if args.json:
         output.print_json(doc)
     else:
-        print(f"{len(settlements)} event(s), {rows} interval rows")
-        print(f"CSV:  {csv_path}")
-        print(f"HTML: {html_path}")
+        print(f"{len(settlements)} event(s), {doc['rows']} interval rows")
+        print(f"CSV:  {doc['csv']}")
+        print(f"HTML: {doc['html']}")
     return 0
+
+
+def write_report(
+    out: Path,
+    stem: str,
+    title: str,
+    settlements: list[dict[str, Any]],
+    events: dict[str, dict[str, Any]],
+    contexts: dict[str, list[dict[str, Any]]],
+) -> dict[str, Any]:
+    """`out/stem.csv` and `out/stem.html`; the report's JSON document (`--json`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, html_path = out / f"{stem}.csv", out / f"{stem}.html"
+    rows = write_csv(csv_path, settlements)
+    html_path.write_text(render_html(title, settlements, events, contexts), encoding="utf-8")
+    return {
+        "csv": str(csv_path),
+        "html": str(html_path),
+        "rows": rows,
+        "events": [summary(d) for d in settlements],
+    }
 
 
 def _get(api: httpx.Client, path: str, params: dict[str, Any] | None = None) -> Any:
@@ -132,7 +145,7 @@ def _context(api: httpx.Client, doc: dict[str, Any]) -> list[dict[str, Any]]:
     return history
 
 
-def _summary(doc: dict[str, Any]) -> dict[str, Any]:
+def summary(doc: dict[str, Any]) -> dict[str, Any]:
     zone = ZoneInfo(doc["timezone"])
     return {
         "event_id": doc["event_id"],
