@@ -33,6 +33,7 @@ from flexmodel.errors import InvalidJobError
 from flexmodel.quote import DEFAULT_POWER_UNCERTAINTY
 from flexmodel.tiers import TierTable
 from gateway.meter.sources import DEFAULT_JSON_KEY, open_meter
+from gateway.settingsfiles import read_agents_file, url_with_password
 
 LAB_API_TOKEN = "lab-api-token"
 #: The OpenADR 3.1 mock VTN's lab client (`flexgate mock-vtn --openadr 3.1`), used with
@@ -47,6 +48,9 @@ class GatewaySettings(BaseSettings):
     )
 
     database_url: str = "sqlite:///.flexgate/gateway.db"
+    #: the store's password, read from this file (a mounted secret) into the URL; None: the
+    #: URL's own, if any
+    database_password_file: Path | None = None
     api_token: SecretStr = SecretStr("")
     read_token: SecretStr | None = None
     #: without a read token, reads (the dashboard, the API's GETs, quotes) are open to anyone
@@ -62,6 +66,9 @@ class GatewaySettings(BaseSettings):
     agents: str = Field(
         default="", description="comma-separated agent base URLs (node ids over NATS)"
     )
+    #: the agents one a line (URLs, or node ids over NATS; `#` comments), instead of
+    #: FLEXGATE_AGENTS
+    agents_file: Path | None = None
     transport: Literal["http", "nats"] = "http"
     nats_url: str = "nats://127.0.0.1:4222"
     nats_token: SecretStr | None = None
@@ -262,6 +269,7 @@ class GatewaySettings(BaseSettings):
 
     @model_validator(mode="after")
     def _refuse_placeholders(self) -> GatewaySettings:
+        self._read_files()
         for name, lab_value in (("api_token", LAB_API_TOKEN), ("agent_token", LAB_TOKEN)):
             token = getattr(self, name).get_secret_value()
             if name == "agent_token" and self.node_token_secret is not None:
@@ -317,6 +325,15 @@ class GatewaySettings(BaseSettings):
                 f"FLEXGATE_SCATTER_SPREAD ({self.scatter_spread:g}): the spread only widens"
             )
         return self
+
+    def _read_files(self) -> None:
+        """FLEXGATE_AGENTS_FILE into `agents`, the password file into `database_url`."""
+        if self.agents_file is not None:
+            if self.agents.strip():
+                raise ValueError("set FLEXGATE_AGENTS or FLEXGATE_AGENTS_FILE, not both")
+            self.agents = ",".join(read_agents_file(self.agents_file))
+        if self.database_password_file is not None:
+            self.database_url = url_with_password(self.database_url, self.database_password_file)
 
     def _check_node_token_secret(self) -> None:
         assert self.node_token_secret is not None
