@@ -380,6 +380,8 @@ def run_agent(args: argparse.Namespace) -> int:
         settings = AgentSettings(**overrides)
     except ValidationError as exc:
         raise BadInputError(_first_error(exc)) from None
+    if args.restore:
+        return restore_agent(settings)
     if settings.agent_job_mix is not None:
         read_job_mix(settings.agent_job_mix)  # bad input is said before anything starts
     try:
@@ -390,6 +392,22 @@ def run_agent(args: argparse.Namespace) -> int:
         raise BadInputError(
             f"{exc} (set --gpus to the node's GPU count, or fix the job mix's placement)"
         ) from None
+    return 0
+
+
+def restore_agent(settings: Any) -> int:
+    """`flexgate agent --restore`: one line per GPU; exit 1 when a GPU's restore failed."""
+    from agents.errors import InvalidSetupError
+    from agents.restore import RestoreFailedError, run_restore
+
+    try:
+        lines = run_restore(settings)
+    except InvalidSetupError as exc:
+        raise BadInputError(str(exc)) from None
+    except RestoreFailedError as exc:
+        print(f"flexgate agent --restore: failed: {exc}", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
     return 0
 
 

@@ -234,6 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument(
         "--lab", action="store_true", help="lab mode: without a token, a fixed lab token is used"
     )
+    agent.add_argument(
+        "--restore",
+        action="store_true",
+        help="restore every GPU the state directory lists to its original limit, then exit "
+        "(a unit's ExecStopPost; refused while an agent answers on --port)",
+    )
     agent.set_defaults(command=commands.run_agent, name="agent")
 
     agent_token = sub.add_parser(
