@@ -1,0 +1,216 @@
+"""The deployment artefacts of deploy/ (docs/deploy.md), checked as far as this machine can:
+the systemd units by `systemd-analyze verify`, the Kubernetes manifests against Kubernetes'
+own schemas (`kubernetes-validate`, offline), and every setting they and the env-file templates
+name loaded by the settings classes, which refuse what a site would get wrong."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from agents.settings import AgentSettings
+from flexgate.cli.parser import build_parser
+from gateway.settings import GatewaySettings
+from tests.conftest import ROOT
+
+DEPLOY = ROOT / "deploy"
+UNITS = DEPLOY / "systemd"
+MANIFESTS = DEPLOY / "kubernetes"
+INSTALLED_FLEXGATE = "/opt/flexgate/bin/flexgate"
+#: The flexgate of the interpreter running the tests: what verify finds at ExecStart.
+HERE_FLEXGATE = str(Path(sys.executable).parent / "flexgate")
+SECRET = "deploy-test-secret-0123456789abcdef"
+
+
+def unit_folder(tmp_path: Path, *, flexgate: str = HERE_FLEXGATE) -> Path:
+    """The units and the agent's non-root drop-in, their programs at `flexgate`."""
+    folder = tmp_path / "units"
+    (folder / "flexgate-agent.service.d").mkdir(parents=True)
+    for unit in UNITS.glob("*.service"):
+        text = unit.read_text(encoding="utf-8").replace(INSTALLED_FLEXGATE, flexgate)
+        (folder / unit.name).write_text(text, encoding="utf-8")
+    shutil.copy(UNITS / "flexgate-agent-nonroot.conf", folder / "flexgate-agent.service.d")
+    return folder
+
+
+def verify(folder: Path) -> subprocess.CompletedProcess[str]:
+    systemd_analyze = shutil.which("systemd-analyze")
+    if systemd_analyze is None:
+        pytest.skip("systemd-analyze is not installed (Debian's systemd package has it)")
+    units = sorted(p.name for p in folder.glob("*.service"))
+    return subprocess.run(
+        [systemd_analyze, "verify", "--man=no", *units],
+        cwd=folder,
+        env={**os.environ, "SYSTEMD_UNIT_PATH": f"{folder}:"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_systemd_units_pass_verification_without_a_warning(tmp_path):
+    done = verify(unit_folder(tmp_path))
+    # An unknown or misspelt key is only a warning (exit 0): none is allowed either.
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_verification_catches_a_unit_whose_program_is_missing(tmp_path):
+    done = verify(unit_folder(tmp_path, flexgate="/nonexistent/flexgate"))
+    assert done.returncode != 0
+    assert "/nonexistent/flexgate" in done.stderr
+
+
+def unit_commands(name: str) -> dict[str, list[str]]:
+    text = (UNITS / name).read_text(encoding="utf-8")
+    return {
+        key: shlex.split(value)
+        for key, value in re.findall(r"^(Exec\w+)=(.+)$", text, flags=re.MULTILINE)
+    }
+
+
+def test_the_agent_unit_restores_after_every_stop_and_keeps_its_state():
+    commands = unit_commands("flexgate-agent.service")
+    parser = build_parser()
+    serve = parser.parse_args(commands["ExecStart"][1:])
+    restore = parser.parse_args(commands["ExecStopPost"][1:])
+    assert (serve.name, serve.backend, serve.restore) == ("agent", "nvml", False)
+    assert (restore.name, restore.backend, restore.restore) == ("agent", "nvml", True)
+    text = (UNITS / "flexgate-agent.service").read_text(encoding="utf-8")
+    assert "StateDirectory=flexgate-agent" in text
+    assert "Environment=FLEXGATE_AGENT_STATE_DIR=%S/flexgate-agent" in text
+    assert "Restart=on-failure" in text
+    nonroot = (UNITS / "flexgate-agent-nonroot.conf").read_text(encoding="utf-8")
+    assert "AmbientCapabilities=CAP_SYS_ADMIN" in nonroot
+    gateway = parser.parse_args(unit_commands("flexgate-gateway.service")["ExecStart"][1:])
+    assert gateway.name == "gateway"
+
+
+def manifests() -> list[tuple[str, dict]]:
+    return [
+        (f"{path.name}:{doc['kind']}/{doc['metadata']['name']}", doc)
+        for path in sorted(MANIFESTS.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8"))
+        if doc
+    ]
+
+
+@pytest.mark.parametrize(("name", "doc"), manifests(), ids=[n for n, _ in manifests()])
+def test_each_manifest_passes_kubernetes_schemas(name, doc):
+    kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_a_misspelt_field_fails_the_schemas():
+    (doc,) = [d for n, d in manifests() if n.endswith("DaemonSet/flexgate-agent")]
+    pod = doc["spec"]["template"]["spec"]
+    pod["nodeSelecter"] = pod.pop("nodeSelector")
+    with pytest.raises(kubernetes_validate.ValidationError, match="nodeSelecter"):
+        kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+
+
+def one(kind: str, name: str) -> dict:
+    (doc,) = [d for n, d in manifests() if n.endswith(f"{kind}/{name}")]
+    return doc
+
+
+def test_the_agent_runs_on_gpu_nodes_only_with_nvml_and_the_kubelets_socket_read_only():
+    pod = one("DaemonSet", "flexgate-agent")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["runtimeClassName"] == "nvidia"
+    (agent,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert "nvidia.com/gpu" not in str(agent["resources"])  # it takes no GPU from the jobs
+    assert agent["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    hosts = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert hosts["pod-resources"] == "/var/lib/kubelet/pod-resources"
+    assert mounts["pod-resources"]["readOnly"] is True
+    socket = Path(env["FLEXGATE_AGENT_PODRESOURCES_SOCKET"])
+    assert socket.parent == Path(mounts["pod-resources"]["mountPath"])
+    # The originals outlive the pod: a host folder, where the state directory is.
+    assert hosts["state"] == env["FLEXGATE_AGENT_STATE_DIR"] == mounts["state"]["mountPath"]
+    assert agent["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_the_daemonsets_settings_load_as_the_agents(monkeypatch, tmp_path):
+    (agent,) = one("DaemonSet", "flexgate-agent")["spec"]["template"]["spec"]["containers"]
+    values = {e["name"]: e.get("value") for e in agent["env"] if e["name"].startswith("FLEXGATE_")}
+    values |= {"FLEXGATE_AGENT_NODE_ID": "gpu-node-01", "FLEXGATE_AGENT_TOKEN": SECRET}
+    assert set(values) == {name for name in values if name.startswith("FLEXGATE_AGENT_")}
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    loaded = AgentSettings(agent_backend=agent["args"][agent["args"].index("--backend") + 1])
+    assert (loaded.agent_host, loaded.agent_port) == ("0.0.0.0", 9100)
+
+
+def secret_files(tmp_path: Path) -> Path:
+    folder = tmp_path / "secrets"
+    folder.mkdir()
+    (folder / "db-password").write_text("db-password-from-a-secret\n")
+    (folder / "db-ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    (folder / "agents.txt").write_text(one("ConfigMap", "flexgate-agents")["data"]["agents.txt"])
+    return folder
+
+
+def test_the_gateways_manifests_load_as_its_settings(monkeypatch, tmp_path):
+    files = secret_files(tmp_path)
+    data = one("ConfigMap", "flexgate-gateway")["data"]
+    deployment = one("Deployment", "flexgate-gateway")["spec"]["template"]["spec"]
+    (gateway,) = deployment["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in gateway["volumeMounts"]}
+    for name, value in data.items():
+        for mount in (mounts["secrets"], mounts["agents"]):
+            value = value.replace(f"{mount}/", f"{files}/")
+        monkeypatch.setenv(name, value)
+    for secret in gateway["env"]:
+        monkeypatch.setenv(secret["name"], SECRET)
+    loaded = GatewaySettings()
+    assert loaded.agent_urls == ["http://gpu-node-01:9100", "http://gpu-node-02:9100"]
+    assert ":db-password-from-a-secret@" in loaded.database_url
+    assert (loaded.job_source, loaded.openadr) == ("kubernetes", "3.1")
+
+
+def env_file(path: Path) -> tuple[dict[str, str], set[str]]:
+    """The template's settings (name -> value) and the optional ones it names commented out."""
+    text = path.read_text(encoding="utf-8")
+    values = dict(re.findall(r"^(FLEXGATE_\w+)=(.*)$", text, flags=re.MULTILINE))
+    optional = set(re.findall(r"^#(FLEXGATE_\w+)=", text, flags=re.MULTILINE))
+    return values, optional
+
+
+@pytest.mark.parametrize(
+    ("template", "settings"),
+    [("site.env.example", GatewaySettings), ("agent.env.example", AgentSettings)],
+)
+def test_every_name_in_the_env_templates_is_a_documented_setting(template, settings):
+    values, optional = env_file(DEPLOY / template)
+    documented = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    fields = {f"FLEXGATE_{name.upper()}" for name in settings.model_fields}
+    names = set(values) | optional
+    assert names - fields == set()
+    assert [n for n in sorted(names) if f"`{n}`" not in documented] == []
+    assert 1 <= len(values) <= 25  # the few a site needs, not all of them
+
+
+def test_the_site_template_loads_once_its_blanks_are_filled(monkeypatch, tmp_path):
+    values, _ = env_file(DEPLOY / "site.env.example")
+    files = secret_files(tmp_path)
+    monkeypatch.setenv("FLEXGATE_DATABASE_PASSWORD_FILE", str(files / "db-password"))
+    for name, value in values.items():
+        monkeypatch.setenv(name, value.replace("/etc/flexgate/", f"{files}/") or SECRET)
+    loaded = GatewaySettings()
+    assert loaded.meter_url.startswith("modbus://")
+    assert loaded.agent_urls == ["http://gpu-node-01:9100", "http://gpu-node-02:9100"]
+    monkeypatch.setenv("FLEXGATE_API_TOKEN", values["FLEXGATE_API_TOKEN"])
+    with pytest.raises(ValueError, match="FLEXGATE_API_TOKEN"):  # a blank left as shipped
+        GatewaySettings()
