@@ -12,6 +12,10 @@ The secrets are taken from the environment (FLEXGATE_API_TOKEN, FLEXGATE_AGENT_T
 POSTGRES_PASSWORD) or made for this run, and reach docker-compose only through its environment.
 `Stack` is also what the compose tests drive their faults with.
 
+The images are built by flexgate.imagebuild, which trusts the host's CA bundle by default (a
+TLS-intercepting proxy's) and says in one line, naming FLEXGATE_BUILD_CA, when pip cannot reach
+or verify PyPI.
+
 Errors: `ComposeError` (a docker or docker-compose command failed, or a service never became
 healthy), with the command's output in the message.
 """
@@ -22,8 +26,6 @@ import argparse
 import json
 import os
 import secrets
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -34,6 +36,11 @@ from typing import Any
 import httpx
 from rich.console import Console
 
+# Re-exported: the compose tests and `make compose-lab`'s callers name them here.
+from flexgate.imagebuild import BUILD_CA as BUILD_CA
+from flexgate.imagebuild import IMAGE as IMAGE
+from flexgate.imagebuild import POSTGRES_IMAGE as POSTGRES_IMAGE
+from flexgate.imagebuild import ComposeError, build_images, run
 from flexgate.labreport import read_result, report, watch
 from flexgate.mockvtn import read_scenario
 from flexgate.serve import free_port
@@ -42,57 +49,12 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 SITE = ROOT / "examples" / "compose-site.json"
 SCENARIO = ROOT / "examples" / "compose-scenario.json"
-IMAGE = "flexgate:latest"
-POSTGRES_IMAGE = "flexgate-postgres:15"
 AGENTS = ("agent-1", "agent-2")
 SECRET_NAMES = ("FLEXGATE_API_TOKEN", "FLEXGATE_AGENT_TOKEN", "POSTGRES_PASSWORD")
-#: Where the Dockerfile's build stage looks for a TLS-intercepting network's CA bundle.
-BUILD_CA = ROOT / "docker" / "build-ca" / "ca-certificates.crt"
-
-
-class ComposeError(RuntimeError):
-    """A docker or docker-compose command failed, or a service never became healthy."""
-
-
-def run(command: list[str], *, timeout_s: float, env: dict[str, str] | None = None) -> str:
-    """Run a docker or docker-compose command; its stdout, or ComposeError with its stderr."""
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout_s, env=env, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise ComposeError(f"`{' '.join(command)}` took over {timeout_s:g} s") from exc
-    except FileNotFoundError as exc:
-        raise ComposeError(f"{command[0]} is not installed") from exc
-    if done.returncode != 0:
-        raise ComposeError(
-            f"`{' '.join(command)}` failed ({done.returncode}): {done.stderr.strip()[-2000:]}"
-        )
-    return done.stdout
 
 
 def docker(*args: str, timeout_s: float = 120.0) -> str:
     return run(["docker", *args], timeout_s=timeout_s)
-
-
-def build_images(*, postgres: bool = False) -> None:
-    """Build flexgate's image (and PostgreSQL's); FLEXGATE_BUILD_CA names a CA bundle for pip.
-
-    The bases (python:3.11-slim, debian:bookworm-slim) are pulled as usual, or made offline by
-    scripts/local-base-image.sh beforehand.
-    """
-    ca = os.environ.get("FLEXGATE_BUILD_CA")
-    if ca:
-        source = Path(ca)
-        if not source.is_file():
-            raise ComposeError(f"FLEXGATE_BUILD_CA={ca}: no such file")
-        if not BUILD_CA.exists() or BUILD_CA.read_bytes() != source.read_bytes():
-            shutil.copyfile(source, BUILD_CA)
-    builds = [(IMAGE, ROOT)] + (
-        [(POSTGRES_IMAGE, ROOT / "docker" / "postgres")] if postgres else []
-    )
-    for tag, context in builds:
-        docker("build", "--quiet", "--force-rm", "-t", tag, str(context), timeout_s=900)
 
 
 def published_port(text: str | None) -> int:
