@@ -13,14 +13,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import kubernetes_validate
 import pytest
 import yaml
+from fastapi import FastAPI, Request
 
 from agents.settings import AgentSettings
 from flexgate.cli.parser import build_parser
+from flexgate.serve import ServerThread, free_port
 from gateway.settings import GatewaySettings
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 
 DEPLOY = ROOT / "deploy"
 UNITS = DEPLOY / "systemd"
@@ -214,3 +217,83 @@ def test_the_site_template_loads_once_its_blanks_are_filled(monkeypatch, tmp_pat
     monkeypatch.setenv("FLEXGATE_API_TOKEN", values["FLEXGATE_API_TOKEN"])
     with pytest.raises(ValueError, match="FLEXGATE_API_TOKEN"):  # a blank left as shipped
         GatewaySettings()
+
+
+def nginx_config(tmp_path: Path, port: int, upstream: str) -> Path:
+    """deploy/nginx-vtn-notifications.conf in a server of its own: on a loopback port, with a
+    certificate made here, in front of `upstream`."""
+    key, cert = tmp_path / "proxy.key", tmp_path / "proxy.crt"
+    openssl = [
+        "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert),
+    ]  # fmt: skip
+    subprocess.run(openssl, check=True, capture_output=True)
+    site = (DEPLOY / "nginx-vtn-notifications.conf").read_text(encoding="utf-8")
+    site = site.replace("listen 443 ssl;", f"listen 127.0.0.1:{port} ssl;")
+    site = site.replace("listen [::]:443 ssl;", "")
+    site = re.sub(r"ssl_certificate /\S+;", f"ssl_certificate {cert};", site)
+    site = re.sub(r"ssl_certificate_key /\S+;", f"ssl_certificate_key {key};", site)
+    site = site.replace("server 127.0.0.1:8000;", f"server {upstream};")
+    temp = "".join(
+        f"{kind}_temp_path {tmp_path / kind};" for kind in ("client_body", "proxy", "fastcgi")
+    )
+    main = tmp_path / "nginx.conf"
+    main.write_text(
+        f"daemon off; master_process off; pid {tmp_path / 'nginx.pid'};\n"
+        f"error_log {tmp_path / 'error.log'};\nevents {{}}\n"
+        f"http {{ access_log off; {temp} uwsgi_temp_path {tmp_path / 'u'}; "
+        f"scgi_temp_path {tmp_path / 's'};\n{site}\n}}\n"
+    )
+    return main
+
+
+def test_the_proxy_lets_in_the_vtns_notifications_and_nothing_else(tmp_path):
+    nginx = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
+    if nginx is None:
+        pytest.skip("nginx is not installed (Debian's nginx-light)")
+    seen: list[str] = []
+    backend = FastAPI()
+
+    @backend.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE"])
+    async def anything(path: str, request: Request) -> dict:
+        seen.append(f"{request.method} /{path} {request.headers.get('authorization')}")
+        return {"echo": request.query_params.get("echo")}
+
+    port = free_port()
+    with ServerThread(backend) as url:
+        config = nginx_config(tmp_path, port, url.removeprefix("http://"))
+        checked = subprocess.run([nginx, "-t", "-c", str(config)], capture_output=True, text=True)
+        assert checked.returncode == 0, checked.stderr
+        proxy = subprocess.Popen([nginx, "-c", str(config)], stderr=subprocess.DEVNULL)
+        client = httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=False, timeout=5)
+        try:
+
+            def answers() -> bool:
+                try:
+                    return client.get("/").status_code == 404
+                except httpx.HTTPError:
+                    return False
+
+            wait_for(answers, "nginx listening", seconds=15, every_s=0.1)
+            bearer = {"Authorization": "Bearer subscription-token"}
+            assert client.post("/openadr3/notifications", json={}, headers=bearer).is_success
+            assert client.get("/openadr3/notifications", params={"echo": "a"}).json()["echo"] == "a"
+            assert client.get("/openadr3/notifications/echo", params={"echo": "b"}).is_success
+            for method, path in [
+                ("GET", "/v1/events"),
+                ("POST", "/v1/events"),
+                ("GET", "/health"),
+                ("GET", "/metrics"),
+                ("GET", "/openadr3/notifications/../../v1/jobs"),
+            ]:
+                assert client.request(method, path).status_code == 404, (method, path)
+            assert client.put("/openadr3/notifications").status_code == 403
+        finally:
+            client.close()
+            proxy.terminate()
+            proxy.wait(timeout=10)
+    assert seen == [
+        "POST /openadr3/notifications Bearer subscription-token",
+        "GET /openadr3/notifications None",
+        "GET /openadr3/notifications/echo None",
+    ]
