@@ -398,8 +398,10 @@ def run_agent(args: argparse.Namespace) -> int:
 def restore_agent(settings: Any) -> int:
     """`flexgate agent --restore`: one line per GPU; exit 1 when a GPU's restore failed."""
     from agents.errors import InvalidSetupError
+    from agents.logs import show_on_stderr
     from agents.restore import RestoreFailedError, run_restore
 
+    show_on_stderr()  # the restore's log line, with the agent's, in the unit's journal
     try:
         lines = run_restore(settings)
     except InvalidSetupError as exc:

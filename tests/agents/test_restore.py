@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -14,7 +16,6 @@ from agents.errors import InvalidSetupError
 from agents.nvml import NvmlBackend
 from agents.restore import RestoreFailedError, run_restore
 from agents.settings import AgentSettings
-from flexgate.cli import main
 from flexgate.serve import free_port
 from tests.agents.fake_agent import ORIGINAL_MW, TOKEN, driver_limits, start_agent
 from tests.agents.fake_nvml import FakeNvml
@@ -83,8 +84,18 @@ def test_restore_is_refused_while_an_agent_answers_on_its_port(tmp_path):
         agent.wait(timeout=10)
 
 
-def test_the_cli_one_shot_says_what_it_restored(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("FLEXGATE_AGENT_TOKEN", TOKEN)
+def test_the_cli_one_shot_says_what_it_restored(tmp_path):
     argv = ["agent", "--backend", "sim", "--state-dir", str(tmp_path), "--node-id", NODE]
-    assert main([*argv, "--port", str(free_port()), "--restore"]) == 0
-    assert capsys.readouterr().out == f"{NODE}: nothing to restore (no GPU left capped)\n"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXGATE_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "flexgate", *argv, "--port", str(free_port()), "--restore"],
+        env=env | {"FLEXGATE_AGENT_TOKEN": TOKEN},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (
+        0,
+        f"{NODE}: nothing to restore (no GPU left capped)\n",
+    )
