@@ -87,10 +87,13 @@ def test_the_image_starts_an_agent_that_answers_health():
     assert "agent starting" in logs
 
 
-def test_the_image_holds_the_agent_alone_as_an_ordinary_user():
+def test_the_image_holds_the_agent_alone_as_an_ordinary_user_and_no_build_secret():
     assert docker("image", "inspect", "-f", "{{.Config.User}}", AGENT_IMAGE).strip() == "flexgate"
     probe = "import importlib.util as u, sys; print(*(m for m in sys.argv[1:] if u.find_spec(m)))"
     found = docker(
         "run", "--rm", "--entrypoint", "python", AGENT_IMAGE, "-c", probe, "pynvml", *NOT_ON_A_NODE
     )  # fmt: skip
     assert found.split() == ["pynvml"]
+    # The CA bundle given to pip, and the pip configuration naming it, stay in the build stage.
+    check = "test ! -e /tmp/build-ca && test ! -e /etc/pip.conf && echo clean"
+    assert docker("run", "--rm", "--entrypoint", "sh", AGENT_IMAGE, "-c", check).strip() == "clean"
