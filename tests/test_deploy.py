@@ -186,7 +186,10 @@ def test_the_gateways_manifests_load_as_its_settings(monkeypatch, tmp_path):
 def env_file(path: Path) -> tuple[dict[str, str], set[str]]:
     """The template's settings (name -> value) and the optional ones it names commented out."""
     text = path.read_text(encoding="utf-8")
-    values = dict(re.findall(r"^(FLEXGATE_\w+)=(.*)$", text, flags=re.MULTILINE))
+    values = {
+        name: value.removeprefix("'").removesuffix("'")
+        for name, value in re.findall(r"^(FLEXGATE_\w+)=(.*)$", text, flags=re.MULTILINE)
+    }
     optional = set(re.findall(r"^#(FLEXGATE_\w+)=", text, flags=re.MULTILINE))
     return values, optional
 
@@ -203,6 +206,22 @@ def test_every_name_in_the_env_templates_is_a_documented_setting(template, setti
     assert names - fields == set()
     assert [n for n in sorted(names) if f"`{n}`" not in documented] == []
     assert 1 <= len(values) <= 25  # the few a site needs, not all of them
+
+
+@pytest.mark.parametrize("template", ["site.env.example", "agent.env.example"])
+def test_a_shell_reads_the_env_templates_as_systemd_does(template):
+    """`set -a; . FILE` (how the page runs the doctor) gives each setting the value systemd's
+    EnvironmentFile= gives it: an unquoted `&` would send half a URL to the background."""
+    values, _ = env_file(DEPLOY / template)
+    shown = subprocess.run(
+        ["sh", "-c", f"set -a; . '{DEPLOY / template}'; set +a; env"],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    read = dict(line.split("=", 1) for line in shown.stdout.splitlines() if "=" in line)
+    assert {name: read.get(name) for name in values} == values
 
 
 def test_the_site_template_loads_once_its_blanks_are_filled(monkeypatch, tmp_path):
