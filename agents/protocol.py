@@ -300,6 +300,8 @@ class TelemetryResponse(BaseModel):
     features_error: str | None = Field(
         default=None, description="why the last DRAM activity reading (DCGM) failed"
     )
+    can_cap: bool | None = Field(default=None, description="as on /health")
+    can_cap_reason: str | None = Field(default=None, description="as on /health")
 
 
 class Health(BaseModel):

@@ -219,6 +219,12 @@ class Fleet:
         if not round_.cancelled() and round_.exception() is None:
             self._last, self._last_at = round_.result(), self.clock.monotonic()
             self.seen.update(dict.fromkeys(self._last, self.clock.now()))
+            before = dict(self.cannot_cap)
+            for node, report in self._last.items():
+                if report.can_cap is not None:  # NATS summaries and older agents do not say
+                    self._note_can_cap(node, report.can_cap, report.can_cap_reason)
+            if self.cannot_cap != before:  # an agent restarted with the permission, or lost it
+                self.version += 1
 
     async def _ask_telemetry(self) -> Telemetry:
         nodes = list(self.nodes.items())

@@ -32,15 +32,16 @@ def job(node: str, pfi: float) -> dict:
     }
 
 
-def agent(tmp_path, node_id: str, fake: FakeNvml) -> ServerThread:
+def agent(tmp_path, node_id: str, fake: FakeNvml, port: int = 0) -> ServerThread:
     node = AgentNode(node_id, NvmlBackend(nvml=fake), tmp_path / node_id, sample_hz=10)
-    return ServerThread(agent_app([node], AGENT_TOKEN))
+    return ServerThread(agent_app([node], AGENT_TOKEN), port=port)
 
 
 def test_a_node_that_may_not_cap_is_left_out_of_plans_and_quotes_with_the_reason(tmp_path):
     allowed = FakeNvml(gpus=2, start_mw=650_000)
     refused = FakeNvml(gpus=2, start_mw=650_000, root=False)
-    with agent(tmp_path, "node-a", allowed) as url_a, agent(tmp_path, "node-b", refused) as url_b:
+    node_b = agent(tmp_path, "node-b", refused)
+    with agent(tmp_path, "node-a", allowed) as url_a, node_b as url_b:
         settings = GatewaySettings(
             database_url=f"sqlite:///{tmp_path / 'gateway.db'}",
             api_token=API_TOKEN,
@@ -80,3 +81,16 @@ def test_a_node_that_may_not_cap_is_left_out_of_plans_and_quotes_with_the_reason
             assert "node-b" in left["reason"]
             assert "may not set limits" in left["reason"]
             assert "no permission" in left["reason"]
+
+            # The agent restarted with the permission: its restore at start is a set NVML takes,
+            # its next answer says so, and the target is planned onto its jobs again.
+            node_b.__exit__(None, None, None)
+            refused.root = True
+            port_b = int(url_b.rsplit(":", 1)[1])
+            with agent(tmp_path, "node-b", refused, port_b):
+                again = wait_for(
+                    lambda: (p := current_plan()) and not p["uncappable_nodes"] and p,
+                    "a plan with node-b again",
+                )
+                assert again["unplaced_jobs"] == []
+                wait_for(lambda: refused.limit_mw(0) < 650_000, "node-b's GPUs capped")
