@@ -190,3 +190,14 @@ def test_text_output_has_one_line_per_check(monkeypatch, capsys, tmp_path):
     assert "FLEXGATE_AGENT_TOKEN" in lines[0]
     assert [line.split()[0] for line in lines[1:3]] == ["ok", "ok"]
     assert len(lines) == 6
+
+
+def test_an_agent_on_simulated_gpus_needs_no_nvml(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not even importable
+    monkeypatch.setenv("FLEXGATE_AGENT_TOKEN", TOKEN)
+    monkeypatch.setenv("FLEXGATE_AGENT_BACKEND", "sim")
+    code = main(["doctor", "--json", "--port", str(free_port()), "--state-dir", str(tmp_path)])
+    checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
+    assert code == 0
+    assert checks["nvml"]["status"] == "warn"
+    assert "permission" not in checks

@@ -79,8 +79,9 @@ def store_check(url: str) -> Check:
         engine = create_engine(
             "sqlite://", creator=lambda: sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         )
-    else:
-        engine = create_engine(url, pool_pre_ping=True)
+    else:  # an unroutable host must not hold the doctor for the OS's TCP timeout
+        timeout = {"connect_timeout": 5} if url.startswith("postgresql") else {}
+        engine = create_engine(url, pool_pre_ping=True, connect_args=timeout)
     try:
         with Session(engine) as session:
             row = session.exec(select(SchemaVersion)).first()

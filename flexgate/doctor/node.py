@@ -73,8 +73,11 @@ def node_checks(
 ) -> list[Check]:
     """Every node check after the settings' own. `nvml` stands in for the pynvml module (tests
     pass the fake); `euid` and `proc_status` for the process's user and `/proc/self/status`."""
-    checks = gpu_checks(nvml)
-    checks.append(permission_check(os.geteuid() if euid is None else euid, proc_status))
+    if settings.agent_backend == "sim":  # simulated GPUs need neither NVML nor a permission
+        checks = [warn("nvml", "backend sim: simulated GPUs, NVML not checked")]
+    else:
+        checks = gpu_checks(nvml)
+        checks.append(permission_check(os.geteuid() if euid is None else euid, proc_status))
     if gateway_url:
         checks.append(clock_check(gateway_url))
     checks.append(state_dir_check(settings.agent_state_dir))

@@ -43,7 +43,8 @@ class Quotes:
 
     def left_out(self, reachable_only: bool = True) -> dict[str, str]:
         """The jobs the site cannot cap now, by id, with the reason; without `reachable_only`,
-        only those it could never cap (no placement), not those on a node that is silent now."""
+        only those it cannot cap until someone acts (no placement, a node whose agent may not
+        set limits), not those on a node that is silent now."""
         answering = set(self.fleet.nodes) - set(self.fleet.unreachable)
         out = {}
         for job in self.book.mix().jobs:
