@@ -366,6 +366,8 @@ class Fleet:
                     "reachable": row.node_id in self.nodes and row.node_id not in self.unreachable,
                     "unreachable_reason": self.unreachable.get(row.node_id)
                     or (None if row.node_id in self.nodes else "has not answered since start"),
+                    #: why its agent may not set limits (its can_cap false), else null
+                    "cannot_cap_reason": self.cannot_cap.get(row.node_id),
                     "reporting": report is not None,  #: its telemetry answered
                     # Kept in memory, not stored on every round: the store has the first answer.
                     "last_seen": iso(self.seen.get(row.node_id, row.last_seen)),

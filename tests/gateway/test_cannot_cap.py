@@ -75,6 +75,11 @@ def test_a_node_that_may_not_cap_is_left_out_of_plans_and_quotes_with_the_reason
             wait_for(lambda: allowed.limit_mw(0) < 650_000, "node-a's GPUs capped instead")
             assert refused.limit_mw(0) == 650_000
 
+            nodes = {n["node"]: n for n in api.get("/v1/nodes").json()["nodes"]}
+            assert nodes["node-a"]["cannot_cap_reason"] is None
+            assert "no permission" in nodes["node-b"]["cannot_cap_reason"]
+            assert nodes["node-b"]["reachable"] is True
+
             quote = api.post("/v1/quotes", json={"reduction_kw": 0.2}).json()
             (left,) = quote["left_out"]
             assert left["id"] == "job-node-b"
