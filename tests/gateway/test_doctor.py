@@ -154,3 +154,40 @@ def test_a_store_of_another_schema_fails(site, capsys):
     assert code == 1
     assert checks["store"]["status"] == "fail"
     assert "999" in checks["store"]["detail"]
+
+
+def test_nats_with_the_wrong_token_fails_and_the_right_one_passes(site, capsys, monkeypatch):
+    from tests.natsserver import NATS_TOKEN, NatsServer
+
+    _, _, db = site
+    server = NatsServer(db.parent / "nats").start()
+    try:
+        monkeypatch.setenv("FLEXGATE_TRANSPORT", "nats")
+        monkeypatch.setenv("FLEXGATE_AGENTS", "")
+        monkeypatch.setenv("FLEXGATE_NATS_URL", server.url)
+        monkeypatch.setenv("FLEXGATE_NATS_TOKEN", NATS_TOKEN)
+        _, checks = doctor(capsys, "--gateway")
+        assert checks["nats"]["status"] == "ok"
+        monkeypatch.setenv("FLEXGATE_NATS_TOKEN", "not-the-nats-token-0123456789")
+        code, checks = doctor(capsys, "--gateway")
+        assert code == 1
+        assert checks["nats"]["status"] == "fail"
+        assert "not-the-nats-token" not in checks["nats"]["detail"]
+    finally:
+        server.stop()
+
+
+def test_an_openadr_20b_vtn_is_checked_for_an_answer(site, capsys, monkeypatch):
+    with ServerThread(FastAPI()) as url:  # any HTTP answer: the VEN's registration judges more
+        monkeypatch.setenv("FLEXGATE_OPENADR", "2.0b")
+        monkeypatch.setenv("FLEXGATE_VTN_URL", f"{url}/OpenADR2/Simple/2.0b")
+        for name in ("VTN_CLIENT_ID", "VTN_CLIENT_SECRET", "VTN_ALLOW_HTTP"):
+            monkeypatch.delenv(f"FLEXGATE_{name}")
+        monkeypatch.setenv("FLEXGATE_VTN_ALLOW_UNSIGNED", "true")
+        _, checks = doctor(capsys, "--gateway")
+        assert checks["vtn"]["status"] == "ok", checks["gateway settings"]
+    monkeypatch.setenv("FLEXGATE_VTN_URL", f"http://127.0.0.1:{free_port()}/OpenADR2/Simple/2.0b")
+    code, checks = doctor(capsys, "--gateway")
+    assert code == 1
+    assert checks["vtn"]["status"] == "fail"
+    assert "does not answer" in checks["vtn"]["detail"]
