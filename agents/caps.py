@@ -8,6 +8,9 @@
 - Caps outside a GPU's constraints are clamped to them and the clamp is reported; every change
   is read back (the enforced limit is the truth), with its time from the request's arrival.
 - Before its first change, each GPU's original limit is saved to disk (`OriginalLimits`).
+- Whether the agent may set limits at all (`can_cap`) is learnt from its sets: unknown until
+  the first, true once NVML accepts one, false once NVML refuses one for permission, and then
+  false until the agent restarts (the permission belongs to the process, not to one GPU).
 - The lease counts on the agent's monotonic clock from acceptance. When it runs out without
   renewal, every GPU gets its original limit back (`expire`); a restore that fails (a lost
   GPU) is retried at every check until it succeeds.
@@ -24,7 +27,7 @@ from collections.abc import Callable
 import numpy as np
 
 from agents.backend import GpuBackend
-from agents.errors import AgentError, InvalidCapError, StaleGenerationError
+from agents.errors import AgentError, InvalidCapError, NoPermissionError, StaleGenerationError
 from agents.logs import decision
 from agents.protocol import DELAY_SAMPLES, CapCommand, CapResponse, CapResult, DelayStats
 from agents.state import OriginalLimits
@@ -54,6 +57,9 @@ class CapController:
         self._delays_added = 0  #: delays recorded so far: what `_delay_stats` was worked out at
         self._delay_stats: tuple[int, DelayStats] | None = None
         self.restore_pending = False  #: a restore failed (lost GPU ...): the watcher retries
+        #: may this process set limits: None until a set says (see the module's docstring)
+        self.can_cap: bool | None = None
+        self.can_cap_reason: str | None = None  #: NVML's refusal, with can_cap False
 
     # --- commands --------------------------------------------------------------------------
 
@@ -87,6 +93,8 @@ class CapController:
                 generation=command.generation,
                 lease_s=command.lease_s,
                 results=results,
+                can_cap=self.can_cap,
+                can_cap_reason=self.can_cap_reason,
             )
 
     def restore_all(
@@ -232,7 +240,7 @@ class CapController:
             clamped = target != requested_w
             if self.originals.original_w(uuid) is None:
                 self.originals.remember(uuid, index, self.backend.enforced_limit_w(index))
-            self.backend.set_limit_w(index, target)
+            self._set_limit(index, target)
             enforced = self.backend.enforced_limit_w(index)
         except AgentError as exc:
             return self._result(index, requested_w, None, clamped, received_at, str(exc))
@@ -240,6 +248,16 @@ class CapController:
         if abs(enforced - target) > READBACK_TOLERANCE_W:
             error = f"limit reads back as {enforced:g} W, not the {target:g} W set"
         return self._result(index, requested_w, enforced, clamped, received_at, error)
+
+    def _set_limit(self, index: int, watts: float) -> None:
+        """One NVML set, and what it says of the process's permission to set limits."""
+        try:
+            self.backend.set_limit_w(index, watts)
+        except NoPermissionError as exc:
+            self.can_cap, self.can_cap_reason = False, str(exc)
+            raise
+        if self.can_cap is None:  # a refusal stays: a later success would be another GPU's luck
+            self.can_cap = True
 
     def _restore_all(self, indices: list[int], received_at: float) -> list[CapResult]:
         """These GPUs back to their original limits; the ones that read back are forgotten in
@@ -261,7 +279,7 @@ class CapController:
             if original is None:
                 enforced = self.backend.enforced_limit_w(index)
                 return self._result(index, None, enforced, False, received_at, None), None
-            self.backend.set_limit_w(index, original)
+            self._set_limit(index, original)
             enforced = self.backend.enforced_limit_w(index)
         except AgentError as exc:
             return self._result(index, None, None, False, received_at, str(exc)), None

@@ -152,6 +152,12 @@ class CapResponse(BaseModel):
     generation: int
     lease_s: float
     results: list[CapResult]
+    can_cap: bool | None = Field(
+        default=None,
+        description="whether this agent may set limits, as its last sets showed (see Health); "
+        "absent from agents before it was added",
+    )
+    can_cap_reason: str | None = Field(default=None, description="why it may not")
 
 
 class RestoreResponse(BaseModel):
@@ -294,6 +300,8 @@ class TelemetryResponse(BaseModel):
     features_error: str | None = Field(
         default=None, description="why the last DRAM activity reading (DCGM) failed"
     )
+    can_cap: bool | None = Field(default=None, description="as on /health")
+    can_cap_reason: str | None = Field(default=None, description="as on /health")
 
 
 class Health(BaseModel):
@@ -312,6 +320,15 @@ class Health(BaseModel):
         default=None,
         description="its GPUs' power sensor as modelled: the lag of every power figure it "
         "reports (the site loop on the estimate reads it); absent from agents before it was added",
+    )
+    can_cap: bool | None = Field(
+        default=None,
+        description="whether the agent may set limits: null until its first set (no NVML call "
+        "tells without changing a limit), true once one was accepted, false once NVML refused "
+        "one for permission (sticky until the agent restarts)",
+    )
+    can_cap_reason: str | None = Field(
+        default=None, description="why it may not (NVML's refusal), with can_cap false"
     )
 
 

@@ -149,6 +149,8 @@ class AgentNode:
             lease_remaining_s=self.controller.lease_remaining_s(),
             configuration=self.configuration,
             sensor=SensorInfo.of(self.sampler.sensor),
+            can_cap=self.controller.can_cap,
+            can_cap_reason=self.controller.can_cap_reason,
         )
 
     def apply(self, command: CapCommand) -> CapResponse:
@@ -166,6 +168,8 @@ class AgentNode:
             pods=pods,
             pods_error=pods_error,
             features_error=self.features.error,
+            can_cap=self.controller.can_cap,
+            can_cap_reason=self.controller.can_cap_reason,
         )
 
     def summary(self, period_s: float) -> TelemetrySummary:

@@ -12,7 +12,7 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-from flexgate.cli import commands
+from flexgate.cli import commands, doctor
 from flexmodel.problem import OBJECTIVES
 from flexmodel.quote import DEFAULT_CONFIDENCE, DEFAULT_WINDOW_S
 from flexmodel.simulate import DEFAULT_REDUCTIONS, PFI_SOURCES
@@ -24,8 +24,9 @@ from flexmodel.workload import MIX_NAMES
 DESCRIPTION = (
     "flexgate: demand response for GPU data centres. The model commands (pfi, trace, allocate, "
     "quote, simulate, sync) read files and print answers; agent, gateway and mock-vtn run "
-    "services; lab runs the whole chain on this machine. Data commands take --json. Exit codes: "
-    "0 success, 2 bad input (one line on stderr), 1 other failure. Documentation: docs/cli.md."
+    "services; lab runs the whole chain on this machine; doctor checks a node or a gateway. "
+    "Data commands take --json. Exit codes: 0 success, 2 bad input (one line on stderr), "
+    "1 other failure. Documentation: docs/cli.md."
 )
 AGENT_EPILOG = """\
 required: FLEXGATE_AGENT_TOKEN, the bearer token the gateway sends with caps (16+ characters;
@@ -378,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_characterise(sub)
     _add_report(sub)
     _add_replay(sub)
+    doctor.add_parser(sub)
     return parser
 
 

@@ -302,6 +302,11 @@ class Plan(_Open):
     unreachable_nodes: list[str] = Field(
         default_factory=list, description="nodes planned as down: their jobs give nothing"
     )
+    uncappable_nodes: list[dict[str, str]] = Field(
+        default_factory=list,
+        description="nodes whose agent may not set limits (`can_cap` false on its /health), "
+        "each with the reason: their jobs give nothing",
+    )
     sync: dict[str, Any]
 
 

@@ -2,6 +2,9 @@
 
 - **Discovery**: each configured agent address is asked who it is until it answers; its node
   id is remembered (and stored, with when it was last seen).
+- **Nodes that cannot cap**: an agent whose health or last answer says `can_cap: false` (NVML
+  refused it a set for permission) is kept in `cannot_cap` with its reason; plans and quotes
+  leave its GPUs out, as they do a silent node's.
 - **Telemetry rounds**: every reachable agent's telemetry, one round at a time. Readers get
   the last round while it is younger than `telemetry_max_age_s`, and up to twice that while
   the next round is under way, so readers (a dashboard, plan reads) do not queue behind a round
@@ -102,6 +105,8 @@ class Fleet:
         #: node id -> why it is unreachable: its last command failed (after the retries). The
         #: one definition, used by plans (`unreachable_nodes`), /v1/nodes, quotes and metrics.
         self.unreachable: dict[str, str] = {}
+        #: node id -> why its agent may not set limits (its `can_cap` false, with the reason)
+        self.cannot_cap: dict[str, str] = {}
         self.dispatch_s: tuple[float, ...] = ()  #: the last commands' round trips [s]
         self.alarm = RayleighAlarm()
         self.clocks = AgentClocks()
@@ -149,6 +154,7 @@ class Fleet:
             self.backends[health.node_id] = health.backend
             if health.sensor is not None:
                 self.sensor_lags_s[health.node_id] = health.sensor.lag_s
+            self._note_can_cap(health.node_id, health.can_cap, health.can_cap_reason)
         self.version += 1
         with self.store.session() as s:
             for address, health in found:
@@ -163,15 +169,30 @@ class Fleet:
             return None
 
     def note_answers(self, acks: list[Ack]) -> bool:
-        """Record which nodes failed their command and why; True when the set changed."""
+        """Record which nodes failed their command and why, and which may not set limits;
+        True when either set changed."""
         unreachable = {a.node: a.error or "no answer" for a in acks if a.failed}
         self.dispatch_s = tuple(a.delay_s for a in acks if a.delay_s is not None)
+        before = set(self.cannot_cap)
+        for ack in acks:
+            if ack.answer is not None:
+                self._note_can_cap(ack.node, ack.answer.can_cap, ack.answer.can_cap_reason)
         changed = set(unreachable) != set(self.unreachable)
         self.unreachable = unreachable
         if changed:
-            self.version += 1
             log.warning("nodes unreachable: %s", ", ".join(sorted(unreachable)) or "none")
+        if set(self.cannot_cap) != before:
+            changed = True
+            log.warning("nodes that may not set limits: %s", ", ".join(self.cannot_cap) or "none")
+        if changed:
+            self.version += 1
         return changed
+
+    def _note_can_cap(self, node: str, can_cap: bool | None, reason: str | None) -> None:
+        if can_cap is False:
+            self.cannot_cap[node] = reason or "its agent may not set power limits"
+        else:  # true, or unknown: an agent restarted with the permission has not set yet
+            self.cannot_cap.pop(node, None)
 
     @property
     def last(self) -> Telemetry | None:
@@ -198,6 +219,12 @@ class Fleet:
         if not round_.cancelled() and round_.exception() is None:
             self._last, self._last_at = round_.result(), self.clock.monotonic()
             self.seen.update(dict.fromkeys(self._last, self.clock.now()))
+            before = dict(self.cannot_cap)
+            for node, report in self._last.items():
+                if report.can_cap is not None:  # NATS summaries and older agents do not say
+                    self._note_can_cap(node, report.can_cap, report.can_cap_reason)
+            if self.cannot_cap != before:  # an agent restarted with the permission, or lost it
+                self.version += 1
 
     async def _ask_telemetry(self) -> Telemetry:
         nodes = list(self.nodes.items())
@@ -339,6 +366,8 @@ class Fleet:
                     "reachable": row.node_id in self.nodes and row.node_id not in self.unreachable,
                     "unreachable_reason": self.unreachable.get(row.node_id)
                     or (None if row.node_id in self.nodes else "has not answered since start"),
+                    #: why its agent may not set limits (its can_cap false), else null
+                    "cannot_cap_reason": self.cannot_cap.get(row.node_id),
                     "reporting": report is not None,  #: its telemetry answered
                     # Kept in memory, not stored on every round: the store has the first answer.
                     "last_seen": iso(self.seen.get(row.node_id, row.last_seen)),

@@ -36,13 +36,16 @@ def plan(
     measured: LoopMeasurements | None = None,
     rate_spread: float = 0.0,
     site_loop: ClosedLoopResponse | None = None,
+    cannot_cap: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The allocation for `facility_kw` at the meter, as per-node commands. Jobs on a node
-    that is `down` give nothing; that node is sent no caps. The loops' verdict is on what the
+    that is `down`, or whose agent may not set limits (`cannot_cap`: node -> why), give
+    nothing; that node is sent no caps. The loops' verdict is on what the
     agents measure (`measured`), where they do, and on the site loop as it runs (`site_loop`;
     None: no site loop). `rate_spread`: the half-width of the rate offsets that scatter the
     jobs' phases (0: none)."""
-    up = nodes - down
+    cannot_cap = cannot_cap or {}
+    up = nodes - down - set(cannot_cap)
     reachable = np.array(
         [bool(job.placement) and all(p.node in up for p in job.placement) for job in mix.jobs],
         dtype=bool,
@@ -65,6 +68,9 @@ def plan(
     doc["commands"] = [{"node": node, "caps": caps.get(node, [])} for node in sorted(nodes)]
     doc["unplaced_jobs"] = [j.id for j, ok in zip(mix.jobs, reachable, strict=True) if not ok]
     doc["unreachable_nodes"] = sorted(down & nodes)
+    doc["uncappable_nodes"] = [
+        {"node": node, "reason": cannot_cap[node]} for node in sorted(set(cannot_cap) & nodes)
+    ]
     doc["shortfall_kw"] = max(facility_kw - doc["achieved_facility_kw"], 0.0)
     doc["sync"] = loops_report(mix, measured, site_loop)
     return doc

@@ -1,8 +1,9 @@
 """What the site can promise: quotes, and the firm kW an opt-in decision rests on.
 
-Only jobs the gateway can cap count: placed, on nodes that answer, and lasting the window.
-The others are left out, each with the reason (a job with no placement, one on a node that
-does not answer, one that ends before the window does). A quote is kept until the mix or
+Only jobs the gateway can cap count: placed, on nodes that answer and whose agents may set
+limits, and lasting the window. The others are left out, each with the reason (a job with no
+placement, one on a node that does not answer, one on a node whose agent NVML refused a set
+for permission, one that ends before the window does). A quote is kept until the mix or
 the set of jobs left out changes, by its parameters and by the request's raw body, so a
 repeated request skips parsing too.
 
@@ -42,7 +43,8 @@ class Quotes:
 
     def left_out(self, reachable_only: bool = True) -> dict[str, str]:
         """The jobs the site cannot cap now, by id, with the reason; without `reachable_only`,
-        only those it could never cap (no placement), not those on a node that is silent now."""
+        only those it cannot cap until someone acts (no placement, a node whose agent may not
+        set limits), not those on a node that is silent now."""
         answering = set(self.fleet.nodes) - set(self.fleet.unreachable)
         out = {}
         for job in self.book.mix().jobs:
@@ -52,6 +54,11 @@ class Quotes:
             silent = sorted({p.node for p in job.placement} - answering)
             if silent and reachable_only:
                 out[job.id] = f"on {', '.join(silent)}, which does not answer"
+                continue
+            barred = sorted({p.node for p in job.placement} & set(self.fleet.cannot_cap))
+            if barred:
+                why = self.fleet.cannot_cap[barred[0]]
+                out[job.id] = f"on {', '.join(barred)}, whose agent may not set limits: {why}"
         return out
 
     def history(self) -> list[Delivered]:

@@ -245,6 +245,7 @@ class Targets:
                 self.fleet.loop_measurements(),
                 self.rate_spread,
                 self.site_loop(mix) if self.site_loop else None,
+                self.fleet.cannot_cap,
             )
             if self.ramp.active:
                 doc["ramp"] = self.ramp.doc(facility_kw)

@@ -137,6 +137,12 @@ class FakeNvml:
     def nvmlShutdown(self) -> None:
         self.initialised = False
 
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "570.124.06"  # recent pynvml answers str; older ones bytes
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        return "12.570.124.06"
+
     def nvmlDeviceGetCount(self) -> int:
         return len(self._handles)
 
