@@ -372,6 +372,8 @@ class Tracker:
     async def step(self) -> None:
         """One sample of the loop (after every sample of the site)."""
         pursuit = self.pursuit
+        if pursuit is None and self.watch is not None:
+            self.watch.between_events(self._settle_s())
         if pursuit is None or not self.settings.tracking:
             return
         mix = self.book.mix()
