@@ -16,10 +16,12 @@ stepped through in one stride of the clock (the truth held as it was). Scores we
 sample by the time it stands for.
 
 Scored on the site's true power (before the meter): deltas against the oracle's uncapped power
-now, setpoints and limits against their level; fault-free events within +-5% of the request
-by their settled mean; limits by the share of 1-minute intervals above the limit after the
-ramp allowance; time to 90% of the request on the true power and at the meter; the largest
-overshoot. Faulted events apart.
+now, setpoints and limits against their level; where a job that ended left the site unable
+to shed what was asked (its other GPUs idle or at their floor), against what it could shed
+then (`short_by_site`: the share of the settled time that was so); fault-free events within
++-5% of the request by their settled mean; limits by the share of 1-minute intervals above
+the limit after the ramp allowance; time to 90% of the request on the true power and at the
+meter; the largest overshoot. Faulted events apart.
 
     python bench/campaign_bench.py [--events 200] [--loop-root ../base] [--out campaign]
 
@@ -102,16 +104,17 @@ def draw_plans(rng: Any, count: int) -> list[Plan]:
 
 
 class Trace:
-    """Samples of one event: time, true kW, oracle uncapped kW, meter kW (None: no reading),
-    feed fault; each stands until the next."""
+    """Samples of one event: time, true kW, oracle uncapped kW, oracle floor kW (every GPU at
+    its lowest cap), meter kW (None: no reading), feed fault; each stands until the next."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[float, float, float, float | None, str | None]] = []
+        self.rows: list[tuple[float, float, float, float, float | None, str | None]] = []
 
     def add(self, site: Any, start_s: float, reading: float | None) -> None:
         fault = site.sim.feed.state().get("fault")
         t = site.clock.monotonic() - start_s
-        self.rows.append((t, site.true_facility_kw(), site.oracle_uncapped_kw(), reading, fault))
+        truth = (site.true_facility_kw(), site.oracle_uncapped_kw(), site.oracle_floor_kw())
+        self.rows.append((t, *truth, reading, fault))
 
 
 async def tick(site: Any, trace: Trace, start_s: float) -> None:
@@ -231,20 +234,26 @@ def score(
     t = np.array([r[0] for r in trace.rows])
     true_kw = np.array([r[1] for r in trace.rows])
     oracle_kw = np.array([r[2] for r in trace.rows])
-    meter_kw = np.array([np.nan if r[3] is None else r[3] for r in trace.rows])
+    floor_kw = np.array([r[3] for r in trace.rows])
+    meter_kw = np.array([np.nan if r[4] is None else r[4] for r in trace.rows])
     dt = np.diff(np.append(t, plan.duration_s))
+    # What any loop could shed now: a job that ended mid-event may leave GPUs that shed
+    # nothing (idle ones), and the request beyond that is the site's shortfall, not the loop's.
+    feasible_kw = np.maximum(oracle_kw - floor_kw, 0.0)
     if level_kw is None:
-        asked_kw = np.full_like(t, depth_kw)
+        asked_kw = np.minimum(depth_kw, feasible_kw)
         delivered = oracle_kw - true_kw
         at_meter = oracle_kw - meter_kw
     else:
         # Against the depth asked at the start: below the level is over-delivery, unless
-        # the site would draw less than the level anyway (a job ended), where nothing is asked.
+        # the site would draw less than the level anyway (a job ended), where nothing is asked,
+        # or could draw no less than its floor, where the floor is all that can be asked.
         asked_kw = np.full_like(t, depth_kw)
-        needed_kw = np.minimum(level_kw, oracle_kw)
+        needed_kw = np.minimum(np.maximum(level_kw, floor_kw), oracle_kw)
         delivered = depth_kw + needed_kw - true_kw
         at_meter = depth_kw + needed_kw - meter_kw
-    ratio = delivered / asked_kw
+    nothing = asked_kw < 1e-3 * depth_kw  # nothing can be shed: nothing is asked
+    ratio = np.where(nothing, 1.0, delivered / np.maximum(asked_kw, 1e-9))
     settled = t >= allowance_s
     if fault_s is not None:
         settled &= t < fault_s  # the fault-free part, scored as such; the rest apart
@@ -260,11 +269,15 @@ def score(
         "churn": [list(c) for c in plan.churn],
         "requested_kw": depth_kw,
         "clipped": depth_kw < plan.depth * trace.rows[0][2] * 0.999,
+        # the share of the settled time the site could not shed what was asked (a job ended)
+        "short_by_site": float(np.sum(weights * (feasible_kw < depth_kw)) / np.sum(weights))
+        if np.sum(weights) > 0
+        else 0.0,
         "level_kw": level_kw,
         "settled_error": error,
         "within": error is not None and abs(error) <= WITHIN,
         "t90_true_s": first(ratio),
-        "t90_meter_s": first(at_meter / asked_kw),
+        "t90_meter_s": first(np.where(nothing, 1.0, at_meter / np.maximum(asked_kw, 1e-9))),
         "overshoot": float(max(np.max(ratio[t < changed_s], initial=0.0) - 1.0, 0.0)),
         "response_s": changed_s,
         "peak_over": float(max(np.max(ratio[t < (fault_s or math.inf)]) - 1.0, 0.0)),
@@ -276,9 +289,9 @@ def score(
             t, true_kw, dt, level_kw, allowance_s, fault_s or plan.duration_s
         )
     if fault_s is not None:
-        faulted = [r for r in trace.rows if r[0] >= fault_s and r[4]]
+        faulted = [r for r in trace.rows if r[0] >= fault_s and r[5]]
         out["fault_detected_s"] = faulted[0][0] - fault_s if faulted else None
-        out["fault_reason"] = faulted[0][4] if faulted else None
+        out["fault_reason"] = faulted[0][5] if faulted else None
         after = (t >= fault_s) & (t < fault_s + plan.fault_for_s)
         w = dt * after
         out["fault_error"] = float(np.sum((ratio - 1) * w) / np.sum(w)) if np.sum(w) > 0 else None
@@ -357,6 +370,9 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "overshoot_p95": pct([r["overshoot"] for r in free], 95),
             "overshoot_max": max((r["overshoot"] for r in free), default=None),
             "peak_over_p95": pct([r["peak_over"] for r in free], 95),
+            # events where a job's end left the site unable to shed all that was asked for a
+            # while (scored against what it could shed then)
+            "short_by_site_events": sum(r["short_by_site"] > 0 for r in free),
         }
         if kind == "limit":
             above = sum(r["intervals_above"] for r in free)
@@ -395,6 +411,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "t90_true_s",
                 "meter",
                 "churn",
+                "short_by_site",
                 "drift_to",
             )
         }

@@ -14,7 +14,9 @@ period) with the predicted one, when that is at least `check_kw`:
 
 A meter whose readings wandered (as a meter's noise does) and then hold one value exactly for
 a settling time is `stuck` too, with no move of the loop's needed (a delta held on the site's
-gain makes none for hours).
+gain makes none for hours). How the readings moved is remembered over the last `WANDER_MEMORY`
+changes, not only over the interval judged: a freeze after a long steady hold, or after a gap
+in the samples, still has the meter's past to be compared with.
 
 Two `stuck` verdicts in a row make the feed `suspect` (`MeterFeed.suspect`); the others must
 hold for two whole settling times, since a disturbance the loop answers (a cooling step, a job
@@ -54,6 +56,8 @@ CHECK_SIGMAS = 6.0
 #: value held, judged with no move of the loop's to answer.
 FROZEN_READINGS = 4
 WANDERED = 0.25
+#: The last this many changes of the readings are what "wandered" is judged on.
+WANDER_MEMORY = 24
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,24 @@ class MeterWatch:
         self._bad = 0  #: judged moves in a row that were wrong
         self._first_bad_s = 0.0  #: where the first of them began [s]
         self._offset_kw = 0.0  #: the meter less the prediction before the suspicion [kW]
+        self._last_kw: float | None = None  #: the last fresh reading [kW]
+        #: the signs of the readings' last changes (a reading equal to the one before: none)
+        self._change_signs: deque[float] = deque(maxlen=WANDER_MEMORY)
 
     def reset(self) -> None:
-        """A new prediction (another event): the old one's points no longer compare."""
+        """A new prediction (another event): the old one's points no longer compare (how the
+        meter's readings moved still tells what the meter is)."""
         self._points.clear()
         self._bad = 0
+
+    def between_events(self, settle_s: float) -> None:
+        """A sample with no prediction to compare with: a meter suspected `stuck` whose
+        readings moved beyond its noise over the last `settle_s` [s] is believed again (a
+        register that moves is not stuck), so the next event starts from the meter."""
+        if (self.feed.suspicion or "").startswith("stuck"):
+            readings = [r.power_kw for r in self.feed.recent(settle_s)]
+            if len(readings) > CONFIRM and max(readings) - min(readings) > self.noise_kw:
+                self.feed.clear_suspicion()
 
     def observe(
         self,
@@ -93,6 +110,9 @@ class MeterWatch:
         last = self.feed.last()
         if last is None or at_s - last.monotonic_s > period_s / 2:
             return  # no fresh reading: the feed says why
+        if self._last_kw is not None and last.power_kw != self._last_kw:
+            self._change_signs.append(float(np.sign(last.power_kw - self._last_kw)))
+        self._last_kw = last.power_kw
         self._points.append(_Point(at_s, *predicted_kw, last.power_kw))
         while self._points[0].at_s < at_s - 3 * settle_s:
             self._points.popleft()
@@ -128,7 +148,7 @@ class MeterWatch:
     ) -> None:
         small_kw, large_kw = self._expected(points, then)
         span = meter[then:]
-        frozen = _frozen(meter, then)
+        frozen = _frozen(meter[then:], np.array(self._change_signs))
         if not frozen and abs(small_kw) < check_kw:
             self._bad = 0
             return
@@ -184,16 +204,15 @@ class MeterWatch:
             self._bad = 0
 
 
-def _frozen(meter: np.ndarray, then: int) -> bool:
-    """Every reading since `then` the same (`FROZEN_READINGS` or more), where before it they
-    wandered as a meter's noise does (a steady approach of a noise-free model does not)."""
-    span, changes = meter[then:], np.diff(meter[: then + 1])
+def _frozen(span: np.ndarray, change_signs: np.ndarray) -> bool:
+    """Every reading of the span the same (`FROZEN_READINGS` or more), where before it they
+    wandered as a meter's noise does (a steady approach of a noise-free model does not): the
+    signs of their last changes flipped at least `WANDERED` of the time."""
     if span.size < FROZEN_READINGS or np.any(span != span[0]):
         return False
-    moving = changes[changes != 0]
-    if moving.size < FROZEN_READINGS:
+    if change_signs.size < FROZEN_READINGS:
         return False
-    return float(np.mean(np.diff(np.sign(moving)) != 0)) >= WANDERED
+    return float(np.mean(np.diff(change_signs) != 0)) >= WANDERED
 
 
 def _mid(point: _Point) -> float:
