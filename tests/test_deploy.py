@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 
 from agents.settings import AgentSettings
 from flexgate.cli.parser import build_parser
+from flexgate.doctor.node import agent_settings
 from flexgate.serve import ServerThread, free_port
 from gateway.settings import GatewaySettings
 from tests.conftest import ROOT, wait_for
@@ -154,6 +155,27 @@ def test_the_daemonsets_settings_load_as_the_agents(monkeypatch, tmp_path):
         monkeypatch.setenv(name, value)
     loaded = AgentSettings(agent_backend=agent["args"][agent["args"].index("--backend") + 1])
     assert (loaded.agent_host, loaded.agent_port) == ("0.0.0.0", 9100)
+
+
+def agent_environments() -> dict[str, dict[str, str]]:
+    """The agent's environment as the DaemonSet and the node's env file give it."""
+    (agent,) = one("DaemonSet", "flexgate-agent")["spec"]["template"]["spec"]["containers"]
+    pod = {e["name"]: e["value"] for e in agent["env"] if "value" in e}
+    node, _ = env_file(DEPLOY / "agent.env.example")
+    return {"DaemonSet": pod, "agent.env.example": node}
+
+
+@pytest.mark.parametrize("where", ["DaemonSet", "agent.env.example"])
+def test_the_doctor_reads_the_backend_the_agent_runs_on(monkeypatch, where):
+    """`flexgate doctor --node` reads the environment alone (the agent's --backend is not
+    its): the page's commands must see nvml there, not fail the settings for no backend."""
+    for name in [n for n in os.environ if n.startswith("FLEXGATE_")]:
+        monkeypatch.delenv(name)
+    for name, value in agent_environments()[where].items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("FLEXGATE_AGENT_TOKEN", SECRET)
+    settings, check = agent_settings({})
+    assert (check.status, settings.agent_backend) == ("ok", "nvml"), check.detail
 
 
 def secret_files(tmp_path: Path) -> Path:
