@@ -185,7 +185,7 @@ def _can_cap(
 
 
 async def nats_check(settings: GatewaySettings) -> Check:
-    from agents.natsconnect import NatsConnectError, check
+    from gateway.agentclient.natsbus import NatsConnectError, check
 
     try:
         await check(nats_options(settings))
