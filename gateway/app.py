@@ -210,10 +210,11 @@ def open_job_source(settings: GatewaySettings, fleet: Fleet) -> JobSource | None
 
 
 async def agent_client(
-    settings: GatewaySettings, clock: Clock, http_trace: HttpTrace
+    settings: GatewaySettings, clock: Clock, http_trace: HttpTrace, *, read_only: bool = False
 ) -> AgentClient:
     """The transport `FLEXGATE_TRANSPORT` names: HTTP, or NATS (connected here, so wrong
-    credentials stop the gateway at start with the reason)."""
+    credentials stop the gateway at start with the reason). `read_only`: NATS's desired-state
+    bucket is neither made nor fitted (the doctor only asks the agents' health)."""
     # One token shared by every agent, or each node's own (FLEXGATE_NODE_TOKEN_SECRET).
     token = settings.token_for if settings.node_token_secret is not None else settings.token_for("")
     if settings.transport == "http":
@@ -235,7 +236,7 @@ async def agent_client(
         lease_s=settings.lease_s,
         clock=clock,
     )
-    await client.connect()
+    await client.connect(read_only=read_only)
     return client
 
 

@@ -19,8 +19,10 @@ import pytest
 import yaml
 from fastapi import FastAPI, Request
 
+from agents.protocol import unknown_variables
 from agents.settings import AgentSettings
 from flexgate.cli.parser import build_parser
+from flexgate.doctor.node import agent_settings
 from flexgate.serve import ServerThread, free_port
 from gateway.settings import GatewaySettings
 from tests.conftest import ROOT, wait_for
@@ -154,6 +156,72 @@ def test_the_daemonsets_settings_load_as_the_agents(monkeypatch, tmp_path):
         monkeypatch.setenv(name, value)
     loaded = AgentSettings(agent_backend=agent["args"][agent["args"].index("--backend") + 1])
     assert (loaded.agent_host, loaded.agent_port) == ("0.0.0.0", 9100)
+
+
+def agent_environments() -> dict[str, dict[str, str]]:
+    """The agent's environment as the DaemonSet and the node's env file give it."""
+    (agent,) = one("DaemonSet", "flexgate-agent")["spec"]["template"]["spec"]["containers"]
+    pod = {e["name"]: e["value"] for e in agent["env"] if "value" in e}
+    node, _ = env_file(DEPLOY / "agent.env.example")
+    return {"DaemonSet": pod, "agent.env.example": node}
+
+
+@pytest.mark.parametrize("where", ["DaemonSet", "agent.env.example"])
+def test_the_doctor_reads_the_backend_the_agent_runs_on(monkeypatch, where):
+    """`flexgate doctor --node` reads the environment alone (the agent's --backend is not
+    its): the page's commands must see nvml there, not fail the settings for no backend."""
+    for name in [n for n in os.environ if n.startswith("FLEXGATE_")]:
+        monkeypatch.delenv(name)
+    for name, value in agent_environments()[where].items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("FLEXGATE_AGENT_TOKEN", SECRET)
+    settings, check = agent_settings({})
+    assert (check.status, settings.agent_backend) == ("ok", "nvml"), check.detail
+
+
+def service_link_variables(service: dict) -> dict[str, str]:
+    """The variables Kubernetes gives every pod of the namespace for `service` (its service
+    links, on unless the pod says `enableServiceLinks: false`)."""
+    prefix = service["metadata"]["name"].upper().replace("-", "_")
+    address = "10.96.0.10"
+    names = {f"{prefix}_SERVICE_HOST": address}
+    for port in service["spec"]["ports"]:
+        number, protocol = port["port"], port.get("protocol", "TCP")
+        link = f"{prefix}_PORT_{number}_{protocol}"
+        names |= {
+            f"{prefix}_SERVICE_PORT": str(number),
+            f"{prefix}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}": str(number),
+            f"{prefix}_PORT": f"{protocol.lower()}://{address}:{number}",
+            link: f"{protocol.lower()}://{address}:{number}",
+            f"{link}_PROTO": protocol.lower(),
+            f"{link}_PORT": str(number),
+            f"{link}_ADDR": address,
+        }
+    return names
+
+
+@pytest.mark.parametrize("workload", ["Deployment/flexgate-gateway", "DaemonSet/flexgate-agent"])
+def test_no_service_link_variable_reaches_a_program_that_refuses_unknown_settings(workload):
+    """A Service named flexgate-* would hand every pod in the namespace FLEXGATE_*_SERVICE_HOST
+    and kin, which flexgate refuses as unknown settings: the gateway would never start."""
+    kind, name = workload.split("/")
+    pod = one(kind, name)["spec"]["template"]["spec"]
+    services = [doc for n, doc in manifests() if ":Service/" in n]
+    assert services  # the gateway's
+    injected: dict[str, str] = {}
+    if pod.get("enableServiceLinks", True):
+        for service in services:
+            injected |= service_link_variables(service)
+    known = [*GatewaySettings.model_fields, *AgentSettings.model_fields]
+    assert unknown_variables(injected, known) is None
+
+
+def test_service_links_would_be_refused():
+    (service,) = [doc for n, doc in manifests() if ":Service/" in n]
+    known = [*GatewaySettings.model_fields, *AgentSettings.model_fields]
+    assert "FLEXGATE_GATEWAY_SERVICE_HOST" in unknown_variables(
+        service_link_variables(service), known
+    )
 
 
 def secret_files(tmp_path: Path) -> Path:

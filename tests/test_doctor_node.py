@@ -12,12 +12,16 @@ import httpx
 import pytest
 
 from agents.nvml import NvmlBackend
+from agents.protocol import CapCommand, GpuCap
+from agents.run import build_node
 from agents.service import AgentNode, create_app
+from agents.settings import AgentSettings
 from agents.state import FILE_NAME
 from flexgate.cli import main
 from flexgate.doctor.node import (
     clock_check,
     gpu_checks,
+    node_checks,
     permission_check,
     port_check,
     state_dir_check,
@@ -76,17 +80,29 @@ def test_permission_is_judged_from_the_user_and_its_capabilities(euid, status, e
 
 
 def test_the_state_dir(tmp_path):
-    assert state_dir_check(tmp_path / "agent").status == "ok"  # made at start
-    assert "does not exist yet" in state_dir_check(tmp_path / "agent").detail
-    (tmp_path / FILE_NAME).write_text('{"gpus": {}}')  # what a clean stop leaves
-    assert state_dir_check(tmp_path).status == "ok"
-    (tmp_path / FILE_NAME).write_text('{"gpus": {"GPU-1": {"index": 0, "limit_w": 700.0}}}')
-    left = state_dir_check(tmp_path)
-    assert left.status == "warn"
-    assert "restores at start" in left.detail
+    assert state_dir_check(tmp_path / "agent", "node-07").status == "ok"  # made at start
+    assert "does not exist yet" in state_dir_check(tmp_path / "agent", "node-07").detail
+    (tmp_path / "node-07").mkdir()
+    (tmp_path / "node-07" / FILE_NAME).write_text('{"gpus": {}}')  # what a clean stop leaves
+    assert state_dir_check(tmp_path, "node-07").status == "ok"
     a_file = tmp_path / "file"
     a_file.write_text("")
-    assert state_dir_check(a_file / "agent").status == "fail"
+    assert state_dir_check(a_file / "agent", "node-07").status == "fail"
+
+
+def test_the_state_dir_warns_of_caps_a_killed_agent_left_where_the_agent_keeps_them(tmp_path):
+    """The agent keeps its originals in the node's folder of its state directory: a cap it
+    set and did not restore (it was killed) is found there, with the agent's own settings."""
+    settings = AgentSettings(
+        agent_token=TOKEN, agent_backend="sim", agent_node_id="node-07", agent_state_dir=tmp_path
+    )
+    node = build_node(settings)  # as `flexgate agent` builds it; never stopped: killed
+    node.apply(CapCommand(plan_id="p", generation=1, lease_s=60.0, caps=[GpuCap(gpu=0, cap_w=450)]))
+    checks = {c.check: c for c in node_checks(settings)}
+    assert checks["state dir"].status == "warn"
+    assert "restores at start" in checks["state dir"].detail
+    node.stop()  # restores, as SIGTERM does: nothing is left
+    assert state_dir_check(tmp_path, "node-07").status == "ok"
 
 
 def agent_on(tmp_path, fake):
@@ -120,6 +136,22 @@ def test_the_port_held_by_an_agent_that_has_capped_is_ok(tmp_path):
         check = port_check("127.0.0.1", int(url.rsplit(":", 1)[1]))
     assert check.status == "ok"
     assert check.figures["can_cap"] is True
+
+
+def test_a_port_a_stopped_agent_left_in_time_wait_is_free():
+    """An agent that stopped a moment ago leaves its connections in TIME_WAIT; it binds its
+    port again at once (SO_REUSEADDR, as uvicorn does), so the doctor must not call it taken."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            served, _ = listener.accept()
+            served.close()  # the server closes first: its side of the port waits in TIME_WAIT
+            client.recv(1)
+    check = port_check("127.0.0.1", port)
+    assert (check.status, check.detail) == ("ok", f"127.0.0.1:{port} is free")
 
 
 def test_a_port_taken_by_something_else_fails():

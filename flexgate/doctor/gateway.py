@@ -3,7 +3,8 @@ agents, its meter, its VTN, NATS and the job source (docs/cli.md, "doctor").
 
 Read-only: the store is opened read-only where it is a file and only its schema version is
 read; an agent's token is tried on `PUT /v1/caps` with a body no agent accepts (the agent
-checks the token first: 401 for a wrong one, 422 for the body with the right one).
+checks the token first: 401 for a wrong one, 422 for the body with the right one); over NATS
+the agents are asked their health, and the desired-state bucket is neither made nor fitted.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ async def agent_checks(settings: GatewaySettings) -> list[Check]:
     if not addresses:
         return []
     try:
-        client = await agent_client(settings, SystemClock(), ())
+        client = await agent_client(settings, SystemClock(), (), read_only=True)
     except Exception as exc:  # NATS refused the connection: every agent is out of reach
         return [fail("agents", f"no transport to the agents: {exc}")]
     verify: Any = str(settings.agents_ca) if settings.agents_ca else True
@@ -185,7 +186,7 @@ def _can_cap(
 
 
 async def nats_check(settings: GatewaySettings) -> Check:
-    from agents.natsconnect import NatsConnectError, check
+    from gateway.agentclient.natsbus import NatsConnectError, check
 
     try:
         await check(nats_options(settings))

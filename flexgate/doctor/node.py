@@ -80,7 +80,7 @@ def node_checks(
         checks.append(permission_check(os.geteuid() if euid is None else euid, proc_status))
     if gateway_url:
         checks.append(clock_check(gateway_url))
-    checks.append(state_dir_check(settings.agent_state_dir))
+    checks.append(state_dir_check(settings.agent_state_dir, settings.agent_node_id))
     checks.append(port_check(settings.agent_host, settings.agent_port))
     return checks
 
@@ -219,8 +219,9 @@ def clock_check(gateway_url: str) -> Check:
     return ok("clock", said, offset_s=offset_s)
 
 
-def state_dir_check(state_dir: Path) -> Check:
-    """The folder where originals are saved can be written (or made), and what it holds."""
+def state_dir_check(state_dir: Path, node_id: str) -> Check:
+    """The folder where originals are saved can be written (or made), and what the node's
+    folder in it holds (the agent keeps them in `state_dir/node_id`, as `agents.run` does)."""
     name = "state dir"
     existing = state_dir
     while not existing.exists() and existing != existing.parent:
@@ -231,7 +232,7 @@ def state_dir_check(state_dir: Path) -> Check:
         return fail(name, f"{state_dir}: {existing} cannot be written by uid {os.geteuid()}")
     if existing != state_dir:
         return ok(name, f"{state_dir} does not exist yet; the agent makes it in {existing}")
-    if _saved_originals(state_dir / ORIGINALS_FILE):
+    if _saved_originals(state_dir / node_id / ORIGINALS_FILE):
         return warn(
             name,
             f"{state_dir} is writable and holds saved original limits: the last run left caps, "
@@ -252,6 +253,9 @@ def port_check(host: str, port: int) -> Check:
     """The agent's port is free, or held by a running agent (which then says if it can cap)."""
     name = "port"
     probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    # As uvicorn binds: a stopped agent's connections in TIME_WAIT do not keep it off the port
+    # (a listening socket still does).
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         probe.bind((host, port))
     except OSError as exc:

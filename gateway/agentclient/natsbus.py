@@ -102,9 +102,10 @@ class NatsAgentClient:
         self.unremembered = 0  #: desired states that could not be written to the bucket
         self._asking = asyncio.Semaphore(HEALTH_AT_ONCE)
 
-    async def connect(self) -> None:
+    async def connect(self, *, read_only: bool = False) -> None:
         """Connect, make (or fit) the bucket and listen to telemetry; NatsConnectError names
-        why it could not (wrong credentials, no server, no JetStream)."""
+        why it could not (wrong credentials, no server, no JetStream). `read_only` (the doctor):
+        connect only, to ask the agents' health; no bucket is made or changed."""
         options = self.options
         common = self.connect_options()
         try:
@@ -120,8 +121,9 @@ class NatsAgentClient:
                 error_cb=self._error,
                 **common,
             )
-            self._bucket = await self._desired_bucket()
-            await self._nc.subscribe(TELEMETRY_SUBJECTS, cb=self._on_telemetry)
+            if not read_only:
+                self._bucket = await self._desired_bucket()
+                await self._nc.subscribe(TELEMETRY_SUBJECTS, cb=self._on_telemetry)
         except (NatsError, OSError, TimeoutError) as exc:
             if self._nc is not None:
                 await self._nc.close()

@@ -15,21 +15,11 @@ from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from tests.agents.fake_nvml import FakeNvml
 from tests.conftest import wait_for
+from tests.gateway.test_agent_down import job
 
 API_TOKEN = "cannot-cap-api-token-0123"
 AGENT_TOKEN = "cannot-cap-agent-token-0123"
 AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
-
-
-def job(node: str, pfi: float) -> dict:
-    return {
-        "id": f"job-{node}",
-        "gpus": 2,
-        "power_w": 650.0,
-        "throughput": 1e4,
-        "pfi": pfi,
-        "placement": [{"node": node, "gpus": [0, 1]}],
-    }
 
 
 def agent(tmp_path, node_id: str, fake: FakeNvml, port: int = 0) -> ServerThread:

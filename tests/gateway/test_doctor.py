@@ -191,3 +191,42 @@ def test_an_openadr_20b_vtn_is_checked_for_an_answer(site, capsys, monkeypatch):
     assert code == 1
     assert checks["vtn"]["status"] == "fail"
     assert "does not answer" in checks["vtn"]["detail"]
+
+
+def test_over_nats_the_agents_are_asked_and_no_bucket_is_made(site, capsys, monkeypatch):
+    """The doctor asks each agent's health over NATS; it neither makes nor fits the gateway's
+    desired-state bucket (JetStream), which only a running gateway owns."""
+    import asyncio
+
+    import nats
+    from nats.js.errors import NotFoundError
+
+    from agents.protocol import DESIRED_BUCKET
+    from tests.natsserver import NATS_TOKEN, NatsServer
+
+    _, _, db = site
+    server = NatsServer(db.parent / "nats").start()
+    try:
+        monkeypatch.setenv("FLEXGATE_TRANSPORT", "nats")
+        monkeypatch.setenv("FLEXGATE_AGENTS", "node-x")  # no agent of that name answers
+        monkeypatch.setenv("FLEXGATE_NATS_URL", server.url)
+        monkeypatch.setenv("FLEXGATE_NATS_TOKEN", NATS_TOKEN)
+        code, checks = doctor(capsys, "--gateway")
+        assert code == 1
+        assert checks["nats"]["status"] == "ok"
+        assert checks["agent node-x"]["status"] == "fail"
+        assert "does not answer" in checks["agent node-x"]["detail"]
+
+        async def bucket_exists() -> bool:
+            nc = await nats.connect(server.url, token=NATS_TOKEN)
+            try:
+                await nc.jetstream().stream_info(f"KV_{DESIRED_BUCKET}")
+                return True
+            except NotFoundError:
+                return False
+            finally:
+                await nc.close()
+
+        assert asyncio.run(bucket_exists()) is False
+    finally:
+        server.stop()
