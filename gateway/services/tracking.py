@@ -102,12 +102,15 @@ LIMIT_MARGIN_MOST = 0.10
 #: its plateau; the factor an answer may stray from the gain believed and be read (a site's
 #: gain per planned kW is not one number: the deeper cut lands on other jobs); the flatness
 #: asked of the meter before and after a move (a share of its answer, beyond 3 sigma of the
-#: meter's scatter at rest); and how close to the reduction the shed must come [share].
+#: meter's scatter at rest); how close to the reduction the shed must come [share], or within
+#: how many standard deviations of an answer's own noise (the difference of two means of a
+#: window's readings).
 ANSWER_GAINS_KEPT = 9
 PLATEAU_SHARE = 0.98
 ANSWER_STRAY = 3.0
 ANSWER_FLAT = 0.02
 ANSWER_CLOSE = 0.02
+ANSWER_SIGMAS = 2.0
 
 
 @dataclass
@@ -452,7 +455,10 @@ class Tracker:
         if self.clock.monotonic() < self._ready_s:
             return
         left_kw = pursuit.reduction_kw - pursuit.shed_kw
-        if abs(left_kw) <= max(ANSWER_CLOSE * pursuit.reduction_kw, 3.0 * self._rest_noise_kw()):
+        # What is left is judged against the noise of the answers it was read from, not of one
+        # reading: 3 sigmas of one reading let a 2 kW delta on a 0.05 kW meter rest 7% off.
+        noise_kw = ANSWER_SIGMAS * self._rest_noise_kw() * math.sqrt(2.0 / self._window_readings())
+        if abs(left_kw) <= max(ANSWER_CLOSE * pursuit.reduction_kw, noise_kw):
             return
         most_kw = float((self.targets.last_plan or {}).get("max_facility_kw", math.inf))
         # The first answer, from rest, is the gain over the whole cut: caps above what a job
