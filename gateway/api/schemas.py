@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+
+from flexmodel.baselines import PRESETS
 
 
 class _Strict(BaseModel):
@@ -91,6 +93,17 @@ class QuoteRequest(_Strict):
     reduction_kw: float | None = Field(default=None, ge=0)
     window_s: float = Field(default=3600.0, gt=0)
     confidence: float = Field(default=0.9, gt=0, lt=1)
+    #: a baseline preset: the answer adds what the utility would count (`counted`)
+    baseline: str | None = None
+    #: when the window begins (ISO 8601 with its offset; default now)
+    start: AwareDatetime | None = None
+
+    @field_validator("baseline")
+    @classmethod
+    def _known_preset(cls, name: str | None) -> str | None:
+        if name is not None and name not in PRESETS:
+            raise ValueError(f"baseline {name!r} is not a preset (one of {', '.join(PRESETS)})")
+        return name
 
     model_config = ConfigDict(
         extra="forbid",
@@ -328,6 +341,9 @@ class Quote(_Open):
     firm_kw: float
     supply_curve: list[dict[str, float]]
     jobs: list[dict[str, Any]]
+    counted: dict[str, Any] | None = Field(
+        default=None, description="with `baseline`: what the utility would count"
+    )
 
 
 class SyncState(BaseModel):

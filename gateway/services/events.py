@@ -23,6 +23,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from gateway.clock import Clock
 from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
+from gateway.services.counted import Counted
 from gateway.services.delivery import delivery_doc
 from gateway.services.grid import ExternalEvent, GridProtocol, Interval
 from gateway.services.intervals import from_doc, level_now, reduction_now, stored_doc
@@ -57,6 +58,7 @@ class Events:
         self.settings, self.store, self.clock = settings, store, clock
         self.book, self.power, self.quotes, self.grid = book, power, quotes, grid
         self.targets, self.tracker = targets, tracker
+        self.counted = Counted(settings, store, clock, power)
         self._feasible: dict[str, bool] = {}  #: plan id -> whether it met its target
         self.scheduler = AsyncIOScheduler(timezone=UTC)
 
@@ -139,6 +141,7 @@ class Events:
                     ),
                     "ramp": ramps[event.id].doc() if event.id in ramps else None,
                     "settlement": settlement_link(self.settings, event.id),
+                    "counted": getattr(event, "counted", None),
                 }
             )
         return out
@@ -235,6 +238,9 @@ class Events:
                 await self.cancel(event_id, "vtn")
             return "in", None
         opt, reason = self._opt(external)
+        counted = await self._count(external) if opt == "in" else None
+        if counted is not None and counted["short"]:
+            opt, reason = "out", counted["short"]
         now = self.clock.now()
         start = external.start or now
         row = EventRow(
@@ -251,6 +257,7 @@ class Events:
             modification=external.modification,
             test=external.test,
             created_at=now,
+            counted=counted,
         )
         with self.store.session() as s:
             repo.replace_event(s, event=row)
@@ -319,6 +326,16 @@ class Events:
             if short is not None:
                 return "out", short
         return "in", None
+
+    async def _count(self, external: ExternalEvent) -> dict[str, Any] | None:
+        """What the utility would count of the site's firm shed under FLEXGATE_OPT_IN_BASELINE
+        (`Counted.opt_in`), when it is set and the event is one to act on."""
+        if not self.settings.opt_in_baseline or external.test or not external.intervals:
+            return None
+        start, end = external.intervals[0].start, external.intervals[-1].end
+        most = max(i.reduction_kw for i in external.intervals)
+        firm = self.quotes.firm((end - start).total_seconds(), self.settings.opt_confidence)
+        return await self.counted.opt_in(start, end, most, firm)
 
     async def _revisit(self) -> None:
         """External events opted in whose target (a level follows the load) the site's job

@@ -19,34 +19,24 @@ the local days of the other stored events (test events excepted), whatever becam
 from __future__ import annotations
 
 import asyncio
-import math
-import re
 from collections.abc import Sequence
 from dataclasses import asdict
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from flexmodel.baselines import (
-    Baseline,
-    MeterDay,
-    SameDayRule,
-    XOfYRule,
-    baseline,
-    preset,
-)
+from flexmodel.baselines import Baseline, Calendar, XOfYRule, preset
 from flexmodel.errors import FlexModelError
 from gateway.clock import Clock
 from gateway.errors import InvalidRequestError, NotFoundError
-from gateway.services.intervals import from_doc
-from gateway.services.meterdays import (
-    LocalClock,
-    calendar,
-    day_index,
-    day_of,
-    fold,
-    local_midnight,
-    read_intervals,
+from gateway.services.baselineread import (
+    EventSpan,
+    History,
+    day_dates,
+    read_history,
+    rule_baseline,
+    slot_kw,
 )
+from gateway.services.intervals import from_doc
+from gateway.services.meterdays import LocalClock, calendar, day_of
 from gateway.settings import GatewaySettings, interval_problem, zone_problem
 from gateway.store import repo
 from gateway.store.db import Store
@@ -110,27 +100,13 @@ class Settlement:
             event = repo.get_event(s, event_id=event_id)
             if event is None:
                 raise NotFoundError(f"no event '{event_id}'")
-            others = [e for e in repo.list_events(s) if e.id != event_id and not e.test]
             plan = repo.get_plan(s, plan_id=event.plan_id) if event.plan_id else None
-            span = EventSpan(event, clock, interval_min)
-            lookback = max((_lookback_days(preset(n)) for n in names), default=0)
-            first_day = span.day - timedelta(days=lookback)
-            intervals = read_intervals(
-                s,
-                start=local_midnight(first_day, clock.zone),
-                end=local_midnight(span.day + timedelta(days=1), clock.zone),
-                interval_min=interval_min,
+            span = EventSpan(event.start, event.end, clock, interval_min)
+            history = read_history(
+                s, span, names=names, interval_min=interval_min, exclude_event=event_id
             )
-        days = {d.day: d for d in fold(intervals, clock, interval_min)}
-        mine = [i for i in intervals if span.start <= i.start < span.end]
-        event_days = {day_index(clock.day(as_utc(e.start))) for e in others} | {
-            day_index(clock.day(as_utc(e.end) - timedelta(microseconds=1))) for e in others
-        }
-        context = {
-            "days": days,
-            "event_days": event_days - {day_index(span.day)},
-            "calendar": calendar(self.settings.holiday_dates),
-        }
+        mine = [i for i in history.intervals if span.start <= i.start < span.end]
+        holidays = calendar(self.settings.holiday_dates)
         return rounded(
             {
                 "event_id": event.id,
@@ -141,16 +117,12 @@ class Settlement:
                 "interval_min": interval_min,
                 "event_day": span.day.isoformat(),
                 "holidays": sorted(d.isoformat() for d in self.settings.holiday_dates),
-                "event_days_excluded": sorted(day_of(d).isoformat() for d in event_days),
+                "event_days_excluded": [d.isoformat() for d in day_dates(history.event_days)],
                 "throughput_kept": _throughput_kept(plan.doc if plan else None),
                 "computed_at": iso(self.clock.now()),
-                "rules": [_settle_rule(n, event, span, mine, **context) for n in names],
+                "rules": [_settle_rule(n, event, span, mine, history, holidays) for n in names],
             }
         )
-
-
-def _lookback_days(rule: Any) -> int:
-    return 0 if isinstance(rule, SameDayRule) else int(rule.lookback_days)
 
 
 def _throughput_kept(plan: dict[str, Any] | None) -> float | None:
@@ -160,73 +132,26 @@ def _throughput_kept(plan: dict[str, Any] | None) -> float | None:
     return float(plan["throughput_after"]) / float(plan["throughput_before"])
 
 
-class EventSpan:
-    """The event on the site's clock: its settlement intervals' span, its local day, and the
-    minutes of that day it covers (`start_min`, `end_min`)."""
-
-    def __init__(self, event: EventRow, clock: LocalClock, interval_min: int) -> None:
-        self.clock = clock
-        step = interval_min * 60
-        begins, ends = as_utc(event.start).timestamp(), as_utc(event.end).timestamp()
-        self.start = datetime.fromtimestamp(begins // step * step, UTC)
-        self.end = datetime.fromtimestamp(-(-ends // step) * step, UTC)
-        self.day = clock.day(self.start)
-        self.start_min = clock.minute(self.start, self.day)
-        self.end_min = clock.minute(self.end, self.day)
-        #: why no rule can settle it, if so
-        self.problem: str | None = None
-        if clock.day(self.end - timedelta(seconds=1)) != self.day:
-            self.problem = (
-                f"the event crosses the site's midnight ({self.day.isoformat()}, "
-                f"{clock.zone.key}): a baseline covers one local day"
-            )
-
-
 def _settle_rule(
     name: str,
     event: EventRow,
     span: EventSpan,
     intervals: Sequence[MeterInterval],
-    *,
-    days: dict[int, MeterDay],
-    event_days: set[int],
-    calendar: Any,
+    history: History,
+    holidays: Calendar,
 ) -> dict[str, Any]:
     rule = preset(name)
     out: dict[str, Any] = {"rule": name, "kind": type(rule).__name__, "parameters": asdict(rule)}
-    found: Baseline | None = None
-    reason = span.problem
-    today = days.get(day_index(span.day))
-    if reason is None and today is None:
-        reason = f"no meter history on {span.day.isoformat()}"
-    if reason is None and today is not None:
-        history = [d for d in days.values() if d.day < today.day]
-        try:
-            found = baseline(
-                rule,
-                today,
-                history,
-                start_min=span.start_min,
-                end_min=span.end_min,
-                calendar=calendar,
-                event_days=event_days,
-            )
-        except FlexModelError as exc:  # NoBaselineError: the rule's answer, not a failure
-            reason = _dated(str(exc))
+    found, reason = rule_baseline(name, span, history, holidays)
     out["reason"] = reason
-    out["baseline"] = None if found is None else _baseline_doc(found)
+    out["baseline"] = None if found is None else baseline_doc(found)
     rows = [_row(i, event, span, found) for i in intervals]
     out["intervals"] = rows
     out["totals"] = _totals(rows)
     return out
 
 
-def _dated(reason: str) -> str:
-    """flexmodel's day indices as the dates a person reads."""
-    return re.sub(r"\bday (\d{4,6})\b", lambda m: day_of(int(m.group(1))).isoformat(), reason)
-
-
-def _baseline_doc(found: Baseline) -> dict[str, Any]:
+def baseline_doc(found: Baseline) -> dict[str, Any]:
     return {
         "days_used": [day_of(d).isoformat() for d in found.days_used],
         "adjustment_factor": found.adjustment_factor,
@@ -242,11 +167,7 @@ def _row(
     hours = (interval.end - interval.start).total_seconds() / 3600
     baseline_kw = unadjusted_kw = None
     if found is not None:
-        slot = (span.clock.minute(interval.start, span.day) - found.start_min) // found.interval_min
-        value = float(found.baseline_kw[slot])
-        baseline_kw = None if math.isnan(value) else value
-        raw = float(found.unadjusted_kw[slot])
-        unadjusted_kw = None if math.isnan(raw) else raw
+        baseline_kw, unadjusted_kw = slot_kw(found, span, interval.start)
     metered_kw = interval.mean_kw
     delivered_kw = None if baseline_kw is None or metered_kw is None else baseline_kw - metered_kw
     target_kw = _target_kw(event, interval, baseline_kw)

@@ -45,6 +45,7 @@ UPGRADES: dict[int, tuple[tuple[str, str], ...]] = {
         ),
     ),
     6: (),  # the tables meter_samples and meter_intervals
+    7: (("events", "counted JSON"),),  # what the opt-in decision counted under a baseline
 }
 
 

@@ -16,7 +16,7 @@ from sqlmodel import Field, SQLModel
 
 #: Bump when a table changes, with its upgrade in `gateway.store.db.UPGRADES`; an older
 #: database is upgraded when opened, a newer one is refused with a clear error.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def as_utc(when: datetime) -> datetime:
@@ -82,6 +82,9 @@ class EventRow(SQLModel, table=True):
     modification: int = 0
     test: bool = False  #: an OpenADR test event: answered, never acted on
     created_at: datetime = _when(nullable=False)
+    #: what the utility would count, as the opt-in decision read it (FLEXGATE_OPT_IN_BASELINE;
+    #: `gateway.services.counted`; schema version 7)
+    counted: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
 
 
 class PlanRow(SQLModel, table=True):

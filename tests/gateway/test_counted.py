@@ -1,0 +1,230 @@
+"""Before an event (issue 38, item 4): what the utility would count of a quote and of an
+opt-in, under the program's baseline, from meter history in a real store, worked by hand.
+
+The history is test_settlement's (UTC, 15-minute intervals): weekdays 100 kW, the holiday and
+the other event's day left out; the event day, Wednesday 2026-11-18, 110 kW until the event
+(14:00-15:00). Seen at 13:30, the readings from then on have not happened.
+
+- 10of10: the ten newest eligible weekdays average 100 kW; the adjustment window
+  (10:00-13:00) reads 110: a factor 1.1, inside the 20% cap: 110 kW in each interval.
+- A site at 90 kW now runs 20 kW below that baseline: a 35 kW shed leaves it at 55 kW, and the
+  utility counts 110 - 55 = 55 kW; 30 kW firm counts 50, 40 kW achievable 60.
+- A site at 130 kW runs 20 kW above: the 35 kW shed counts 110 - 95 = 15 kW.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, time, timedelta
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.clock import SteppedClock
+from gateway.services.counted import Counted
+from gateway.store import repo
+from gateway.store.db import Store
+from gateway.store.models import epoch_ms
+from tests.gateway.conftest import running_site
+from tests.gateway.test_meter_history import running_gateway
+from tests.gateway.test_settlement import HOLIDAY, START, settings_for, write_site
+from tests.gateway.test_ven import Vtn
+
+SHEDS = {"reduction_kw": 35.0, "firm_kw": 30.0, "achievable_kw": 40.0}
+BEFORE = START - timedelta(minutes=30)  #: 13:30, half an hour before the event
+
+
+def count(database_url, rule, level_kw, *, now=BEFORE, history_days=20, **changes):
+    settings = settings_for(database_url, settlement_holidays=HOLIDAY.isoformat(), **changes)
+    store = Store(database_url)
+    try:
+        write_site(store, history_days=history_days)
+        counted = Counted(settings, store, SteppedClock(now), power=None)  # type: ignore[arg-type]
+        level = {"kw": level_kw, "source": "meter", "estimated": False}
+        end = START + timedelta(hours=1)
+        return asyncio.run(counted.doc(rule, START, end, dict(SHEDS), level))
+    finally:
+        store.close()
+
+
+def test_a_site_below_its_baseline_days_is_counted_more_than_it_sheds(database_url):
+    doc = count(database_url, "10of10", 90.0)
+    assert doc["reason"] is None
+    assert (doc["start"], doc["end"]) == (
+        START.isoformat(),
+        (START + timedelta(hours=1)).isoformat(),
+    )
+    assert [r["baseline_kw"] for r in doc["intervals"]] == [110.0] * 4
+    assert doc["baseline_kw"] == 110.0
+    assert doc["baseline"]["adjustment_factor"] == pytest.approx(1.1)
+    assert doc["below_baseline_kw"] == 20.0
+    assert doc["counted_kw"] == {"reduction_kw": 55.0, "firm_kw": 50.0, "achievable_kw": 60.0}
+    assert doc["level"] == {"kw": 90.0, "source": "meter", "estimated": False}
+
+
+def test_a_site_above_its_baseline_days_is_counted_less_than_it_sheds(database_url):
+    doc = count(database_url, "10of10", 130.0)
+    assert doc["below_baseline_kw"] == -20.0
+    assert doc["counted_kw"] == {"reduction_kw": 15.0, "firm_kw": 10.0, "achievable_kw": 20.0}
+
+
+@pytest.mark.parametrize(
+    ("rule", "now", "history_days", "why"),
+    [
+        ("sameday-3+2", BEFORE, 20, "it gives no baseline before the event"),
+        # the adjustment window ends at 13:00: at 12:30 it has not happened
+        ("10of10", START - timedelta(minutes=90), 20, "day-of adjustment (3 h ending 1 h"),
+        ("10of10", BEFORE, 6, "3 eligible days, 10 needed"),
+    ],
+)
+def test_a_rule_that_cannot_give_a_baseline_before_the_event_says_why(
+    database_url, rule, now, history_days, why
+):
+    doc = count(database_url, rule, 90.0, now=now, history_days=history_days)
+    assert why in doc["reason"]
+    assert (doc["baseline_kw"], doc["intervals"]) == (None, [])
+    assert doc["counted_kw"] == dict.fromkeys(SHEDS)
+
+
+@pytest.mark.parametrize(
+    ("rule", "now", "why"),
+    [
+        # 13:05: the adjustment window (10:00-13:00) has happened; high 5 of 10, additive +10
+        ("high5of10", datetime(2026, 11, 18, 13, 5, tzinfo=UTC), None),
+        # 12:00: the match window (10:00-13:00) has not
+        ("matchday-3", datetime(2026, 11, 18, 12, tzinfo=UTC), "match window"),
+    ],
+)
+def test_a_window_before_the_start_counts_once_it_has_happened(database_url, rule, now, why):
+    doc = count(database_url, rule, 90.0, now=now)
+    if why is None:
+        assert (doc["reason"], doc["baseline_kw"]) == (None, 110.0)
+    else:
+        assert why in doc["reason"]
+
+
+def test_an_unknown_opt_in_baseline_is_a_settings_error():
+    with pytest.raises(ValidationError, match="FLEXGATE_OPT_IN_BASELINE: '9of9'"):
+        settings_for("sqlite:///x.db", opt_in_baseline="9of9")
+
+
+def test_a_quote_names_the_baseline_and_shows_what_would_be_counted(tmp_path):
+    database_url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    store = Store(database_url)
+    try:
+        write_site(store)
+    finally:
+        store.close()
+    options = {"settlement_holidays": HOLIDAY.isoformat()}
+    with running_gateway(tmp_path, database_url, **options) as (api, _):
+        plain = api.post("/v1/quotes", json={"reduction_kw": 1.0})
+        assert plain.status_code == 200, plain.text
+        assert "counted" not in plain.json()
+        body = {"reduction_kw": 1.0, "baseline": "10of10", "start": START.isoformat()}
+        answer = api.post("/v1/quotes", json=body)
+        assert answer.status_code == 200, answer.text
+        quote = answer.json()
+        counted = quote["counted"]
+        assert (counted["rule"], counted["reason"]) == ("10of10", None)
+        assert [r["baseline_kw"] for r in counted["intervals"]] == [110.0] * 4
+        level_kw = counted["level"]["kw"]
+        assert counted["level"]["estimated"] is True  # no meter: the estimate
+        assert counted["below_baseline_kw"] == pytest.approx(110.0 - level_kw, abs=1e-3)
+        assert counted["counted_kw"]["reduction_kw"] == pytest.approx(111.0 - level_kw, abs=2e-3)
+        assert counted["counted_kw"]["firm_kw"] == pytest.approx(
+            110.0 - level_kw + quote["firm_kw"], abs=2e-3
+        )
+        for bad, named in (
+            ({"baseline": "9of9"}, "'9of9' is not a preset"),
+            ({"baseline": "10of10", "start": "2026-11-18T14:00:00"}, "start"),
+        ):
+            refused = api.post("/v1/quotes", json={"reduction_kw": 1.0, **bad})
+            assert refused.status_code == 422, refused.text
+            assert named in str(refused.json()["detail"]), refused.text
+        again = api.post("/v1/quotes", json={"reduction_kw": 1.0})
+        assert "counted" not in again.json()
+
+
+def flat_history(database_url: str, kw: float, now: datetime) -> str:
+    """Every 15-minute interval of the 46 days to `now` at `kw`, and a site time zone whose
+    clock reads about noon now (so the 10of10 adjustment window, 3 h ending 1 h before an
+    event starting now, lies in the day, whatever the hour the test runs): its name."""
+    offset_h = 12 - now.hour  # Etc/GMT-N is N hours east of UTC
+    zone = f"Etc/GMT{-offset_h:+d}" if offset_h else "Etc/GMT+0"
+    store = Store(database_url)
+    try:
+        for back in range(46, -1, -1):
+            day = (now - timedelta(days=back)).date()
+            begins = epoch_ms(datetime.combine(day, time(0), tzinfo=UTC))
+            closed = [
+                begins + slot * 900_000
+                for slot in range(96)
+                if begins + (slot + 1) * 900_000 <= epoch_ms(now)
+            ]
+            rows = [
+                {
+                    "length_s": 900,
+                    "start_ms": at,
+                    "mean_kw": kw,
+                    "samples": 180,
+                    "coverage": 1.0,
+                    "gap": False,
+                    "estimated_share": 0.0,
+                    "estimated": False,
+                    "fault": False,
+                }
+                for at in closed
+            ]
+            with store.session() as s:
+                repo.replace_meter_intervals(
+                    s, length_s=900, start_ms=begins, end_ms=begins + 86400_000, rows=rows
+                )
+                s.commit()
+    finally:
+        store.close()
+    return zone
+
+
+@pytest.mark.parametrize("opt_in_baseline", [None, "10of10"])
+def test_the_opt_in_opts_out_when_the_counted_firm_kw_falls_short(tmp_path, opt_in_baseline):
+    """Baseline days at 0.5 kW, today too: 10of10 gives 0.5 kW (factor 1). The site draws
+    far more now, so whatever it sheds, the utility would count 0.5 kW less its level less the
+    shed: below the 25% of its baseline an OpenADR SIMPLE level 2 asks. Without the setting
+    the same event is opted in on the site's own firm kW."""
+    database_url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    zone = flat_history(database_url, 0.5, datetime.now(UTC))
+    options = {
+        "site_timezone": zone,
+        "opt_in_baseline": opt_in_baseline,
+        "vtn_allow_unsigned": True,
+        "ven_name": "flexgate-test",
+    }
+    with Vtn() as vtn, running_site(tmp_path, database_url, vtn_url=vtn.url, **options) as site:
+        site.wait(lambda: site.api.get("/health").json()["ven"] == "registered", what="the VEN")
+        ask = {"baseline": "10of10"}  # the level a quote counts from: the site's, once read
+        site.wait(
+            lambda: site.api.post("/v1/quotes", json=ask).json()["counted"]["level"]["kw"] > 1.0,
+            what="a reading of the site",
+        )
+        start = datetime.now(UTC) + timedelta(seconds=5)
+        event_id = vtn.add_event("simple", "level", 2.0, start, 60)
+        site.wait(lambda: event_id in vtn.answers, what="the VTN hearing the answer")
+        stored = site.api.get(f"/v1/events/oadr-{event_id}").json()
+        if opt_in_baseline is None:
+            assert (vtn.answers[event_id], stored["opt"], stored["counted"]) == (
+                "optIn",
+                "in",
+                None,
+            )
+            return
+        assert vtn.answers[event_id] == "optOut"
+        assert stored["status"] == "opted_out"
+        counted = stored["counted"]
+        assert (counted["rule"], counted["reason"], counted["baseline_kw"]) == ("10of10", None, 0.5)
+        assert counted["asked_kw"] == pytest.approx(stored["reduction_kw"], abs=1e-3)
+        firm_kw = counted["counted_kw"]["firm_kw"]
+        assert firm_kw < counted["asked_kw"]
+        assert stored["reason"] == counted["short"]
+        assert stored["reason"].startswith(f"under 10of10 the utility would count {firm_kw:.1f} kW")
+        assert "baseline 0.5 kW" in stored["reason"]
+        assert all(w == 700.0 for ws in site.limits().values() for w in ws)
