@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -24,6 +25,25 @@ EXAMPLES = ROOT / "examples"
 settings.register_profile("default", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile("default")
+
+#: `make test` runs the suite on several pytest-xdist workers (`--dist loadgroup`); the tests of
+#: one group run one after another on one worker. PostgreSQL's `test` database is one: each of
+#: its tests drops and creates the schema, and tests/gateway/test_restart.py stops the server.
+POSTGRES_GROUP = "postgresql"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    """The PostgreSQL variants of the `database_url` tests join the PostgreSQL group; a test in
+    two groups is refused (pytest-xdist would make a third group of the pair, which runs beside
+    both)."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("database_url") == "postgresql":
+            item.add_marker(pytest.mark.xdist_group(POSTGRES_GROUP))
+        groups = {mark.args[0] for mark in item.iter_markers("xdist_group")}
+        if len(groups) > 1:
+            raise pytest.UsageError(f"{item.nodeid} is in more than one xdist_group: {groups}")
 
 
 def wait_for(check, what: str, seconds: float = 15.0, every_s: float = 0.02):
@@ -62,6 +82,11 @@ def recovery():
 def pytest_sessionfinish(session):
     target = os.environ.get("FLEXGATE_RECOVERY_REPORT")
     if target and RECOVERY:  # merged into what is there, so a partial run updates its own
-        path = Path(target)
-        known = json.loads(path.read_text()) if path.exists() else {}
-        path.write_text(json.dumps(known | RECOVERY, indent=2, sort_keys=True) + "\n")
+        with open(target, "a+", encoding="utf-8") as report:
+            fcntl.flock(report, fcntl.LOCK_EX)  # pytest-xdist's workers each merge their own
+            report.seek(0)
+            text = report.read()
+            known = json.loads(text) if text.strip() else {}
+            report.seek(0)
+            report.truncate()
+            report.write(json.dumps(known | RECOVERY, indent=2, sort_keys=True) + "\n")
