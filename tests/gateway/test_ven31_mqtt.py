@@ -397,7 +397,9 @@ def test_mock_vtn_refuses_a_broker_it_cannot_use(args, fragment):
 
 def test_mock_vtn_command_offers_mqtt_on_the_broker_given(broker):
     port = free_port()
-    command = [sys.executable, "-m", "flexgate.cli", "mock-vtn", "--openadr", "3.1"]
+    # faulthandler: SIGABRT prints every thread's stack, should it not stop on SIGINT
+    command = [sys.executable, "-X", "faulthandler", "-m", "flexgate.cli", "mock-vtn"]
+    command += ["--openadr", "3.1"]
     with subprocess.Popen(
         [*command, "--mqtt-broker", broker, "--port", str(port)],
         cwd=ROOT,
@@ -427,7 +429,23 @@ def test_mock_vtn_command_offers_mqtt_on_the_broker_given(broker):
             assert offered["MQTT"]["authentication"] == {"method": "ANONYMOUS"}
         finally:
             server.send_signal(signal.SIGINT)
-            server.wait(20)
+            stopped(server)
+
+
+def stopped(server: subprocess.Popen) -> None:
+    """Wait for a server sent SIGINT; one still running after 20 s fails the test with its
+    threads' stacks and is killed, not left to hang the test and warn in a later one."""
+    try:
+        server.wait(20)
+        return
+    except subprocess.TimeoutExpired:
+        server.send_signal(signal.SIGABRT)
+    try:
+        _, err = server.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        _, err = server.communicate()
+    pytest.fail(f"the server did not stop within 20 s of SIGINT; its threads:\n{err[-6000:]}")
 
 
 def test_a_vtn_without_an_mqtt_notifier_is_used_by_webhook_and_polling(
