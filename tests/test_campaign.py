@@ -16,7 +16,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import campaign_bench
 
-pytestmark = pytest.mark.slow
+# One worker runs them all (`make test` runs in parallel): the 20 events (a minute) are run once,
+# by the module's fixture, not once per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("campaign")]
 
 
 @pytest.fixture(scope="module")
