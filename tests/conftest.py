@@ -26,24 +26,46 @@ settings.register_profile("default", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile("default")
 
-#: `make test` runs the suite on several pytest-xdist workers (`--dist loadgroup`); the tests of
-#: one group run one after another on one worker. PostgreSQL's `test` database is one: each of
-#: its tests drops and creates the schema, and tests/gateway/test_restart.py stops the server.
+#: `make test` runs the suite on several pytest-xdist workers; the tests of one group run one
+#: after another on one worker (README.md, "How the suite runs"). By file: a shared server, or
+#: a costly module fixture computed once rather than once per worker.
+XDIST_GROUPS = {
+    "tests/interop/test_reference_vtn31.py": "reference-vtn",  # one VTN; fixed MQTT client id
+    "tests/test_compose_lab.py": "docker",  # images built once; one stack at a time
+    "tests/gateway/test_slurm.py": "slurm",  # one cluster for the module
+    "tests/gateway/test_dashboard.py": "chromium",  # one browser at a time
+    "tests/gateway/test_ven31_mqtt.py": "mosquitto",  # the machine's broker (a precaution)
+    "tests/test_campaign.py": "campaign",  # its fixture runs the 20-event campaign (a minute)
+}
+#: PostgreSQL's `test` database: each test drops and creates the schema, and
+#: tests/gateway/test_restart.py stops the server. Its tests: the `postgresql` variant of
+#: `database_url`, and tests/gateway's tests named for PostgreSQL.
 POSTGRES_GROUP = "postgresql"
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items):
-    """The PostgreSQL variants of the `database_url` tests join the PostgreSQL group; a test in
-    two groups is refused (pytest-xdist would make a third group of the pair, which runs beside
-    both)."""
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        if callspec is not None and callspec.params.get("database_url") == "postgresql":
-            item.add_marker(pytest.mark.xdist_group(POSTGRES_GROUP))
-        groups = {mark.args[0] for mark in item.iter_markers("xdist_group")}
-        if len(groups) > 1:
-            raise pytest.UsageError(f"{item.nodeid} is in more than one xdist_group: {groups}")
+def xdist_group(nodeid: str) -> str | None:
+    """The group of the test `nodeid`, or None for a test that runs beside any other."""
+    path, _, rest = nodeid.partition("::")
+    if path in XDIST_GROUPS:
+        return XDIST_GROUPS[path]
+    name, _, params = rest.partition("[")
+    if "postgresql" in params.rstrip("]").split("-"):
+        return POSTGRES_GROUP
+    if path.startswith("tests/gateway/") and "postgresql" in name:
+        return POSTGRES_GROUP
+    return None
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's load scheduling, the tests of a group sent to one worker as one unit.
+    (Its own `--dist loadgroup` renames items to mark their group, which pytest 9 ignores.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid) or nodeid
+
+    return GroupScheduling(config, log)
 
 
 def wait_for(check, what: str, seconds: float = 15.0, every_s: float = 0.02):

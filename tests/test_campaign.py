@@ -16,9 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import campaign_bench
 
-# One worker runs them all (`make test` runs in parallel): the 20 events (a minute) are run once,
-# by the module's fixture, not once per worker.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("campaign")]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

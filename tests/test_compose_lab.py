@@ -32,9 +32,7 @@ from flexgate.composelab import (
 )
 from tests.conftest import wait_for
 
-# One worker runs them all (`make test` runs in parallel): the images are built once, and one
-# stack at a time shares the Docker engine.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("docker")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 NODES = {"agent-1": "node-01", "agent-2": "node-02"}
 JOBS = json.loads(SITE.read_text(encoding="utf-8"))["jobs"]

@@ -20,9 +20,6 @@ from tests.conftest import wait_for
 from tests.gateway.conftest import API, running_site
 
 READ_TOKEN = "read-token-0123456789abcdef"
-# One worker runs them all (`make test` runs in parallel): one Chromium at a time, so its start
-# and the page's 2 s polls do not compete with another's on a 2-core machine.
-pytestmark = pytest.mark.xdist_group("chromium")
 #: The page polls site and events every 2 s: one update, and the page's own load, fit in this.
 ONE_UPDATE_S = 6.0
 

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from flexgate.serve import ServerThread, free_port
-from tests.conftest import POSTGRES_GROUP, ROOT
+from tests.conftest import ROOT
 from tests.gateway.conftest import (
     AGENT_TOKEN,
     API,
@@ -188,7 +188,6 @@ def restored(site):
 
 
 @NEEDS_LOCAL_POSTGRES
-@pytest.mark.xdist_group(POSTGRES_GROUP)  # it stops the server the other PostgreSQL tests use
 def test_postgresql_restarted_mid_event(tmp_path, recovery):
     """The store goes away mid-event: /health says unhealthy (503), writes are refused with
     503 and change nothing, the caps stay (leases renewed from memory). When it is back the
@@ -222,7 +221,6 @@ def test_postgresql_restarted_mid_event(tmp_path, recovery):
 
 
 @NEEDS_LOCAL_POSTGRES
-@pytest.mark.xdist_group(POSTGRES_GROUP)  # it stops the server the other PostgreSQL tests use
 def test_an_event_that_ends_while_postgresql_is_down_ends_when_it_returns(tmp_path, recovery):
     """The end falls in the outage: the scheduled end cannot be stored, so the caps hold until
     the store is back, and the next reconciliation ends the event and restores."""

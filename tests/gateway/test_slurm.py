@@ -21,8 +21,6 @@ from tests.gateway.jobsites import following_site
 from tests.gateway.slurmcluster import NODE, SlurmCluster, require_slurm
 
 NOTIFY = ROOT / "scripts" / "slurm" / "flexgate-notify"
-# One worker runs them all (`make test` runs in parallel): one cluster for the module.
-pytestmark = pytest.mark.xdist_group("slurm")
 
 
 @pytest.fixture(scope="module")

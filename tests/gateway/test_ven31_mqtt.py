@@ -40,10 +40,6 @@ from tests.gateway.test_ven31_security import settings
 from tests.test_cli import assert_bad_input, flexgate
 
 BROKER = "mqtt://127.0.0.1:1883"
-# One worker runs them all (`make test` runs in parallel): they share the machine's broker.
-# Each VTN's topics sit under a root of its own and every client id is drawn anew, so this is
-# a precaution, not a fix.
-pytestmark = pytest.mark.xdist_group("mosquitto")
 HOUR = 3600.0
 
 

@@ -21,10 +21,8 @@ from gateway.openadr.ven31 import CALLBACK_PATH
 from tests.gateway.conftest import running_site
 from tests.interop import refvtn
 
-# The first run builds the VTN's venv from PyPI inside the first test's setup. One worker runs
-# them all (`make test` runs in parallel): one VTN for the module, and the VTN's MQTT client id
-# is fixed.
-pytestmark = [pytest.mark.timeout(refvtn.BUILD_S + 120), pytest.mark.xdist_group("reference-vtn")]
+# The first run builds the VTN's venv from PyPI inside the first test's setup.
+pytestmark = pytest.mark.timeout(refvtn.BUILD_S + 120)
 
 #: The reference VTN holds one ven object per client: every gateway here is this VEN.
 VEN_NAME = "flexgate-interop"
