@@ -405,6 +405,9 @@ def test_mock_vtn_command_offers_mqtt_on_the_broker_given(broker, tmp_path):
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=stderr,
+            # SIGINT as a terminal gives it: a suite started in the background (nohup, `&`)
+            # passes SIGINT on ignored, and Python then never raises KeyboardInterrupt.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         ) as server,
     ):
         try:
