@@ -32,8 +32,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The suite on TEST_WORKERS pytest-xdist workers: its tests mostly wait on servers, agents and
+# labs, so more workers than cores pay. Tests sharing a server run on one worker, one after
+# another (XDIST_GROUPS in tests/conftest.py; README.md). TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 3
 test: lint
-	$(BIN)/pytest --durations=40  # the slowest tests, for whoever makes the suite faster
+	$(BIN)/pytest -n $(TEST_WORKERS) --durations=40  # the slowest tests, for whoever makes the suite faster
 
 reliability: $(STAMP)  # the fault, bad-input and security tests of docs/reliability.md
 	FLEXGATE_RECOVERY_REPORT=bench/results/reliability.json $(BIN)/pytest tests/agents/test_crash.py tests/agents/test_caps.py tests/agents/test_nvml.py \

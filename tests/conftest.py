@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -24,6 +25,47 @@ EXAMPLES = ROOT / "examples"
 settings.register_profile("default", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile("default")
+
+#: `make test` runs the suite on several pytest-xdist workers; the tests of one group run one
+#: after another on one worker (README.md, "How the suite runs"). By file: a shared server, or
+#: a costly module fixture computed once rather than once per worker.
+XDIST_GROUPS = {
+    "tests/interop/test_reference_vtn31.py": "reference-vtn",  # one VTN; fixed MQTT client id
+    "tests/test_compose_lab.py": "docker",  # images built once; one stack at a time
+    "tests/gateway/test_slurm.py": "slurm",  # one cluster for the module
+    "tests/gateway/test_dashboard.py": "chromium",  # one browser at a time
+    "tests/gateway/test_ven31_mqtt.py": "mosquitto",  # the machine's broker (a precaution)
+    "tests/test_campaign.py": "campaign",  # its fixture runs the 20-event campaign (a minute)
+}
+#: PostgreSQL's `test` database: each test drops and creates the schema, and
+#: tests/gateway/test_restart.py stops the server. Its tests: the `postgresql` variant of
+#: `database_url`, and tests/gateway's tests named for PostgreSQL.
+POSTGRES_GROUP = "postgresql"
+
+
+def xdist_group(nodeid: str) -> str | None:
+    """The group of the test `nodeid`, or None for a test that runs beside any other."""
+    path, _, rest = nodeid.partition("::")
+    if path in XDIST_GROUPS:
+        return XDIST_GROUPS[path]
+    name, _, params = rest.partition("[")
+    if "postgresql" in params.rstrip("]").split("-"):
+        return POSTGRES_GROUP
+    if path.startswith("tests/gateway/") and "postgresql" in name:
+        return POSTGRES_GROUP
+    return None
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's load scheduling, the tests of a group sent to one worker as one unit.
+    (Its own `--dist loadgroup` renames items to mark their group, which pytest 9 ignores.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid) or nodeid
+
+    return GroupScheduling(config, log)
 
 
 def wait_for(check, what: str, seconds: float = 15.0, every_s: float = 0.02):
@@ -62,6 +104,11 @@ def recovery():
 def pytest_sessionfinish(session):
     target = os.environ.get("FLEXGATE_RECOVERY_REPORT")
     if target and RECOVERY:  # merged into what is there, so a partial run updates its own
-        path = Path(target)
-        known = json.loads(path.read_text()) if path.exists() else {}
-        path.write_text(json.dumps(known | RECOVERY, indent=2, sort_keys=True) + "\n")
+        with open(target, "a+", encoding="utf-8") as report:
+            fcntl.flock(report, fcntl.LOCK_EX)  # pytest-xdist's workers each merge their own
+            report.seek(0)
+            text = report.read()
+            known = json.loads(text) if text.strip() else {}
+            report.seek(0)
+            report.truncate()
+            report.write(json.dumps(known | RECOVERY, indent=2, sort_keys=True) + "\n")

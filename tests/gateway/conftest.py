@@ -160,6 +160,22 @@ class Outbound:
         self.urls.append(str(params.url))
 
 
+def lease_ends(nodes: dict[str, AgentNode]) -> dict[str, float | None]:
+    """Each node's lease end now, on its cap controller's clock (None: no lease)."""
+    return {name: n.controller.lease_until for name, n in nodes.items()}
+
+
+def past_and_renewed(nodes: dict[str, AgentNode], ends: dict[str, float | None]) -> bool:
+    """Every node's clock is past the lease end it had (`lease_ends`) and its lease reaches
+    beyond it: the caps outlived the old lease because it was renewed. A wait on this, not a
+    fixed sleep, for "the caps hold past the lease"."""
+    for name, n in nodes.items():
+        end = ends[name]
+        if end is None or n.controller.clock() <= end or (n.controller.lease_until or 0.0) <= end:
+            return False
+    return True
+
+
 @pytest.fixture
 def site(tmp_path, database_url):
     with running_site(tmp_path, database_url) as site:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gateway.api.schemas import Event, Events
-from tests.gateway.conftest import API, now_iso, running_site
+from tests.gateway.conftest import API, lease_ends, now_iso, past_and_renewed, running_site
 
 
 def measured_shed(site, samples=8):
@@ -40,13 +40,21 @@ def test_manual_event_end_to_end(site):
     assert all(c["delay_s"] > 0 and c["acked_at"] for c in plan["commands"])
     # The caps the plan chose are the caps the GPUs enforce.
     limits = site.limits()
+    ends = lease_ends(site.nodes)
     for command in plan["commands"]:
         for cap in command["caps"]:
             assert limits[command["node"]][cap["gpu"]] == pytest.approx(cap["cap_w"], abs=0.1)
-    time.sleep(5.5)  # the agents' telemetry window (5 s) fills with capped power
+    # The agents' telemetry window (5 s) fills with capped power: the shed reaches what was
+    # asked; then it holds there, on average.
+    site.wait(
+        lambda: (
+            site.api.get("/v1/site").json()["shed_facility_kw"] == pytest.approx(asked, rel=0.1)
+        ),
+        what="the shed asked for",
+    )
     assert measured_shed(site) == pytest.approx(asked, rel=0.1)
     # The event holds while reconciliation renews the 5 s leases.
-    time.sleep(6.0)
+    site.wait(lambda: past_and_renewed(site.nodes, ends), what="past the first leases, renewed")
     assert site.limits() == limits
     cancelled = site.api.delete(f"/v1/events/{event_id}", headers=API)
     assert cancelled.status_code == 200

@@ -22,6 +22,8 @@ from tests.gateway.conftest import (
     API_TOKEN,
     POSTGRES,
     Site,
+    lease_ends,
+    past_and_renewed,
     postgres_available,
     running_site,
     start_site,
@@ -99,6 +101,7 @@ def test_gateway_killed_mid_event_resumes(tmp_path, database_url, recovery):
             capped = site.limits()
             os.kill(gateway.pid, signal.SIGKILL)
             gateway.wait(timeout=10)
+            ends = lease_ends(nodes)  # the leases the dead gateway gave
             assert site.limits() == capped  # the agents hold their caps (lease 4 s)
             restart = time.monotonic()
             left = {name: n.controller.lease_remaining_s() or 0.0 for name, n in nodes.items()}
@@ -120,7 +123,7 @@ def test_gateway_killed_mid_event_resumes(tmp_path, database_url, recovery):
                 time.monotonic() - restart,
             )
             assert api.get(f"/v1/events/{event['id']}").json()["status"] == "active"
-            time.sleep(5.0)  # past the old lease: the new gateway renewed it
+            site.wait(lambda: past_and_renewed(nodes, ends), what="past the old leases, renewed")
             assert site.limits() == capped  # re-planned on the same mix: the same caps
             remaining = (end - datetime.now(UTC)).total_seconds()
             site.wait(
@@ -196,6 +199,7 @@ def test_postgresql_restarted_mid_event(tmp_path, recovery):
         caps = site.event_caps(event["id"])
         assert capped(site)
         pg_ctl("stop")
+        ends = lease_ends(site.nodes)  # any renewal after this is from memory
         try:
             health = api.get("/health")
             assert health.status_code == 503
@@ -203,7 +207,7 @@ def test_postgresql_restarted_mid_event(tmp_path, recovery):
             refused = api.post("/v1/events", headers=API, json=body)
             assert refused.status_code == 503
             assert "store is unreachable" in refused.json()["detail"]
-            time.sleep(6.0)  # past the 4 s lease: renewed from memory
+            site.wait(lambda: past_and_renewed(site.nodes, ends), what="leases renewed from memory")
             assert site.limits() == caps
         finally:
             back = time.monotonic()
@@ -222,12 +226,16 @@ def test_an_event_that_ends_while_postgresql_is_down_ends_when_it_returns(tmp_pa
     the store is back, and the next reconciliation ends the event and restores."""
     with postgres_site(tmp_path) as site:
         api = site.api
-        body = {"reduction_kw": 15, "start": datetime.now(UTC).isoformat(), "duration_s": 4}
+        start = datetime.now(UTC)
+        body = {"reduction_kw": 15, "start": start.isoformat(), "duration_s": 4}
         event = api.post("/v1/events", headers=API, json=body).json()
         site.wait(lambda: capped(site), what="caps")
         pg_ctl("stop")
         try:
-            time.sleep(6.0)  # the end passes while the store is down
+            # The end passes while the store is down, and reconciliations (every 0.5 s) after
+            # it find the store gone.
+            tried = start + timedelta(seconds=4 + 2 * site.settings.reconcile_period_s)
+            site.wait(lambda: datetime.now(UTC) > tried, what="the end passed in the outage")
         finally:
             back = time.monotonic()
             pg_ctl("start")

@@ -391,16 +391,25 @@ def test_mock_vtn_refuses_a_broker_it_cannot_use(args, fragment):
     assert_bad_input(flexgate("mock-vtn", "--port", str(free_port()), *args), fragment)
 
 
-def test_mock_vtn_command_offers_mqtt_on_the_broker_given(broker):
+def test_mock_vtn_command_offers_mqtt_on_the_broker_given(broker, tmp_path):
     port = free_port()
-    command = [sys.executable, "-m", "flexgate.cli", "mock-vtn", "--openadr", "3.1"]
-    with subprocess.Popen(
-        [*command, "--mqtt-broker", broker, "--port", str(port)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as server:
+    # faulthandler: SIGABRT prints every thread's stack, should it not stop on SIGINT
+    command = [sys.executable, "-X", "faulthandler", "-m", "flexgate.cli", "mock-vtn"]
+    command += ["--openadr", "3.1"]
+    # Its stderr to a file: a pipe nobody reads can fill and block it.
+    errors = tmp_path / "mock-vtn.err"
+    with (
+        errors.open("wb") as stderr,
+        subprocess.Popen(
+            [*command, "--mqtt-broker", broker, "--port", str(port)],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            # SIGINT as a terminal gives it: a suite started in the background (nohup, `&`)
+            # passes SIGINT on ignored, and Python then never raises KeyboardInterrupt.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        ) as server,
+    ):
         try:
             url = f"http://127.0.0.1:{port}"
 
@@ -423,7 +432,25 @@ def test_mock_vtn_command_offers_mqtt_on_the_broker_given(broker):
             assert offered["MQTT"]["authentication"] == {"method": "ANONYMOUS"}
         finally:
             server.send_signal(signal.SIGINT)
-            server.wait(20)
+            stopped(server, errors)
+
+
+def stopped(server: subprocess.Popen, errors) -> None:
+    """Wait for a server sent SIGINT; one still running after 20 s fails the test with its
+    threads' stacks (its stderr, the file `errors`) and is killed, not left to hang the test
+    and warn in a later one."""
+    try:
+        server.wait(20)
+        return
+    except subprocess.TimeoutExpired:
+        server.send_signal(signal.SIGABRT)
+    try:
+        server.wait(20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+    stacks = errors.read_text(errors="replace")[-6000:]
+    pytest.fail(f"the server did not stop within 20 s of SIGINT; its threads:\n{stacks}")
 
 
 def test_a_vtn_without_an_mqtt_notifier_is_used_by_webhook_and_polling(
