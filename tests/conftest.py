@@ -32,6 +32,8 @@ settings.load_profile("default")
 XDIST_GROUPS = {
     "tests/interop/test_reference_vtn31.py": "reference-vtn",  # one VTN; fixed MQTT client id
     "tests/test_compose_lab.py": "docker",  # images built once; one stack at a time
+    "tests/test_agent_image.py": "docker",  # the same base image and build CA file
+    "tests/gateway/test_settings_files.py": "postgresql",  # a role made on the machine's server
     "tests/gateway/test_slurm.py": "slurm",  # one cluster for the module
     "tests/gateway/test_dashboard.py": "chromium",  # one browser at a time
     "tests/gateway/test_ven31_mqtt.py": "mosquitto",  # the machine's broker (a precaution)
