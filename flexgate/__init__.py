@@ -2,3 +2,7 @@
 
 Nothing imports this package; it may import all three (docs/architecture.md).
 """
+
+from gateway.openadr import quiet_signxml
+
+quiet_signxml()  # before the mock VTN imports openleadr (its import sorts ahead of ours)
