@@ -10,18 +10,12 @@ import json
 import re
 
 from flexgate.cli import main
-from gateway.store.db import Store
 from tests.gateway.test_meter_history import running_gateway
-from tests.gateway.test_settlement import HOLIDAY, write_site
+from tests.gateway.test_settlement import HOLIDAY, site_database
 
 
 def test_a_month_and_an_event_are_reported_as_csv_and_html(tmp_path, capsys):
-    database_url = f"sqlite:///{tmp_path / 'gateway.db'}"
-    store = Store(database_url)
-    try:
-        write_site(store)
-    finally:
-        store.close()
+    database_url = site_database(tmp_path)
     out = tmp_path / "out"
     options = {"settlement_holidays": HOLIDAY.isoformat()}
     with running_gateway(tmp_path, database_url, **options) as (api, _):

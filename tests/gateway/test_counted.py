@@ -27,7 +27,7 @@ from gateway.store.db import Store
 from gateway.store.models import epoch_ms
 from tests.gateway.conftest import running_site
 from tests.gateway.test_meter_history import running_gateway
-from tests.gateway.test_settlement import HOLIDAY, START, settings_for, write_site
+from tests.gateway.test_settlement import HOLIDAY, START, settings_for, site_database, write_site
 from tests.gateway.test_ven import Vtn
 
 SHEDS = {"reduction_kw": 35.0, "firm_kw": 30.0, "achievable_kw": 40.0}
@@ -109,12 +109,7 @@ def test_an_unknown_opt_in_baseline_is_a_settings_error():
 
 
 def test_a_quote_names_the_baseline_and_shows_what_would_be_counted(tmp_path):
-    database_url = f"sqlite:///{tmp_path / 'gateway.db'}"
-    store = Store(database_url)
-    try:
-        write_site(store)
-    finally:
-        store.close()
+    database_url = site_database(tmp_path)
     options = {"settlement_holidays": HOLIDAY.isoformat()}
     with running_gateway(tmp_path, database_url, **options) as (api, _):
         plain = api.post("/v1/quotes", json={"reduction_kw": 1.0})

@@ -270,13 +270,19 @@ def test_bad_settlement_settings_are_refused_naming_the_setting(changes, named):
         settings_for("sqlite:///x.db", **changes)
 
 
-def test_the_settlement_is_served_and_linked_from_the_event(tmp_path):
+def site_database(tmp_path) -> str:
+    """A SQLite store in `tmp_path` with the site's meter history and events written: its URL."""
     database_url = f"sqlite:///{tmp_path / 'gateway.db'}"
     store = Store(database_url)
     try:
         write_site(store)
     finally:
         store.close()
+    return database_url
+
+
+def test_the_settlement_is_served_and_linked_from_the_event(tmp_path):
+    database_url = site_database(tmp_path)
     options = {"settlement_holidays": HOLIDAY.isoformat()}
     with running_gateway(tmp_path, database_url, **options) as (api, _):
         event = api.get("/v1/events/ev-1").json()
