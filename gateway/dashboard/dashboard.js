@@ -158,7 +158,10 @@ function lineChart(svg, { series, xDomain, yDomain, xLabel, yLabel, vlines = [],
     svg.appendChild(svgNode("text", { x: left - 6, y: y(v) + 4, class: "tick end" }, label));
   }
   for (const v of xTicks(xDomain)) {
-    svg.appendChild(svgNode("text", { x: x(v), y: height - 6, class: "tick middle" }, xLabel(v)));
+    const label = svgNode("text", { x: x(v), y: height - 6, class: "tick middle" }, xLabel(v));
+    // A label at the right edge ends there rather than being cut off.
+    if (x(v) > width - PAD.right - 20) label.style.textAnchor = "end";
+    svg.appendChild(label);
   }
   for (const line of vlines) {
     const at = x(line.x);
@@ -270,6 +273,7 @@ function drawEvents() {
   const site = state.site;
   const sorted = [...state.events].sort((a, b) => b.start.localeCompare(a.start));
   drawTimeline();
+  fillSettlementChoices(sorted);
   // Rows are redrawn only when they change, so a button is not replaced under the pointer;
   // the delivered figures move every update and are written into the rows as they stand.
   const rows = $("events-rows");
@@ -315,6 +319,13 @@ function eventRow(event) {
   cell(row, event.opt, "opt");
   cell(row, event.reason || "", "reason");
   const actions = cell(row, "");
+  if (event.status !== "pending") {
+    const button = document.createElement("button");
+    button.textContent = "Settlement";
+    button.className = "settle";
+    button.addEventListener("click", () => showSettlement(event.id));
+    actions.appendChild(button);
+  }
   if (event.status === "pending" || event.status === "active") {
     const button = document.createElement("button");
     button.textContent = "Cancel…";

@@ -18,6 +18,8 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.gateway.conftest import API, running_site
+from tests.gateway.test_meter_history import running_gateway
+from tests.gateway.test_settlement import HOLIDAY, site_database
 
 READ_TOKEN = "read-token-0123456789abcdef"
 #: The page polls site and events every 2 s: one update, and the page's own load, fit in this.
@@ -137,7 +139,11 @@ def test_the_page_and_its_assets_are_served_locally(tmp_path):
         page = site.api.get("/", headers={"Accept": "text/html"})
         assert page.status_code == 200
         assert page.headers["content-type"].startswith("text/html")
-        for asset, kind in (("dashboard.js", "text/javascript"), ("dashboard.css", "text/css")):
+        for asset, kind in (
+            ("dashboard.js", "text/javascript"),
+            ("settlement.js", "text/javascript"),
+            ("dashboard.css", "text/css"),
+        ):
             assert f"/dashboard/{asset}" in page.text
             answer = site.api.get(f"/dashboard/{asset}")
             assert answer.status_code == 200
@@ -455,3 +461,101 @@ def test_the_page_works_with_a_read_token(tmp_path, browser):
         browser.refresh()
         shown(browser, "site-baseline-kw", "the baseline after a reload")
         assert console_errors(browser) == []
+
+
+def settle_on_page(driver, event_id: str, rules: str = "") -> None:
+    """Choose the event in the settlement view (once the page lists it) and ask."""
+    from selenium.webdriver.support.ui import Select
+
+    option = f'#settlement-event option[value="{event_id}"]'
+    wait_for(lambda: css_text(driver, option), f"{event_id} in the settlement view", ONE_UPDATE_S)
+    Select(driver.find_element("id", "settlement-event")).select_by_value(event_id)
+    field = driver.find_element("id", "settlement-rules")
+    field.clear()
+    field.send_keys(rules)
+    driver.find_element("css selector", "#settlement-form button[type=submit]").click()
+
+
+def settled_rows(driver, rule: str) -> list[list[str]]:
+    """The interval table of `rule` as the page shows it, once shown."""
+    script = (
+        "return [...document.querySelectorAll(arguments[0])]"
+        ".map(r => [...r.children].map(c => c.textContent))"
+    )
+    selector = f'#settlement-view .rule[data-rule="{rule}"] table.intervals tbody tr'
+    return wait_for(lambda: driver.execute_script(script, selector), f"{rule}'s intervals", 10)
+
+
+@pytest.mark.timeout(120)
+def test_the_settlement_view_shows_each_rule_as_worked_out_by_hand(tmp_path, browser):
+    """tests/gateway/test_settlement.py's site: ev-1 (14:00-15:00 UTC, 35 kW asked) read 70,
+    70, 80, 70 kW against a 110 kW baseline under both rules; 14:15 estimated, 14:30 estimated
+    and taken while the meter faulted, and short of the target. ev-0's 10of10 adjustment (x5)
+    is capped at +20%: 120 kW against 500 metered."""
+    database_url = site_database(tmp_path)
+    with running_gateway(tmp_path, database_url, settlement_holidays=HOLIDAY.isoformat()) as (
+        api,
+        _,
+    ):
+        browser.get(str(api.base_url))
+        settle_on_page(browser, "ev-1")
+        for rule in ("10of10", "sameday-3+2"):
+            assert settled_rows(browser, rule) == [
+                ["14:00–14:15", "110.0", "70.0", "35.0", "40.0", "10.00", "yes", ""],
+                ["14:15–14:30", "110.0", "70.0", "35.0", "40.0", "10.00", "yes", "estimated"],
+                [
+                    "14:30–14:45",
+                    "110.0",
+                    "80.0",
+                    "35.0",
+                    "30.0",
+                    "7.50",
+                    "no (5.00 kW short)",
+                    "estimated, meter fault",
+                ],
+                ["14:45–15:00", "110.0", "70.0", "35.0", "40.0", "10.00", "yes", ""],
+            ]
+            block = f'#settlement-view .rule[data-rule="{rule}"]'
+            assert css_text(browser, f"{block} dd.delivered-kwh") == "37.5 kWh"
+            assert css_text(browser, f"{block} dd.target-kwh") == "35.0 kWh"
+            assert css_text(browser, f"{block} dd.compliance") == "75 % (3 of 4 intervals met)"
+            assert css_text(browser, f"{block} dd.estimated") == "14:15, 14:30"
+            assert css_text(browser, f"{block} dd.fault") == "14:30"
+            chart = f"{block} svg.settlement-chart"
+            for series in ("meter", "baseline", "target"):
+                assert browser.find_elements("css selector", f"{chart} path.series.{series}")
+            assert len(browser.find_elements("css selector", f"{chart} .band.unmet rect")) == 1
+            assert len(browser.find_elements("css selector", f"{chart} .band.estimated rect")) == 2
+        assert css_text(browser, '.rule[data-rule="10of10"] dd.baseline') == (
+            "10 days, day-of adjustment ×1.100"
+        )
+        assert "UTC" in text(browser, "settlement-note")
+
+        settle_on_page(browser, "ev-0", rules="10of10")
+        wait_for(
+            lambda: (
+                "(capped)" in (css_text(browser, ".rule[data-rule='10of10'] dd.baseline") or "")
+            ),
+            "ev-0's capped baseline",
+            10,
+        )
+        assert settled_rows(browser, "10of10")[0][1:5] == ["120.0", "500.0", "20.0", "-380.0"]
+        assert css_text(browser, "#settlement-view .rule[data-rule='sameday-3+2']") is None
+
+        # A rule the gateway does not know: its refusal, naming it, and no figures left over.
+        settle_on_page(browser, "ev-1", rules="9of9")
+        refusal = shown(browser, "settlement-error", "the refusal")
+        assert "Settling ev-1 was refused: 422: rules: preset '9of9'" in refusal, refusal
+        assert browser.find_elements("css selector", "#settlement-view .rule") == []
+        errors = console_errors(browser)  # the browser logs the refused read itself
+        assert all("422" in e for e in errors), errors
+
+        # The events table's button settles its event under the site's rules.
+        browser.find_element("id", "settlement-rules").clear()
+        event_row(browser, "ev-1").find_element("css selector", "button.settle").click()
+        assert settled_rows(browser, "sameday-3+2")[2][5:] == [
+            "7.50",
+            "no (5.00 kW short)",
+            "estimated, meter fault",
+        ]
+        assert not browser.find_element("id", "settlement-error").is_displayed()

@@ -18,6 +18,7 @@ ASSETS = Path(__file__).resolve().parents[2] / "dashboard"
 MEDIA_TYPES = {
     "index.html": "text/html; charset=utf-8",
     "dashboard.js": "text/javascript; charset=utf-8",
+    "settlement.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
 }
 HEADERS = {
