@@ -60,6 +60,19 @@ def test_a_month_and_an_event_are_reported_as_csv_and_html(tmp_path, capsys):
     assert not re.search(r"<script|<link|src=", page)  # self-contained
     assert "Settlement report, November 2026" in page
     assert "75%" in page
+    # What a site manager reads: every figure's unit in its heading, the events short of
+    # their target shaded, each interval not met with its shortfall, the plots' axes named.
+    for heading in ("target kWh", "delivered kWh", "mean delivered kW", "target kW (mean)"):
+        assert f"<th>{heading}</th>" in page or f"<th rowspan=2>{heading}</th>" in page, heading
+    assert '<td class="short"><span class="bad">75%</span></td>' in page  # ev-1, 3 of 4 met
+    assert '<td class="short"><span class="bad">0%</span></td>' in page  # ev-0
+    assert "<span class=bad>no</span> (5.00 kW short)" in page  # ev-1 14:30: 30 kW of 35
+    assert "<span class=bad>no</span> (400.00 kW short)" in page  # ev-0: -380 kW of 20
+    assert "2 estimated, 1 meter fault" in page
+    assert page.count("time on the site's clock (UTC)") == 2
+    # the intervals not met under the first rule, marked along each plot's axis: 1 + 4
+    assert page.count('height="6" fill="#d62728"') == 5
+    assert "target not met (10of10)" in page
     assert "(capped)" in page
     assert "settlement-ev-1.html" in shown
     one = (out / "settlement-ev-1.csv").read_text().splitlines()
