@@ -5,6 +5,7 @@
 "use strict";
 
 const SETTLE_MARKS = [["estimated", "estimated"], ["fault", "meter fault"], ["gap", "gap"]];
+let settling = 0; // the last settlement asked: an older answer arriving later is dropped
 
 // The events the select offers: every one that has begun, newest first.
 function fillSettlementChoices(sorted) {
@@ -34,12 +35,15 @@ async function settle(id) {
   const rules = $("settlement-rules").value.trim();
   const query = rules ? `?rules=${encodeURIComponent(rules)}` : "";
   const view = $("settlement-view");
+  const asked = ++settling;
   setText("settlement-note", `settling ${id}…`);
   try {
     const doc = await api(`/v1/events/${encodeURIComponent(id)}/settlement${query}`);
+    if (asked !== settling) return;
     settlementError("");
     drawSettlement(doc);
   } catch (error) {
+    if (asked !== settling) return;
     // Nothing stale under the error: the figures shown are of no settlement.
     view.replaceChildren();
     setText("settlement-note", "");

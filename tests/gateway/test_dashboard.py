@@ -16,10 +16,11 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
+from gateway.store.db import Store
 from tests.conftest import wait_for
 from tests.gateway.conftest import API, running_site
 from tests.gateway.test_meter_history import running_gateway
-from tests.gateway.test_settlement import HOLIDAY, site_database
+from tests.gateway.test_settlement import HOLIDAY, site_database, write_site
 
 READ_TOKEN = "read-token-0123456789abcdef"
 #: The page polls site and events every 2 s: one update, and the page's own load, fit in this.
@@ -559,3 +560,37 @@ def test_the_settlement_view_shows_each_rule_as_worked_out_by_hand(tmp_path, bro
             "estimated, meter fault",
         ]
         assert not browser.find_element("id", "settlement-error").is_displayed()
+
+
+@pytest.mark.timeout(120)
+def test_a_rule_without_a_baseline_shows_its_reason_and_the_other_rule_settles(tmp_path, browser):
+    """Six days of history: 10of10 finds three eligible days of the ten it needs
+    (tests/gateway/test_settlement.py); the same-day rule settles as worked out by hand."""
+    database_url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    store = Store(database_url)
+    try:
+        write_site(store, history_days=6)
+    finally:
+        store.close()
+    with running_gateway(tmp_path, database_url, settlement_holidays=HOLIDAY.isoformat()) as (
+        api,
+        _,
+    ):
+        browser.get(str(api.base_url))
+        settle_on_page(browser, "ev-1")
+        assert [row[1:5] for row in settled_rows(browser, "10of10")] == [
+            ["–", "70.0", "35.0", "–"],
+            ["–", "70.0", "35.0", "–"],
+            ["–", "80.0", "35.0", "–"],
+            ["–", "70.0", "35.0", "–"],
+        ]
+        ten = '#settlement-view .rule[data-rule="10of10"]'
+        assert css_text(browser, f"{ten} p.reason").startswith(
+            "No baseline: 3 eligible days, 10 needed"
+        )
+        assert css_text(browser, f"{ten} dd.compliance") == "0 % (0 of 4 intervals met)"
+        assert css_text(browser, f"{ten} dd.unsettled") == "14:00, 14:15, 14:30, 14:45"
+        same = '#settlement-view .rule[data-rule="sameday-3+2"]'
+        assert css_text(browser, f"{same} dd.compliance") == "75 % (3 of 4 intervals met)"
+        assert css_text(browser, f"{same} p.reason") is None
+        assert console_errors(browser) == []
