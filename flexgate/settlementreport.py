@@ -123,6 +123,7 @@ def render_html(
         f"settlement interval {settlements[0]['interval_min'] if settlements else '-'} min.</p>",
     ]
     parts += _summary(settlements, rules)
+    parts += _rule_list(settlements)
     # The definitions before the figures they define: a reader meets them first.
     parts.append(
         '<p class="note">Delivered = the rule\'s baseline less the metered load, per '
@@ -162,6 +163,53 @@ def _summary(settlements: list[dict[str, Any]], rules: list[str]) -> list[str]:
         )
     out.append("</table>")
     return out
+
+
+def _rule_list(settlements: list[dict[str, Any]]) -> list[str]:
+    """What each rule computes, in words, from the parameters the settlement names."""
+    shown = {r["rule"]: r for d in settlements for r in d["rules"]}
+    items = "".join(
+        f"<li><b>{escape(name)}</b>: {escape(describe_rule(r['kind'], r['parameters']))}</li>"
+        for name, r in shown.items()
+    )
+    return [f'<ul class="note">{items}</ul>'] if items else []
+
+
+def describe_rule(kind: str, p: dict[str, Any]) -> str:
+    """A baseline rule in words (flexmodel.baselines' parameters, docs/model.md section 11)."""
+    if kind == "XOfYRule":
+        days = (
+            f"the last {p['y_days']} eligible days"
+            if p["x_days"] == p["y_days"]
+            else f"the {p['x_days']} highest-load of the last {p['y_days']} eligible days"
+        )
+        text = f"the mean of {days} (looking back at most {p['lookback_days']} days)"
+        if p["adjustment"] != "none":
+            cap = "no cap" if p["cap_percent"] is None else f"capped at ±{p['cap_percent']:g}%"
+            text += (
+                f", adjusted on the day ({p['adjustment']}) over the "
+                f"{p['adjustment_hours']:g} h ending {p['adjustment_lead_hours']:g} h before the "
+                f"start, {cap}"
+            )
+    elif kind == "SameDayRule":
+        before = (
+            f"the {p['before_hours']:g} h just before the event"
+            if not p["lead_hours"]
+            else f"the {p['before_hours']:g} h ending {p['lead_hours']:g} h before the event"
+        )
+        text = f"the mean of {before} and the {p['after_hours']:g} h after it"
+    elif kind == "MatchDayRule":
+        text = (
+            f"the mean of the {p['days']} eligible days whose load over the "
+            f"{p['match_hours']:g} h ending {p['match_lead_hours']:g} h before the start is "
+            f"closest to the event day's (looking back at most {p['lookback_days']} days)"
+        )
+    else:
+        return ", ".join(f"{key} {value}" for key, value in p.items())
+    share = p.get("max_estimated_share")
+    if share is not None:
+        text += f"; a day with over {100 * share:g}% of its intervals estimated is not used"
+    return text
 
 
 def _table(

@@ -73,7 +73,35 @@ def test_a_month_and_an_event_are_reported_as_csv_and_html(tmp_path, capsys):
     # the intervals not met under the first rule, marked along each plot's axis: 1 + 4
     assert page.count('height="6" fill="#d62728"') == 5
     assert "target not met (10of10)" in page
+    assert (
+        "<b>10of10</b>: the mean of the last 10 eligible days (looking back at most 45 days), "
+        "adjusted on the day (multiplicative) over the 3 h ending 1 h before the start, "
+        "capped at ±20%; a day with over 10% of its intervals estimated is not used"
+    ) in page
+    assert (
+        "<b>sameday-3+2</b>: the mean of the 3 h just before the event and the 2 h after it"
+    ) in page
     assert "(capped)" in page
     assert "settlement-ev-1.html" in shown
     one = (out / "settlement-ev-1.csv").read_text().splitlines()
     assert len(one) == 1 + 2 * 4
+
+
+def test_the_other_presets_are_described_in_words():
+    from dataclasses import asdict
+
+    from flexgate.settlementreport import describe_rule
+    from flexmodel.baselines import preset
+
+    def words(name: str) -> str:
+        rule = preset(name)
+        return describe_rule(type(rule).__name__, asdict(rule))
+
+    assert words("high5of10").startswith(
+        "the mean of the 5 highest-load of the last 10 eligible days (looking back at most 45 "
+        "days), adjusted on the day (additive) over the 3 h ending 1 h before the start, no cap"
+    )
+    assert words("matchday-3").startswith(
+        "the mean of the 3 eligible days whose load over the 3 h ending 1 h before the start is "
+        "closest to the event day's (looking back at most 45 days)"
+    )
