@@ -58,9 +58,14 @@ class ProgramBaseline:
     def __init__(self, rule: str, settlement: Settlement, history: MeterHistory) -> None:
         self.rule, self.settlement, self.history = rule, settlement, history
 
+    @property
+    def interval_min(self) -> int:
+        """The settlement interval [min]."""
+        return self.settlement.settings.settlement_interval_min
+
     async def over(self, event_id: str, begin: datetime, end: datetime) -> Figures:
         """The stored event's figures over [begin, end)."""
-        minutes = grid_min(begin, end, self.settlement.settings.settlement_interval_min)
+        minutes = grid_min(begin, end, self.interval_min)
         if minutes is None:
             return Figures(
                 begin, end, None, None, reason=f"{_span(begin, end)} is not whole minutes"
@@ -74,7 +79,7 @@ class ProgramBaseline:
 
     async def intervals(self, event_id: str) -> list[Figures]:
         """Each settlement interval of the stored event, as its settlement now gives it."""
-        rows, _ = await self._rows(event_id, self.settlement.settings.settlement_interval_min)
+        rows, _ = await self._rows(event_id, self.interval_min)
         return rows
 
     async def _rows(self, event_id: str, minutes: int) -> tuple[list[Figures], str | None]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from openleadr import enums
@@ -66,21 +66,23 @@ class SettledUsage:
         return out
 
     async def _closed_by(self, date_to: datetime) -> list[tuple[str, Figures]]:
-        """The settlement intervals closed within BUFFER before `date_to` (read once for all
-        the rIDs of one report)."""
-        if self._closed is not None and self._closed[0] == date_to:
+        """The settlement intervals closed within BUFFER before `date_to`, read once per
+        settlement interval (a report may come every second)."""
+        step_s = self.baseline.interval_min * 60
+        boundary = datetime.fromtimestamp(date_to.timestamp() // step_s * step_s, UTC)
+        if self._closed is not None and self._closed[0] == boundary:
             return self._closed[1]
-        since = date_to - BUFFER
+        since = boundary - BUFFER
         closed = []
         for event in self.events.all():
             mine = event.id.startswith(f"{self.prefix}-") and event.opt == "in" and not event.test
-            if not mine or as_utc(event.end) <= since or as_utc(event.start) >= date_to:
+            if not mine or as_utc(event.end) <= since or as_utc(event.start) >= boundary:
                 continue
             for figures in await self.baseline.intervals(event.id):
-                if since < figures.end <= date_to:
+                if since < figures.end <= boundary:
                     closed.append((event.id, figures))
                     self._say(event.id, figures.reason)
-        self._closed = (date_to, closed)
+        self._closed = (boundary, closed)
         return closed
 
     def _say(self, event_id: str, reason: str | None) -> None:

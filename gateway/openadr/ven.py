@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import aiohttp
-from openleadr import OpenADRClient, enums, objects
+from openleadr import OpenADRClient, enums, objects, utils
 
 from gateway.clock import Clock, SystemClock
 from gateway.openadr.programbaseline import ProgramBaseline
@@ -77,10 +77,22 @@ class BoundedResponse(aiohttp.ClientResponse):
 
 class Client(OpenADRClient):
     """openleadr's client whose VTN replies are bounded (openleadr reads each one whole and
-    logs a refused one as a request error, dropping it), and whose requests go through the
-    given aiohttp trace configs (openleadr makes its session itself)."""
+    logs a refused one as a request error, dropping it), whose requests go through the
+    given aiohttp trace configs (openleadr makes its session itself), and whose reports each
+    send their own values."""
 
     trace_configs: tuple[aiohttp.TraceConfig, ...] = ()
+
+    async def update_report(self, report_request_id: str) -> None:
+        """openleadr's, reading only the request's own rIDs: openleadr gives every request
+        of one oadrCreateReport the same list, all of their rIDs together."""
+        request = utils.find_by(self.report_requests, "report_request_id", report_request_id)
+        if request:
+            specifier = request["report_specifier_id"]
+            request["r_ids"] = [
+                r for r in request["r_ids"] if (specifier, r) in self.report_callbacks
+            ]
+        await super().update_report(report_request_id)
 
     async def _ensure_client_session(self) -> None:
         fresh = not self.client_session
