@@ -9,9 +9,10 @@ the metered load (hours-weighted means), and whether any of it was estimated (no
 the meter faulted). `intervals` gives each settlement interval of the event as it stands.
 
 The span is read on the longest grid of whole minutes it falls on, the settlement interval
-first (1, 5, 15 or 30 minutes after it); a span of part minutes has no settlement interval
-inside it. A figure the rule or the history cannot give (too few eligible days, the hours
-after a same-day event not yet come, no reading) is None, with the reason.
+first (1, 5, 15 or 30 minutes after it); a span of part minutes, or one the event's settlement
+intervals do not cover whole, has no figures. A figure the rule or the history cannot give
+(too few eligible days, the hours after a same-day event not yet come, no reading) is None,
+with the reason.
 """
 
 from __future__ import annotations
@@ -72,8 +73,8 @@ class ProgramBaseline:
             )
         rows, reason = await self._rows(event_id, minutes)
         inside = [r for r in rows if begin <= r.start and r.end <= end]
-        if not inside:
-            reason = reason or f"no {minutes}-minute settlement interval inside {_span(begin, end)}"
+        if sum(r.hours for r in inside) * 3600 < (end - begin).total_seconds() - 1e-6:
+            reason = reason or f"the settlement does not cover {_span(begin, end)}"
             return Figures(begin, end, None, None, reason=reason)
         return combined(inside, begin, end, reason)
 

@@ -21,14 +21,6 @@ from tests.interop import refvtn
 pytestmark = pytest.mark.timeout(refvtn.BUILD_S + 120)
 
 
-@pytest.fixture(scope="module")
-def vtn(tmp_path_factory):
-    if not refvtn.source_dir().exists():
-        pytest.skip(f"the reference VTN is not at {refvtn.source_dir()} (../shared absent)")
-    with refvtn.running(tmp_path_factory.mktemp("refvtn")) as vtn:
-        yield vtn
-
-
 @pytest.fixture
 def database_url(tmp_path):
     return f"sqlite:///{tmp_path / 'gateway.db'}"
