@@ -10,6 +10,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from pydantic import ValidationError
 
 from gateway.clock import SteppedClock
 from gateway.openadr.oadr31 import Event, ReportDescriptor
@@ -194,3 +195,8 @@ def test_a_span_off_the_minutes_or_outside_the_event_has_no_figures_and_says_why
     assert after.reason.startswith("the settlement does not cover [2026-11-18T15:00:00")
     assert gone.reason == "no settlement of ev-9: no event 'ev-9'"
     assert [r["resourceName"] for r in report["resources"]] == ["GPUS"]  # nothing to settle
+
+
+def test_an_unknown_rule_is_refused_at_load_naming_it(database_url):
+    with pytest.raises(ValidationError, match="FLEXGATE_REPORT_BASELINE: 'tenoften' is not a"):
+        settings_for(database_url, report_baseline="tenoften")
