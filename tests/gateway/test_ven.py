@@ -377,6 +377,14 @@ def test_the_site_opts_out_when_the_firm_kw_of_jobs_it_can_cap_falls_short(vtn_s
     assert "which does not answer" in stored["reason"]
 
 
+def on_the_minute(now: datetime) -> datetime:
+    """The start of a one-minute event on the minute with at least 15 s of it to come: this
+    minute (acted on late), else the next."""
+    this = now.replace(second=0, microsecond=0)
+    left_s = (this + timedelta(minutes=1) - now).total_seconds()
+    return this if left_s >= 15 else this + timedelta(minutes=1)
+
+
 def midday_zone(now: datetime) -> str:
     """A fixed-offset zone whose clock reads about noon now: the rule's hours before the
     event fall on the same local day whenever the test runs."""
@@ -416,7 +424,8 @@ def test_the_ven_reports_an_events_baseline_and_metered_usage_under_the_programs
     """FLEXGATE_REPORT_BASELINE matchday-3, one-minute settlement intervals: fifteen days of
     100 kW before the gateway starts, so the three days matched average 100 kW. An event of
     one minute on the minute: its interval's baseline (100 kW), metered load and delta reach
-    the VTN once each, at the interval's start, as `GET .../settlement` serves them."""
+    the VTN once each, at the interval's start, as `GET .../settlement` serves them. The test
+    waits for the minute to close."""
     now = datetime.now(UTC)
     zone = midday_zone(now)
     first_day = now.astimezone(ZoneInfo(zone)).date() - timedelta(days=15)
@@ -432,7 +441,7 @@ def test_the_ven_reports_an_events_baseline_and_metered_usage_under_the_programs
             lambda: site.api.get("/health").json()["ven"] == "registered",
             what="the VEN's registration",
         )
-        start = (datetime.now(UTC) + timedelta(seconds=65)).replace(second=0, microsecond=0)
+        start = on_the_minute(datetime.now(UTC))
         event_id = vtn.add_event("simple", "level", 1.0, start, 60)
         site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="the VTN hearing optIn")
         settled = ("baseline_kw", "usage_kw", "delta_kw")

@@ -19,6 +19,7 @@ from flexgate.mockvtn31 import LAB_CLIENT_ID, MockVtn31
 from flexgate.serve import ServerThread, free_port
 from gateway.openadr.ven31 import CALLBACK_PATH
 from tests.gateway.conftest import API, running_site
+from tests.gateway.test_ven import on_the_minute
 
 VEN_NAME = "flexgate-test"
 #: The mock VTN's client secret in these tests (the lab's is refused outside the lab).
@@ -500,11 +501,11 @@ def test_under_the_programs_rule_the_facility_reports_its_settlement_and_logs_wh
     """FLEXGATE_REPORT_BASELINE 10of10 on a site with no history before today: the interval's
     metered load, estimated (no meter), as its settlement serves it; no baseline, so neither
     BASELINE nor DELTA_USAGE, and the log says why. One-minute settlement intervals and an
-    event of one minute on the minute, so the test waits for a whole minute to close."""
+    event of one minute on the minute (`on_the_minute`): the test waits for it to close."""
     caplog.set_level(logging.WARNING, logger="flexgate.ven31")
     options = {"report_baseline": "10of10", "settlement_interval_min": 1}
     with ven_site(tmp_path, database_url, vtn, **options) as site:
-        start = (datetime.now(UTC) + timedelta(seconds=65)).replace(second=0, microsecond=0)
+        start = on_the_minute(datetime.now(UTC))
         asked = [{"payloadType": t} for t in ("DEMAND", "USAGE", "BASELINE", "DELTA_USAGE")]
         body = simple_event(vtn, interval_s=60.0, intervals=1, reportDescriptors=asked)
         body["intervalPeriod"]["start"] = start.isoformat()
