@@ -1,5 +1,6 @@
 """The VEN against openleadr's own VTN on loopback: an event becomes caps, a cancellation
-restores, a signal flexgate does not follow is an opt-out with its reason."""
+restores, a signal flexgate does not follow is an opt-out with its reason; the usage report,
+and the settlement report under the program's baseline rule."""
 
 import asyncio
 import threading
