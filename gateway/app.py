@@ -28,6 +28,7 @@ from gateway.clock import Clock, SystemClock
 from gateway.errors import GatewayError
 from gateway.jobsource import JobSource
 from gateway.jobsource.slurm import SlurmSource
+from gateway.openadr.programbaseline import ProgramBaseline
 from gateway.services.characterise import Characteriser
 from gateway.services.curves import JobCurves
 from gateway.services.delivery import Deliveries
@@ -109,6 +110,7 @@ def create_app(
         curves = JobCurves(settings, store, clock, book, fleet)
         characteriser = Characteriser(settings, store, clock, book, fleet, targets, events, curves)
         predictions = Predictions(settings, store, clock, fleet, book)
+        settlement = Settlement(settings, store, clock)
         app.state.services = Services(
             book,
             fleet,
@@ -124,7 +126,7 @@ def create_app(
             characteriser,
             predictions,
             history,
-            Settlement(settings, store, clock),
+            settlement,
         )
         await fleet.discover()
         curves.start()  # before events resume: plans use the measured curves in force
@@ -137,7 +139,10 @@ def create_app(
         if feed is not None:
             feed.start()
         if ven is not None:
-            await ven.start(events, power)
+            rule = settings.report_baseline
+            await ven.start(
+                events, power, ProgramBaseline(rule, settlement, history) if rule else None
+            )
         try:
             yield
         finally:

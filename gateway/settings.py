@@ -166,6 +166,9 @@ class GatewaySettings(BaseSettings):
     #: a preset the opt-in decision also counts an event under (gateway.services.counted):
     #: opted out when the firm kW the utility would count falls short; None: not counted
     opt_in_baseline: str | None = Field(default=None, description="a preset name")
+    #: the preset the VENs' BASELINE and DELTA_USAGE reports (3.1) and settlement report (2.0b)
+    #: follow (gateway.openadr.programbaseline); None: the uncapped power, as before
+    report_baseline: str | None = Field(default=None, description="a preset name")
     calibrate: bool = True  #: fit the overhead factor on the meter (a real meter only)
     calibration_window_s: float = Field(default=60.0, gt=0.0)
     calibration_settle_s: float = Field(default=60.0, ge=0.0)
@@ -447,11 +450,15 @@ class GatewaySettings(BaseSettings):
                     f"FLEXGATE_SETTLEMENT_RULES: {name!r} is not a baseline preset (one of "
                     f"{', '.join(PRESETS)})"
                 )
-        if self.opt_in_baseline is not None and self.opt_in_baseline not in PRESETS:
-            raise ValueError(
-                f"FLEXGATE_OPT_IN_BASELINE: {self.opt_in_baseline!r} is not a baseline preset "
-                f"(one of {', '.join(PRESETS)})"
-            )
+        for key, name in (
+            ("OPT_IN_BASELINE", self.opt_in_baseline),
+            ("REPORT_BASELINE", self.report_baseline),
+        ):
+            if name is not None and name not in PRESETS:
+                raise ValueError(
+                    f"FLEXGATE_{key}: {name!r} is not a baseline preset (one of "
+                    f"{', '.join(PRESETS)})"
+                )
         problem = interval_problem(self.settlement_interval_min)
         if problem:
             raise ValueError(f"FLEXGATE_SETTLEMENT_INTERVAL_MIN: {problem}")

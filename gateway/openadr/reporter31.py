@@ -1,6 +1,8 @@
 """Sending the 3.1 VEN's reports (`reports31` builds them): an event's interval reports, each
 at its interval's end, and one-off reports; a report the VTN cannot take now is kept (the
-newest `UNDELIVERED_KEPT`) and sent again after the next poll."""
+newest `UNDELIVERED_KEPT`) and sent again after the next poll. With the program's rule
+(`baseline`, `programbaseline`), an interval's facility figures are its settlement's; a figure
+it cannot give is left out of the report, and why is logged."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 from gateway.clock import Clock
 from gateway.openadr.oadr31 import Event, ReportDescriptor
 from gateway.openadr.oauth import VtnAuthError
+from gateway.openadr.programbaseline import ProgramBaseline
 from gateway.openadr.reports31 import REPORTED, interval_report
 from gateway.openadr.signals31 import periods
 from gateway.openadr.vtn31 import VtnClient, VtnError
@@ -27,20 +30,28 @@ class Reporter:
         self.vtn, self.clock, self.client_name = vtn, clock, client_name
         self._reporting: dict[str, asyncio.Task[None]] = {}  #: event id -> its reports' task
         self._undelivered: list[dict[str, Any]] = []
+        #: the program's rule the facility figures follow; None: the site's own figures
+        self.baseline: ProgramBaseline | None = None
 
-    def schedule(self, event: Event, offset_s: float, power: SitePower) -> None:
-        """Report each of the event's intervals at its end, as its reportDescriptors ask."""
+    def schedule(self, event: Event, offset_s: float, power: SitePower, stored_id: str) -> None:
+        """Report each of the event's intervals at its end, as its reportDescriptors ask
+        (`stored_id`: the event as the site stores it, for its settlement)."""
         asked = [d for d in event.report_descriptors or [] if d.payload_type in REPORTED]
         self.stop(str(event.id))
         if not asked:
             return
         windows = periods(event, self.clock.now(), timedelta(seconds=offset_s))
         self._reporting[str(event.id)] = asyncio.create_task(
-            self._each_interval(event, asked, windows, power)
+            self._each_interval(event, asked, windows, power, stored_id)
         )
 
     async def _each_interval(
-        self, event: Event, asked: list[ReportDescriptor], windows: list[Any], power: SitePower
+        self,
+        event: Event,
+        asked: list[ReportDescriptor],
+        windows: list[Any],
+        power: SitePower,
+        stored_id: str,
     ) -> None:
         for begin, end, interval in windows:
             wait_s = (end - self.clock.now()).total_seconds()
@@ -48,9 +59,21 @@ class Reporter:
                 continue
             await self.clock.sleep(wait_s)
             site = await power.doc()
-            await self.post(
-                interval_report(event, self.client_name, asked, interval.id, begin, end, site)
+            settled = None
+            if self.baseline is not None:
+                settled = await self.baseline.over(stored_id, begin, end)
+                if settled.reason:
+                    log.warning(
+                        "event %s interval %s: reported without what %s cannot give: %s",
+                        event.id,
+                        interval.id,
+                        self.baseline.rule,
+                        settled.reason,
+                    )
+            report = interval_report(
+                event, self.client_name, asked, interval.id, begin, end, site, settled
             )
+            await self.post(report)
 
     def stop(self, event_id: str) -> None:
         """No more interval reports for this event."""

@@ -7,8 +7,9 @@ in or out with the reason. This handler is the one place that catches everything
 is logged, stored as a failed event and answered with an opt-out.
 
 Also here: implied cancellation (an event the VTN stops listing), target filtering, the
-TELEMETRY_USAGE report and the opt-out sent when the site cancels an OpenADR event
-(docs/openadr.md). `start` installs the hardened XML parser (`xml`) before anything is parsed.
+TELEMETRY_USAGE report, the settlement report under the program's rule (`settled20`) and the
+opt-out sent when the site cancels an OpenADR event (docs/openadr.md). `start` installs the
+hardened XML parser (`xml`) before anything is parsed.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ import logging
 import random
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import aiohttp
-from openleadr import OpenADRClient, enums, objects
+from openleadr import OpenADRClient, enums, objects, utils
 
 from gateway.clock import Clock, SystemClock
+from gateway.openadr.programbaseline import ProgramBaseline
+from gateway.openadr.settled20 import BUFFER, SETTLED_ID, SETTLED_VALUES, SettledUsage
 from gateway.openadr.signals import Party, SiteLoad, read_event
 from gateway.openadr.xml import harden_parser
 from gateway.retries import VTN_BACKOFF
@@ -74,10 +77,22 @@ class BoundedResponse(aiohttp.ClientResponse):
 
 class Client(OpenADRClient):
     """openleadr's client whose VTN replies are bounded (openleadr reads each one whole and
-    logs a refused one as a request error, dropping it), and whose requests go through the
-    given aiohttp trace configs (openleadr makes its session itself)."""
+    logs a refused one as a request error, dropping it), whose requests go through the
+    given aiohttp trace configs (openleadr makes its session itself), and whose reports each
+    send their own values."""
 
     trace_configs: tuple[aiohttp.TraceConfig, ...] = ()
+
+    async def update_report(self, report_request_id: str) -> None:
+        """openleadr's, reading only the request's own rIDs: openleadr gives every request
+        of one oadrCreateReport the same list, all of their rIDs together."""
+        request = utils.find_by(self.report_requests, "report_request_id", report_request_id)
+        if request:
+            specifier = request["report_specifier_id"]
+            request["r_ids"] = [
+                r for r in request["r_ids"] if (specifier, r) in self.report_callbacks
+            ]
+        await super().update_report(report_request_id)
 
     async def _ensure_client_session(self) -> None:
         fresh = not self.client_session
@@ -128,20 +143,50 @@ class Ven:
                 sampling_rate=SAMPLING,
                 report_duration=timedelta(hours=1),  # the buffer the VTN may ask back over
             )
+        if settings.report_baseline:
+            self._offer_settled()
         self._site: tuple[float, dict[str, Any]] | None = None
+        self._settled: SettledUsage | None = None
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
         self._events: Events | None = None
         self._power: SitePower | None = None
 
+    def _offer_settled(self) -> None:
+        """The settlement report (`settled20`): measured by the meter, or estimated without."""
+        kilowatts = dataclasses.replace(enums.MEASUREMENTS.REAL_POWER)
+        for r_id, (report_type, _) in SETTLED_VALUES.items():
+            reading = enums.READING_TYPE.DERIVED  # the baseline, and the delta from it
+            if r_id == "usage_kw":
+                meter = bool(self.settings.meter_url)
+                reading = enums.READING_TYPE.DIRECT_READ if meter else enums.READING_TYPE.ESTIMATED
+            self.client.add_report(
+                callback=functools.partial(self.settled, r_id),
+                resource_id=r_id,
+                measurement=kilowatts,
+                scale="k",
+                data_collection_mode="full",
+                report_specifier_id=SETTLED_ID,
+                r_id=r_id,
+                report_type=report_type,
+                reading_type=reading,
+                sampling_rate=SAMPLING,
+                report_duration=BUFFER,
+            )
+
     @property
     def state(self) -> str:
         return "registered" if self.registered else "registering"
 
-    async def start(self, events: Events, power: SitePower) -> None:
-        """Register and poll from now on, feeding `events`; `power` answers the reports."""
+    async def start(
+        self, events: Events, power: SitePower, baseline: ProgramBaseline | None = None
+    ) -> None:
+        """Register and poll from now on, feeding `events`; `power` answers the usage report,
+        the program's rule (`baseline`) the settlement report."""
         harden_parser()
         self._events, self._power = events, power
+        if baseline is not None:
+            self._settled = SettledUsage(baseline, events, self.id_prefix)
         self._task = asyncio.create_task(self._register())
 
     @property
@@ -184,6 +229,14 @@ class Ven:
             assert self._power is not None
             self._site = (now, await self._power.doc())
         return round(float(self._site[1][REPORT_VALUES[r_id]]), 3)
+
+    async def settled(
+        self, r_id: str, date_from: datetime, date_to: datetime, sampling_interval: timedelta
+    ) -> list[tuple[datetime, float]]:
+        """The settlement report's values (`settled20`); none before the VEN has started."""
+        if self._settled is None:
+            return []
+        return await self._settled.values(r_id, date_from, date_to, sampling_interval)
 
     async def opt_out(self, event: EventRow) -> None:
         """oadrCreatedEvent optOut for an event cancelled on the site; repeated if re-sent."""

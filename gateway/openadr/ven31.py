@@ -31,7 +31,7 @@ retries with backoff and the stored events run on: each ends at its own end.
 Its requests go through `vtn31` (a fresh token each, lists by pages). Reports (`reports31`
 builds them, `reporter31` sends them): at the end of each interval of an event acted on whose
 reportDescriptors ask for DEMAND, USAGE, BASELINE or DELTA_USAGE, the site's facility and GPU
-figures.
+figures (the facility's from the event's settlement under `FLEXGATE_REPORT_BASELINE` if set).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ from gateway.openadr.oadr31 import (
     first_error,
 )
 from gateway.openadr.oauth import TokenSource, VtnAuthError
+from gateway.openadr.programbaseline import ProgramBaseline
 from gateway.openadr.reporter31 import Reporter
 from gateway.openadr.reports31 import refusal_report
 from gateway.openadr.safemode31 import ID_PREFIX as FALLBACK_PREFIX
@@ -170,8 +171,12 @@ class Ven31:
         assert self._events is not None, "the VEN has not been started"
         return self._events
 
-    async def start(self, events: Events, power: SitePower) -> None:
+    async def start(
+        self, events: Events, power: SitePower, baseline: ProgramBaseline | None = None
+    ) -> None:
+        """Run, feeding `events`; `power` and the program's rule (`baseline`) answer reports."""
         self._events, self._power = events, power
+        self.reports.baseline = baseline
         self._task = asyncio.create_task(self._run())
         self._inbox_task = asyncio.create_task(self._work_inbox())
 
@@ -436,7 +441,8 @@ class Ven31:
             await self.reports.post(refusal_report(event.id, self.name, reason or ""))
             return
         log.info("event %s: acted on", event.id)
-        self.reports.schedule(event, external.start_offset_s, self._power)
+        stored_id = self.events.external_id(event.id)
+        self.reports.schedule(event, external.start_offset_s, self._power, stored_id)
 
     async def _refuse(self, event_id: str, reason: str) -> None:
         """Refused: logged, stored as failed (a stored version holds as it was), reported."""

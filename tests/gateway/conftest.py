@@ -16,6 +16,7 @@ from sqlalchemy import create_engine, text
 from agents.service import AgentNode
 from agents.service import create_app as agent_app
 from agents.simulated import SimulatedBackend
+from flexgate import specschema31
 from flexgate.serve import ServerThread
 from flexmodel.jobmix import parse_job_mix
 from gateway.app import create_app
@@ -184,3 +185,12 @@ def site(tmp_path, database_url):
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat()
+
+
+@pytest.fixture
+def spec():
+    """The OpenADR 3.1 specification's schema (`openadr3.yaml` in ../shared)."""
+    schema = specschema31.load()
+    if schema is None:
+        pytest.skip(specschema31.why_unavailable() or "the specification's schema is missing")
+    return schema

@@ -1,15 +1,20 @@
 """The VEN against openleadr's own VTN on loopback: an event becomes caps, a cancellation
-restores, a signal flexgate does not follow is an opt-out with its reason."""
+restores, a signal flexgate does not follow is an opt-out with its reason; the usage report,
+and the settlement report under the program's baseline rule."""
 
 import asyncio
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 from openleadr import OpenADRServer, hooks
 
 from flexgate.serve import free_port
+from gateway.store import repo
+from gateway.store.db import Store
+from gateway.store.models import epoch_ms
 from tests.gateway.conftest import API, Outbound, running_site
 
 VEN_ID = "ven-flexgate"
@@ -24,6 +29,7 @@ class Vtn:
         self.loop = asyncio.new_event_loop()
         self.answers: dict[str, str] = {}
         self.reports: dict[str, list[float]] = {}  #: TELEMETRY_USAGE values by resource
+        self.readings: dict[str, list[tuple[datetime, float]]] = {}  #: the same, timed
         self.server = OpenADRServer(
             vtn_id="TEST_VTN",
             http_host="127.0.0.1",
@@ -61,6 +67,7 @@ class Vtn:
 
         def received(values):
             self.reports[resource_id] += [value for _, value in values]
+            self.readings.setdefault(resource_id, []).extend(values)
 
         self.units = (unit, scale)
         return received, max(min_sampling_interval, timedelta(seconds=1))
@@ -131,7 +138,7 @@ def database_url(tmp_path):
     return f"sqlite:///{tmp_path / 'gateway.db'}"
 
 
-def ven_site(tmp_path, database_url, vtn_url: str, http_trace=()):
+def ven_site(tmp_path, database_url, vtn_url: str, http_trace=(), **changes):
     """A site whose VEN talks to `vtn_url` (openleadr's test VTN has no certificate)."""
     return running_site(
         tmp_path,
@@ -142,6 +149,7 @@ def ven_site(tmp_path, database_url, vtn_url: str, http_trace=()):
         recovery_ramp_s=0.2,
         recovery_steps=1,
         ven_name="flexgate-test",
+        **changes,
     )
 
 
@@ -368,3 +376,89 @@ def test_the_site_opts_out_when_the_firm_kw_of_jobs_it_can_cap_falls_short(vtn_s
     assert stored["status"] == "opted_out"
     assert "the site can promise" in stored["reason"]
     assert "which does not answer" in stored["reason"]
+
+
+def on_the_minute(now: datetime) -> datetime:
+    """The start of a one-minute event on the minute with at least 15 s of it to come: this
+    minute (acted on late), else the next."""
+    this = now.replace(second=0, microsecond=0)
+    left_s = (this + timedelta(minutes=1) - now).total_seconds()
+    return this if left_s >= 15 else this + timedelta(minutes=1)
+
+
+def midday_zone(now: datetime) -> str:
+    """A fixed-offset zone whose clock reads about noon now: the rule's hours before the
+    event fall on the same local day whenever the test runs."""
+    hours = 12 - now.hour
+    return "Etc/GMT" if hours == 0 else f"Etc/GMT{'-' if hours > 0 else '+'}{abs(hours)}"
+
+
+def write_flat_history(database_url: str, since: datetime, until: datetime, kw: float) -> None:
+    """One-minute intervals of `kw` over [since, until), metered, as the history rolls them up."""
+    store = Store(database_url)
+    begins, ends = epoch_ms(since), epoch_ms(until)
+    rows = [
+        {
+            "length_s": 60,
+            "start_ms": at_ms,
+            "mean_kw": kw,
+            "samples": 12,
+            "coverage": 1.0,
+            "gap": False,
+            "estimated_share": 0.0,
+            "estimated": False,
+            "fault": False,
+        }
+        for at_ms in range(begins, ends, 60_000)
+    ]
+    try:
+        with store.session() as s:
+            repo.replace_meter_intervals(s, length_s=60, start_ms=begins, end_ms=ends, rows=rows)
+            s.commit()
+    finally:
+        store.close()
+
+
+def test_the_ven_reports_an_events_baseline_and_metered_usage_under_the_programs_rule(
+    tmp_path, database_url
+):
+    """FLEXGATE_REPORT_BASELINE matchday-3, one-minute settlement intervals: fifteen days of
+    100 kW before the gateway starts, so the three days matched average 100 kW. An event of
+    one minute on the minute: its interval's baseline (100 kW), metered load and delta reach
+    the VTN once each, at the interval's start, as `GET .../settlement` serves them. The test
+    waits for the minute to close."""
+    now = datetime.now(UTC)
+    zone = midday_zone(now)
+    first_day = now.astimezone(ZoneInfo(zone)).date() - timedelta(days=15)
+    since = datetime.combine(first_day, datetime.min.time(), tzinfo=ZoneInfo(zone))
+    write_flat_history(database_url, since, now.replace(second=0, microsecond=0), 100.0)
+    options = {
+        "report_baseline": "matchday-3",
+        "settlement_interval_min": 1,
+        "site_timezone": zone,
+    }
+    with Vtn() as vtn, ven_site(tmp_path, database_url, vtn.url, **options) as site:
+        site.wait(
+            lambda: site.api.get("/health").json()["ven"] == "registered",
+            what="the VEN's registration",
+        )
+        start = on_the_minute(datetime.now(UTC))
+        event_id = vtn.add_event("simple", "level", 1.0, start, 60)
+        site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="the VTN hearing optIn")
+        settled = ("baseline_kw", "usage_kw", "delta_kw")
+        site.wait(
+            lambda: all(vtn.readings.get(r) for r in settled),
+            seconds=150,
+            what="the settlement report",
+        )
+        served = site.api.get(
+            f"/v1/events/oadr-{event_id}/settlement", params={"rules": "matchday-3"}
+        ).json()
+        # Reports go on every second: the interval is not sent again.
+        site.wait(lambda: len(vtn.reports["facility_kw"]) > 3, what="three more usage reports")
+    [row] = served["rules"][0]["intervals"]
+    assert datetime.fromisoformat(row["start"]) == start
+    assert row["baseline_kw"] == 100.0
+    assert vtn.readings["baseline_kw"] == [(start, 100.0)]
+    assert vtn.readings["usage_kw"] == [(start, pytest.approx(row["metered_kw"], abs=1e-3))]
+    assert vtn.readings["delta_kw"] == [(start, pytest.approx(-row["delivered_kw"], abs=1e-3))]

@@ -19,6 +19,7 @@ from flexgate.mockvtn31 import LAB_CLIENT_ID, MockVtn31
 from flexgate.serve import ServerThread, free_port
 from gateway.openadr.ven31 import CALLBACK_PATH
 from tests.gateway.conftest import API, running_site
+from tests.gateway.test_ven import on_the_minute
 
 VEN_NAME = "flexgate-test"
 #: The mock VTN's client secret in these tests (the lab's is refused outside the lab).
@@ -492,3 +493,41 @@ def test_the_mock_vtn_refuses_a_report_the_31_schema_forbids(vtn):
     assert answer.status_code == 400
     assert "clientName" in answer.json()["detail"]
     assert vtn.refused
+
+
+def test_under_the_programs_rule_the_facility_reports_its_settlement_and_logs_what_is_missing(
+    tmp_path, database_url, vtn, caplog
+):
+    """FLEXGATE_REPORT_BASELINE 10of10 on a site with no history before today: the interval's
+    metered load, estimated (no meter), as its settlement serves it; no baseline, so neither
+    BASELINE nor DELTA_USAGE, and the log says why. One-minute settlement intervals and an
+    event of one minute on the minute (`on_the_minute`): the test waits for it to close."""
+    caplog.set_level(logging.WARNING, logger="flexgate.ven31")
+    options = {"report_baseline": "10of10", "settlement_interval_min": 1}
+    with ven_site(tmp_path, database_url, vtn, **options) as site:
+        start = on_the_minute(datetime.now(UTC))
+        asked = [{"payloadType": t} for t in ("DEMAND", "USAGE", "BASELINE", "DELTA_USAGE")]
+        body = simple_event(vtn, interval_s=60.0, intervals=1, reportDescriptors=asked)
+        body["intervalPeriod"]["start"] = start.isoformat()
+        event = vtn.add_event(body)
+        [report] = site.wait(
+            lambda: [r for r in vtn.reports if "interval" in r["reportName"]],
+            seconds=150,
+            what="the interval's report",
+        )
+        served = site.api.get(
+            f"/v1/events/oadr3-{event['id']}/settlement", params={"rules": "10of10"}
+        ).json()
+    [row] = served["rules"][0]["intervals"]
+    assert datetime.fromisoformat(row["start"]) == start
+    [facility] = [r for r in report["resources"] if r["resourceName"] == "FACILITY"]
+    figures = {
+        i["payloads"][0]["type"]: (i["payloads"][0]["values"][0], i["payloads"][1]["values"][0])
+        for i in facility["intervals"]
+    }
+    assert figures == {
+        "DEMAND": (pytest.approx(row["metered_kw"], abs=1e-3), "ESTIMATED"),
+        "USAGE": (pytest.approx(row["metered_kw"] / 60, abs=1e-3), "ESTIMATED"),
+    }
+    assert row["baseline_kw"] is None
+    assert "what 10of10 cannot give: 0 eligible days, 10 needed" in caplog.text

@@ -15,7 +15,6 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from flexgate import specschema31
 from gateway.openadr.oadr31 import Event, ReportDescriptor
 from gateway.openadr.reports31 import interval_report, refusal_report
 from tests.gateway.test_ven31 import (
@@ -30,14 +29,6 @@ from tests.gateway.test_ven31 import (
 @pytest.fixture
 def database_url(tmp_path):
     return f"sqlite:///{tmp_path / 'gateway.db'}"
-
-
-@pytest.fixture
-def spec():
-    schema = specschema31.load()
-    if schema is None:
-        pytest.skip(specschema31.why_unavailable() or "the specification's schema is missing")
-    return schema
 
 
 @pytest.fixture

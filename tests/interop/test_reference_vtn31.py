@@ -31,14 +31,6 @@ POLL_S = 30.0
 
 
 @pytest.fixture(scope="module")
-def vtn(tmp_path_factory):
-    if not refvtn.source_dir().exists():
-        pytest.skip(f"the reference VTN is not at {refvtn.source_dir()} (../shared absent)")
-    with refvtn.running(tmp_path_factory.mktemp("refvtn")) as vtn:
-        yield vtn
-
-
-@pytest.fixture(scope="module")
 def program(vtn):
     return vtn.post("/programs", {"programName": "flexgate-interop"})
 
