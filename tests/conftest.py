@@ -31,6 +31,7 @@ settings.load_profile("default")
 #: a costly module fixture computed once rather than once per worker.
 XDIST_GROUPS = {
     "tests/interop/test_reference_vtn31.py": "reference-vtn",  # one VTN; fixed MQTT client id
+    "tests/interop/test_reference_vtn31_settled.py": "reference-vtn",  # the same port and id
     "tests/test_compose_lab.py": "docker",  # images built once; one stack at a time
     "tests/test_agent_image.py": "docker",  # the same base image and build CA file
     "tests/gateway/test_settings_files.py": "postgresql",  # a role made on the machine's server
