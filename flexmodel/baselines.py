@@ -11,6 +11,7 @@ program's own manual.
     match_day_baseline  per interval, the mean of the N eligible days whose load over a window
                         before the event is closest to the event day's
     meter_before        one level: the mean of the S seconds of samples before a trigger
+                        (`MeterBeforeRule`, named `meterbefore-<S>s`)
 
 Data come as local days (`MeterDay`): one mean per clock interval from the site's local
 midnight, with the times each interval occurred that day (0 for the hour skipped at spring
@@ -28,6 +29,7 @@ on with the others.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -164,7 +166,30 @@ class MatchDayRule:
         _check_share("max_estimated_share", self.max_estimated_share)
 
 
+@dataclass(frozen=True)
+class MeterBeforeRule:
+    """A fast event's baseline, from the raw samples: the mean of the readings in the
+    `window_s` before the trigger (`meter_before`), none missing and no stretch longer than
+    `max_gap_s` without one. Its meter-after level is the same mean over the `window_s` that
+    end at the event's end."""
+
+    window_s: float
+    max_gap_s: float
+
+    def __post_init__(self) -> None:
+        for name in ("window_s", "max_gap_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0.0):
+                raise InvalidBaselineError(f"{name} {value!r} must be a number of seconds above 0")
+        if self.max_gap_s > self.window_s:
+            raise InvalidBaselineError(
+                f"max_gap_s {self.max_gap_s:g} exceeds window_s {self.window_s:g}"
+            )
+
+
 BaselineRule = XOfYRule | SameDayRule | MatchDayRule
+#: Every rule `preset` names: the day-based rules and meter-before.
+Rule = BaselineRule | MeterBeforeRule
 
 _TEN_OF_TEN = XOfYRule(
     x_days=10,
@@ -195,13 +220,34 @@ PRESETS: MappingProxyType[str, BaselineRule] = MappingProxyType(
 )
 
 
-def preset(name: str) -> BaselineRule:
-    """The rule a preset names."""
-    try:
+#: `meterbefore-<S>s`: the meter-before rule over the S seconds (1 to 3600) before the trigger.
+METER_BEFORE_NAME = re.compile(r"meterbefore-([1-9][0-9]{0,3})s")
+METER_BEFORE_MAX_S = 3600
+#: A meter-before window may go at most this long without a reading, and at most a quarter of
+#: itself [s] (flexgate's choice, like the presets' lookback: check it against the program).
+METER_BEFORE_GAP_S = 10.0
+#: The names `preset` takes, as a person reads them.
+RULE_NAMES = ", ".join([*PRESETS, "meterbefore-<S>s"])
+
+
+def preset(name: str) -> Rule:
+    """The rule a preset names, or the meter-before rule `meterbefore-<S>s` names."""
+    if name in PRESETS:
         return PRESETS[name]
-    except KeyError:
-        known = ", ".join(PRESETS)
-        raise InvalidBaselineError(f"preset {name!r} is not one of {known}") from None
+    match = METER_BEFORE_NAME.fullmatch(name)
+    if match and int(match.group(1)) <= METER_BEFORE_MAX_S:
+        window_s = float(match.group(1))
+        return MeterBeforeRule(window_s, min(METER_BEFORE_GAP_S, window_s / 4))
+    raise InvalidBaselineError(f"preset {name!r} is not one of {RULE_NAMES}")
+
+
+def is_preset(name: str) -> bool:
+    """Whether `preset` knows the name."""
+    try:
+        preset(name)
+    except InvalidBaselineError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -673,7 +719,7 @@ def match_day_baseline(
 
 
 def baseline(
-    rule: BaselineRule,
+    rule: Rule,
     event: MeterDay,
     history: Sequence[MeterDay],
     *,
@@ -683,6 +729,10 @@ def baseline(
     event_days: Collection[int],
 ) -> Baseline:
     """The baseline of any day-based rule (a preset's, for one), by its kind."""
+    if isinstance(rule, MeterBeforeRule):
+        raise InvalidBaselineError(
+            "a meter-before rule reads the samples before a trigger, not days: meter_before"
+        )
     if isinstance(rule, SameDayRule):
         return same_day_baseline(rule, event, start_min=start_min, end_min=end_min)
     if isinstance(rule, XOfYRule):

@@ -28,7 +28,7 @@ from agents.protocol import (
     node_token,
     unknown_variables,
 )
-from flexmodel.baselines import INTERVAL_MINUTES, PRESETS
+from flexmodel.baselines import INTERVAL_MINUTES, RULE_NAMES, is_preset
 from flexmodel.errors import InvalidJobError
 from flexmodel.quote import DEFAULT_POWER_UNCERTAINTY
 from flexmodel.tiers import TierTable
@@ -442,15 +442,15 @@ class GatewaySettings(BaseSettings):
 
     def _check_settlement(self) -> None:
         for name in self.settlement_rule_names:
-            if name not in PRESETS:
+            if not is_preset(name):
                 raise ValueError(
                     f"FLEXGATE_SETTLEMENT_RULES: {name!r} is not a baseline preset (one of "
-                    f"{', '.join(PRESETS)})"
+                    f"{RULE_NAMES})"
                 )
-        if self.opt_in_baseline is not None and self.opt_in_baseline not in PRESETS:
+        if self.opt_in_baseline is not None and not is_preset(self.opt_in_baseline):
             raise ValueError(
                 f"FLEXGATE_OPT_IN_BASELINE: {self.opt_in_baseline!r} is not a baseline preset "
-                f"(one of {', '.join(PRESETS)})"
+                f"(one of {RULE_NAMES})"
             )
         problem = interval_problem(self.settlement_interval_min)
         if problem:

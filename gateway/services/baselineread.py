@@ -4,7 +4,8 @@ and the counted kW of a quote or an opt-in (before one) share.
 `EventSpan` puts an event's [start, end) on the site's clock, rounded out to whole settlement
 intervals; `read_history` reads the intervals the rules look back over and folds them into the
 site's local days (`gateway.services.meterdays`), with the other events' days left out;
-`rule_baseline` is one preset's baseline for the span, or the reason there is none.
+`rule_baseline` is one preset's baseline for the span, or the reason there is none;
+`meter_level` a meter-before rule's level from the raw samples before a moment.
 """
 
 from __future__ import annotations
@@ -14,10 +15,19 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 from sqlmodel import Session
 
-from flexmodel.baselines import Baseline, Calendar, MeterDay, SameDayRule, baseline, preset
+from flexmodel.baselines import (
+    Baseline,
+    Calendar,
+    MeterBeforeRule,
+    MeterDay,
+    baseline,
+    meter_before,
+    preset,
+)
 from flexmodel.errors import FlexModelError
 from gateway.services.meterdays import (
     LocalClock,
@@ -28,7 +38,7 @@ from gateway.services.meterdays import (
     read_intervals,
 )
 from gateway.store import repo
-from gateway.store.models import MeterInterval, as_utc
+from gateway.store.models import MeterInterval, as_utc, iso
 
 
 class EventSpan:
@@ -66,9 +76,7 @@ class History:
 def lookback_days(names: Iterable[str]) -> int:
     """The most days any of the presets looks back over."""
     rules = [preset(n) for n in names]
-    return max(
-        (0 if isinstance(r, SameDayRule) else int(r.lookback_days) for r in rules), default=0
-    )
+    return max((int(getattr(r, "lookback_days", 0)) for r in rules), default=0)
 
 
 def read_history(
@@ -141,3 +149,37 @@ def dated(reason: str) -> str:
 
 def day_dates(days: Iterable[int]) -> list[date]:
     return sorted(day_of(d) for d in days)
+
+
+def meter_level(
+    session: Session, rule: MeterBeforeRule, at: datetime, *, now: datetime, raw_keep_s: float
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The mean of the raw samples in the rule's window ending at `at` (`meter_before`), with
+    how many were estimated (or taken while the meter faulted), or None and why: the window's
+    samples gone (kept `raw_keep_s` before `now`), a gap, a window not over yet."""
+    begins = as_utc(at) - timedelta(seconds=rule.window_s)
+    kept_from = now - timedelta(seconds=raw_keep_s)
+    if begins < kept_from:
+        return None, (
+            f"the raw samples of {iso(begins)} to {iso(at)} are gone: they are kept "
+            f"FLEXGATE_METER_HISTORY_RAW_KEEP_S ({raw_keep_s:g} s), from {iso(kept_from)} now"
+        )
+    samples = repo.meter_samples(session, start=begins, end=as_utc(at))
+    try:
+        found = meter_before(
+            [(p.at - as_utc(at)).total_seconds() for p in samples],
+            [p.kw for p in samples],
+            trigger_s=0.0,
+            window_s=rule.window_s,
+            max_gap_s=rule.max_gap_s,
+        )
+    except FlexModelError as exc:  # NoBaselineError: the rule's answer
+        return None, f"{exc} ({iso(at)})"
+    return {
+        "level_kw": found.baseline_kw,
+        "start": iso(begins),
+        "end": iso(at),
+        "samples": found.samples,
+        "estimated_samples": sum(1 for p in samples if p.estimated or p.fault),
+        "fault_samples": sum(1 for p in samples if p.fault),
+    }, None

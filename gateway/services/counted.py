@@ -9,10 +9,10 @@ event, so a shed of S kW is counted as the baseline less (the level less S). A b
 the level (today runs below the baseline days) adds to what is counted; one below takes away.
 
 A rule that cannot give a baseline before the event says why instead of a number: same-day
-(it needs the hours after the event's end), a day-of adjustment or match window whose hours
-have not all happened yet, too few eligible days, no history, a window crossing the site's
-midnight. flexgate refuses these rather than computing on part of the data: the utility will
-not count a partial baseline.
+(it needs the hours after the event's end), meter-before (the seconds before it), a day-of
+adjustment or match window whose hours have not all happened yet, too few eligible days, no
+history, a window crossing the site's midnight. flexgate refuses these rather than computing
+on part of the data: the utility will not count a partial baseline.
 """
 
 from __future__ import annotations
@@ -22,7 +22,14 @@ from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Any
 
-from flexmodel.baselines import BaselineRule, MatchDayRule, SameDayRule, XOfYRule, preset
+from flexmodel.baselines import (
+    MatchDayRule,
+    MeterBeforeRule,
+    Rule,
+    SameDayRule,
+    XOfYRule,
+    preset,
+)
 from gateway.clock import Clock
 from gateway.services.baselineread import (
     EventSpan,
@@ -42,9 +49,14 @@ from gateway.units import rounded
 QUOTE_SHEDS = ("reduction_kw", "achievable_kw", "firm_kw")
 
 
-def not_before_event(name: str, rule: BaselineRule, start: datetime, now: datetime) -> str | None:
+def not_before_event(name: str, rule: Rule, start: datetime, now: datetime) -> str | None:
     """Why `rule` gives no baseline for an event starting at `start`, seen at `now`; None when
     it may (its history may still fall short)."""
+    if isinstance(rule, MeterBeforeRule):
+        return (
+            f"{name} is the site's level in the {rule.window_s:g} s before the trigger: it "
+            "gives no baseline before the event (it counts the shed from the level then)"
+        )
     if isinstance(rule, SameDayRule):
         return (
             f"{name} is the mean of hours before and the {rule.after_hours:g} h after the "

@@ -20,9 +20,11 @@ from flexmodel.baselines import (
     PRESETS,
     Calendar,
     MatchDayRule,
+    MeterBeforeRule,
     SameDayRule,
     XOfYRule,
     baseline,
+    is_preset,
     local_days,
     match_day_baseline,
     meter_before,
@@ -251,6 +253,26 @@ def test_the_presets_carry_the_programs_parameters():
     match = PRESETS["matchday-3"]
     assert isinstance(match, MatchDayRule)
     assert match.days == 3
+
+
+def test_a_meter_before_rule_is_named_by_its_seconds():
+    """`meterbefore-<S>s`: S seconds, at most a quarter of them (and at most 10 s) unread."""
+    assert preset("meterbefore-60s") == MeterBeforeRule(window_s=60.0, max_gap_s=10.0)
+    assert preset("meterbefore-20s") == MeterBeforeRule(window_s=20.0, max_gap_s=5.0)
+    assert preset("meterbefore-3600s").window_s == 3600.0
+    for name in ("meterbefore-0s", "meterbefore-3601s", "meterbefore-60", "meterbefore-1.5s"):
+        assert not is_preset(name)
+        with pytest.raises(InvalidBaselineError, match=r"is not one of 10of10, .*meterbefore-<S>s"):
+            preset(name)
+    with pytest.raises(InvalidBaselineError, match="meter-before rule reads the samples"):
+        baseline(
+            preset("meterbefore-60s"),
+            day(EVENT_DAY),
+            [],
+            **EVENT,
+            calendar=CALENDAR,
+            event_days=frozenset(),
+        )
 
 
 # --- Same day, match day, meter before -----------------------------------------------------
@@ -536,6 +558,8 @@ def event_baseline(**changes):
             "window_s",
         ),
         (lambda: Calendar(weekend=frozenset({7})), "weekend"),
+        (lambda: MeterBeforeRule(0.0, 1.0), "window_s"),
+        (lambda: MeterBeforeRule(10.0, 11.0), "max_gap_s"),
     ],
 )
 def test_bad_parameters_are_refused_by_name(make, name):

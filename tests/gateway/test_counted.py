@@ -72,6 +72,7 @@ def test_a_site_above_its_baseline_days_is_counted_less_than_it_sheds(database_u
     ("rule", "now", "history_days", "why"),
     [
         ("sameday-3+2", BEFORE, 20, "it gives no baseline before the event"),
+        ("meterbefore-60s", BEFORE, 20, "60 s before the trigger: it gives no baseline"),
         # the adjustment window ends at 13:00: at 12:30 it has not happened
         ("10of10", START - timedelta(minutes=90), 20, "day-of adjustment (3 h ending 1 h"),
         ("10of10", BEFORE, 6, "3 eligible days, 10 needed"),
