@@ -41,6 +41,7 @@ from gateway.services.meterdays import LocalClock, calendar
 from gateway.services.settlement import baseline_doc
 from gateway.services.site import SitePower
 from gateway.settings import GatewaySettings
+from gateway.store import repo
 from gateway.store.db import Store
 from gateway.store.models import iso
 from gateway.units import rounded
@@ -94,6 +95,14 @@ class Counted:
             return {"kw": last.facility_kw, "source": self.power.source, "estimated": estimated}
         model_kw = self.power.envelope()[0]
         return {"kw": model_kw, "source": "model (no reading of the site yet)", "estimated": True}
+
+    def level_uncapped(self) -> dict[str, Any]:
+        """The site's level without the caps that hold it down now: the model's [kW]."""
+        return {
+            "kw": self.power.envelope()[0],
+            "source": "model (caps hold the site below its level now)",
+            "estimated": True,
+        }
 
     async def doc(
         self,
@@ -159,16 +168,22 @@ class Counted:
         return rounded(out)
 
     async def opt_in(
-        self, start: datetime, end: datetime, asked_kw: float, firm: dict[str, Any]
+        self,
+        start: datetime,
+        end: datetime,
+        asked_kw: float,
+        firm: dict[str, Any],
+        level: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """`FLEXGATE_OPT_IN_BASELINE`'s count of an event asking `asked_kw` (`firm`:
-        `Quotes.firm`'s answer for it), with `short`, why the site opts out (the counted firm
-        kW below what is asked), or None. A rule with no baseline does not opt out: the reason
-        is kept and the site's own firm kW decides."""
+        `Quotes.firm`'s answer for it) from the site's `level` (default `level_now()`), with
+        `short`, why the site opts out (the counted firm kW below what is asked), or None. A
+        rule with no baseline does not opt out: the reason is kept and the site's own firm kW
+        decides."""
         name = self.settings.opt_in_baseline
         assert name is not None
         sheds = {"firm_kw": firm["firm_kw"], "achievable_kw": firm["achievable_kw"]}
-        doc = await self.doc(name, start, end, sheds)
+        doc = await self.doc(name, start, end, sheds, level)
         doc["asked_kw"] = asked_kw
         counted_kw = doc["counted_kw"]["firm_kw"]
         doc["short"] = None
@@ -179,3 +194,17 @@ class Counted:
                 f"the site at {doc['level']['kw']:.1f} kW now); the event asks {asked_kw:.1f} kW"
             )
         return doc
+
+    def recounted(self, event_id: str, counted: dict[str, Any]) -> None:
+        """The event's stored `counted` brought up to date; a manual event's reason, where it
+        was the last count's shortfall, is the new one's (or none)."""
+        with self.store.session() as s:
+            event = repo.get_event(s, event_id=event_id)
+            if event is None:
+                return
+            stated = (event.counted or {}).get("short")
+            if event.source == "manual" and event.reason == stated:
+                event.reason = counted["short"]
+            event.counted = counted
+            s.add(event)
+            s.commit()

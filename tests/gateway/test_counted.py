@@ -25,7 +25,7 @@ from gateway.services.counted import Counted
 from gateway.store import repo
 from gateway.store.db import Store
 from gateway.store.models import epoch_ms
-from tests.gateway.conftest import running_site
+from tests.gateway.conftest import API, running_site
 from tests.gateway.test_meter_history import running_gateway
 from tests.gateway.test_settlement import HOLIDAY, START, settings_for, site_database, write_site
 from tests.gateway.test_ven import Vtn
@@ -224,3 +224,95 @@ def test_the_opt_in_opts_out_when_the_counted_firm_kw_falls_short(tmp_path, opt_
         assert stored["reason"].startswith(f"under 10of10 the utility would count {firm_kw:.1f} kW")
         assert "baseline 0.5 kW" in stored["reason"]
         assert all(w == 700.0 for ws in site.limits().values() for w in ws)
+
+
+def test_a_manual_event_is_counted_kept_and_recounted_when_the_mix_changes(tmp_path):
+    """Baseline days at 0.5 kW, today too: 10of10 gives 0.5 kW. A manual event asking 1 kW
+    of a site drawing far more is counted as 0.5 less (its level less its firm shed): short.
+    The operator asked for it, so it is stored and armed all the same, the shortfall its
+    reason. Emptying the job mix leaves nothing to shed: the re-check recounts, and the firm
+    and achievable kW counted are both the baseline less the level, 0.5 - level."""
+    database_url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    zone = flat_history(database_url, 0.5, datetime.now(UTC))
+    options = {"site_timezone": zone, "opt_in_baseline": "10of10"}
+    with running_site(tmp_path, database_url, **options) as site:
+        ask = {"baseline": "10of10"}
+        site.wait(
+            lambda: site.api.post("/v1/quotes", json=ask).json()["counted"]["level"]["kw"] > 1.0,
+            what="a reading of the site",
+        )
+        start = datetime.now(UTC) + timedelta(seconds=600)
+        body = {"reduction_kw": 1.0, "start": start.isoformat(), "duration_s": 60}
+        created = site.api.post("/v1/events", json=body, headers=API)
+        assert created.status_code == 201, created.text
+        event_id = created.json()["id"]
+        stored = site.api.get(f"/v1/events/{event_id}").json()
+        assert stored["status"] == "pending"
+        counted = stored["counted"]
+        assert (counted["rule"], counted["baseline_kw"], counted["asked_kw"]) == (
+            "10of10",
+            0.5,
+            1.0,
+        )
+        assert counted["counted_kw"]["firm_kw"] < 1.0
+        assert stored["reason"] == counted["short"]
+        assert stored["reason"].startswith("under 10of10 the utility would count")
+        emptied = site.api.put("/v1/jobs", json={"jobs": []}, headers=API)
+        assert emptied.status_code == 200, emptied.text
+        recounted = site.wait(
+            lambda: (
+                (c := site.api.get(f"/v1/events/{event_id}").json()["counted"]) != counted and c
+            ),
+            what="the recount",
+        )
+        level_kw = recounted["level"]["kw"]
+        assert recounted["counted_kw"]["firm_kw"] == pytest.approx(0.5 - level_kw, abs=2e-3)
+        assert recounted["counted_kw"]["achievable_kw"] == pytest.approx(0.5 - level_kw, abs=2e-3)
+        again = site.api.get(f"/v1/events/{event_id}").json()
+        assert (again["status"], again["reason"]) == ("pending", recounted["short"])
+
+
+def test_the_re_check_recounts_and_opts_out_an_event_that_now_falls_short(tmp_path):
+    """The site's policy opts in to anything (`always`): only the count decides. With the
+    site at L kW and F kW firm, the baseline days are written at L + F/2 and the VTN asks F
+    (LOAD_DISPATCH delta): counted F/2 + F = 1.5 F, opted in. Emptying the job mix leaves
+    nothing to shed: the re-check counts F/2 < F, and the event is opted out with the count
+    as its reason."""
+    database_url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    zone = flat_history(database_url, 0.5, datetime.now(UTC))
+    options = {
+        "site_timezone": zone,
+        "opt_in_baseline": "10of10",
+        "opt_policy": "always",
+        "vtn_allow_unsigned": True,
+        "ven_name": "flexgate-test",
+    }
+    with Vtn() as vtn, running_site(tmp_path, database_url, vtn_url=vtn.url, **options) as site:
+        site.wait(lambda: site.api.get("/health").json()["ven"] == "registered", what="the VEN")
+        ask = {"baseline": "10of10", "window_s": 60}
+        site.wait(
+            lambda: site.api.post("/v1/quotes", json=ask).json()["counted"]["level"]["kw"] > 1.0,
+            what="a reading of the site",
+        )
+        quote = site.api.post("/v1/quotes", json=ask).json()
+        level_kw, firm_kw = quote["counted"]["level"]["kw"], quote["firm_kw"]
+        assert firm_kw > 1.0
+        flat_history(database_url, level_kw + firm_kw / 2, datetime.now(UTC))
+        start = datetime.now(UTC) + timedelta(seconds=600)
+        event_id = vtn.add_event("LOAD_DISPATCH", "delta", -firm_kw, start, 60)
+        site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="the VTN hearing optIn")
+        stored = site.api.get(f"/v1/events/oadr-{event_id}").json()
+        assert stored["counted"]["counted_kw"]["firm_kw"] == pytest.approx(1.5 * firm_kw, rel=0.05)
+        emptied = site.api.put("/v1/jobs", json={"jobs": []}, headers=API)
+        assert emptied.status_code == 200, emptied.text
+        gone = site.wait(
+            lambda: (
+                (e := site.api.get(f"/v1/events/oadr-{event_id}").json())["status"] == "opted_out"
+                and e
+            ),
+            what="the opt-out",
+        )
+        counted = gone["counted"]
+        assert counted["counted_kw"]["firm_kw"] == pytest.approx(0.5 * firm_kw, rel=0.1)
+        assert gone["reason"] == f"the site changed: {counted['short']}"
+        assert gone["opt"] == "out"  # told to the VTN as a cancellation on the site is
