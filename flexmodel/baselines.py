@@ -569,6 +569,29 @@ def _capped(adjusted: FloatArray, unadjusted: FloatArray, cap_percent: float | N
     return np.clip(adjusted, np.minimum(one, other), np.maximum(one, other))
 
 
+def _adjustment(
+    rule: XOfYRule, event: MeterDay, start: int, chosen: Sequence[MeterDay]
+) -> tuple[float, float]:
+    """The day-of adjustment (factor, offset [kW]) for an event from interval `start`."""
+    window = _window_before(
+        event,
+        start,
+        rule.adjustment_hours,
+        rule.adjustment_lead_hours,
+        ("adjustment_hours", "adjustment_lead_hours"),
+    )
+    metered_kw = float(_readings(event, window, "the adjustment window").mean())
+    reference = _mean_of_days(chosen, window)[event.exists[window]]
+    reference_kw = float(reference.mean())
+    if rule.adjustment == "additive":
+        return 1.0, metered_kw - reference_kw
+    if not reference_kw > 0.0:
+        raise NoBaselineError(
+            f"the baseline's mean over the adjustment window is {reference_kw:g} kW: no ratio"
+        )
+    return metered_kw / reference_kw, 0.0
+
+
 def x_of_y_baseline(
     rule: XOfYRule,
     event: MeterDay,
@@ -578,13 +601,16 @@ def x_of_y_baseline(
     end_min: int,
     calendar: Calendar,
     event_days: Collection[int],
+    adjusted_as: Baseline | None = None,
 ) -> Baseline:
     """The X-of-Y baseline for an event from `start_min` to `end_min` on `event`'s day.
 
     The Y eligible days are the newest; of those, the X with the highest mean load over the
     event's intervals (the newer first on a tie). The adjustment compares the event day's mean
     reading over its window with the unadjusted baseline's mean there: their ratio
-    (multiplicative) or difference [kW] (additive).
+    (multiplicative) or difference [kW] (additive). `adjusted_as`: the baseline of the part
+    of the same event on an earlier day (one crossing midnight), whose adjustment, from the
+    hours before the event's start, this day's part takes (capped against its own).
     """
     slots = _event_slots(event, start_min, end_min)
     days, why = eligible_days(
@@ -603,27 +629,11 @@ def x_of_y_baseline(
     used = tuple(sorted((d.day for d in chosen), reverse=True))
     if rule.adjustment == "none":
         return _baseline(rule, event, start_min, unadjusted, unadjusted.copy(), used)
-    window = _window_before(
-        event,
-        slots.start,
-        rule.adjustment_hours,
-        rule.adjustment_lead_hours,
-        ("adjustment_hours", "adjustment_lead_hours"),
-    )
-    metered_kw = float(_readings(event, window, "the adjustment window").mean())
-    reference = _mean_of_days(chosen, window)[event.exists[window]]
-    reference_kw = float(reference.mean())
-    factor, offset_kw = 1.0, 0.0
-    if rule.adjustment == "multiplicative":
-        if not reference_kw > 0.0:
-            raise NoBaselineError(
-                f"the baseline's mean over the adjustment window is {reference_kw:g} kW: no ratio"
-            )
-        factor = metered_kw / reference_kw
-        adjusted = unadjusted * factor
+    if adjusted_as is None:
+        factor, offset_kw = _adjustment(rule, event, slots.start, chosen)
     else:
-        offset_kw = metered_kw - reference_kw
-        adjusted = unadjusted + offset_kw
+        factor, offset_kw = adjusted_as.adjustment_factor, adjusted_as.adjustment_kw
+    adjusted = unadjusted * factor + offset_kw
     limited = _capped(adjusted, unadjusted, rule.cap_percent)
     moved = np.abs(limited - adjusted)
     return _baseline(
@@ -640,36 +650,60 @@ def x_of_y_baseline(
 
 
 def same_day_baseline(
-    rule: SameDayRule, event: MeterDay, *, start_min: int, end_min: int
+    rule: SameDayRule,
+    event: MeterDay,
+    *,
+    start_min: int,
+    end_min: int,
+    starts_on: tuple[MeterDay, int] | None = None,
+    ends_on: tuple[MeterDay, int] | None = None,
 ) -> Baseline:
     """The same-day baseline: one level, the pooled mean of the intervals that happened in the
     hours before and after the event, every one with a reading, at most the rule's share
-    estimated. Needs the event day's readings after the event's end."""
+    estimated. Needs the event day's readings after the event's end.
+
+    For an event across midnight, this is its part from `start_min` to `end_min` on `event`'s
+    day; `starts_on` and `ends_on` are the day and minute of the event's start and end (default
+    this day's), where the hours before and after are read: every part gets the same level."""
     slots = _event_slots(event, start_min, end_min)
+    first, first_min = starts_on if starts_on is not None else (event, start_min)
+    last, last_min = ends_on if ends_on is not None else (event, end_min)
+    for day in (first, last):
+        if day.interval_min != event.interval_min:
+            raise InvalidBaselineError(
+                f"interval_min {day.interval_min} of day {day.day} differs from the event day's"
+            )
+    start = _event_slots(first, first_min, MINUTES_PER_DAY).start
     before = _window_before(
-        event, slots.start, rule.before_hours, rule.lead_hours, ("before_hours", "lead_hours")
+        first, start, rule.before_hours, rule.lead_hours, ("before_hours", "lead_hours")
     )
+    end = _event_slots(last, 0, last_min).stop if last_min else 0
     after_length = _intervals_in("after_hours", rule.after_hours, event.interval_min)
-    after = slice(slots.stop, slots.stop + after_length)
-    if after.stop > event.load_kw.size:
+    after = slice(end, end + after_length)
+    if after.stop > last.load_kw.size:
         raise NoBaselineError(
             f"the {rule.after_hours:g} h after the event end after the event day's midnight "
-            f"(day {event.day})"
+            f"(day {last.day})"
         )
-    window = np.zeros(event.load_kw.size, bool)
-    window[before] = window[after] = True
-    window &= event.exists
-    values = event.load_kw[window]
-    if np.isnan(values).any() or not values.size:
+    values, estimated = [], 0
+    for day, window in ((first, before), (last, after)):
+        inside = np.zeros(day.load_kw.size, bool)
+        inside[window] = True
+        inside &= day.exists
+        values.append(day.load_kw[inside])
+        estimated += int(day.estimated[inside].sum())
+    pooled = np.concatenate(values)
+    if np.isnan(pooled).any() or not pooled.size:
         raise NoBaselineError(f"day {event.day} has no reading in every interval around the event")
-    if int(event.estimated[window].sum()) > rule.max_estimated_share * values.size:
+    if estimated > rule.max_estimated_share * pooled.size:
         raise NoBaselineError(
             f"day {event.day} has more than {rule.max_estimated_share:g} of the intervals "
             "around the event estimated"
         )
-    level = np.full(slots.stop - slots.start, float(values.mean()))
+    level = np.full(slots.stop - slots.start, float(pooled.mean()))
     level[~event.exists[slots]] = np.nan
-    return _baseline(rule, event, start_min, level, level.copy(), (event.day,))
+    used = tuple(sorted({first.day, last.day}, reverse=True))
+    return _baseline(rule, event, start_min, level, level.copy(), used)
 
 
 def match_day_baseline(
@@ -727,14 +761,22 @@ def baseline(
     end_min: int,
     calendar: Calendar,
     event_days: Collection[int],
+    adjusted_as: Baseline | None = None,
+    starts_on: tuple[MeterDay, int] | None = None,
+    ends_on: tuple[MeterDay, int] | None = None,
 ) -> Baseline:
-    """The baseline of any day-based rule (a preset's, for one), by its kind."""
+    """The baseline of any day-based rule (a preset's, for one), by its kind; for the part on
+    one day of an event crossing midnight, `adjusted_as` (X of Y), `starts_on` and `ends_on`
+    (same day) as those rules take them. A match day is matched on the hours before the
+    event's start: it gives no baseline for a part after the first (`adjusted_as` given)."""
     if isinstance(rule, MeterBeforeRule):
         raise InvalidBaselineError(
             "a meter-before rule reads the samples before a trigger, not days: meter_before"
         )
     if isinstance(rule, SameDayRule):
-        return same_day_baseline(rule, event, start_min=start_min, end_min=end_min)
+        return same_day_baseline(
+            rule, event, start_min=start_min, end_min=end_min, starts_on=starts_on, ends_on=ends_on
+        )
     if isinstance(rule, XOfYRule):
         return x_of_y_baseline(
             rule,
@@ -744,6 +786,12 @@ def baseline(
             end_min=end_min,
             calendar=calendar,
             event_days=event_days,
+            adjusted_as=adjusted_as,
+        )
+    if adjusted_as is not None:
+        raise NoBaselineError(
+            f"a match day is matched on the hours before the event's start, on day "
+            f"{adjusted_as.day}: it gives no baseline for the event's part on day {event.day}"
         )
     return match_day_baseline(
         rule,

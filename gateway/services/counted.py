@@ -11,8 +11,9 @@ the level (today runs below the baseline days) adds to what is counted; one belo
 A rule that cannot give a baseline before the event says why instead of a number: same-day
 (it needs the hours after the event's end), meter-before (the seconds before it), a day-of
 adjustment or match window whose hours have not all happened yet, too few eligible days, no
-history, a window crossing the site's midnight. flexgate refuses these rather than computing
-on part of the data: the utility will not count a partial baseline.
+history; for a window across the site's midnight, any day of it without a baseline. flexgate
+refuses these rather than computing on part of the data: the utility will not count a
+partial baseline.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from gateway.services.baselineread import (
     EventSpan,
     read_history,
     rule_baseline,
-    slot_kw,
 )
 from gateway.services.meterdays import LocalClock, calendar
 from gateway.services.settlement import baseline_doc
@@ -143,18 +143,17 @@ class Counted:
         if reason is None:
             with self.store.session() as s:
                 history = read_history(s, span, names=(name,), interval_min=interval_min, until=now)
-            found, reason = rule_baseline(
-                name, span, history, calendar(self.settings.holiday_dates)
-            )
+            found = rule_baseline(name, span, history, calendar(self.settings.holiday_dates))
+            reason = found.reason
+        if reason is not None:  # every part, or no count: never one on part of the window
+            found = None
         out["reason"] = reason
         out["baseline"] = None if found is None else baseline_doc(found)
         rows = []
         at = span.start
         while found is not None and at < span.end:
             step = at + timedelta(minutes=interval_min)
-            rows.append(
-                {"start": iso(at), "end": iso(step), "baseline_kw": slot_kw(found, span, at)[0]}
-            )
+            rows.append({"start": iso(at), "end": iso(step), "baseline_kw": found.kw(at)[0]})
             at = step
         out["intervals"] = rows
         known = [r["baseline_kw"] for r in rows if r["baseline_kw"] is not None]

@@ -14,7 +14,9 @@ less the level, a share of the baseline the event began with. Compliance is the 
 settlement intervals whose delivered kW is at least their target; an interval with no
 baseline or no reading is not met. A meter-before rule (`meterbefore-<S>s`) settles every
 interval against the level in the S seconds before the start, from the raw samples
-(`baselineread.meter_level`), and adds the meter-after level at the end. The event days the
+(`baselineread.meter_level`), and adds the meter-after level at the end. An event across the
+site's midnight is settled day by day, each part on its day's baseline (`rule_baseline`). The
+event days the
 X-of-Y and match-day rules leave out are the local days of the other stored events (test
 events excepted), whatever became of them.
 """
@@ -35,11 +37,11 @@ from gateway.errors import InvalidRequestError, NotFoundError
 from gateway.services.baselineread import (
     EventSpan,
     History,
+    SpanBaseline,
     day_dates,
     meter_level,
     read_history,
     rule_baseline,
-    slot_kw,
 )
 from gateway.services.intervals import from_doc
 from gateway.services.meterdays import LocalClock, calendar, day_of
@@ -177,12 +179,9 @@ def _settle_rule(
     history: History,
     holidays: Calendar,
 ) -> dict[str, Any]:
-    found, reason = rule_baseline(name, span, history, holidays)
-    rows = [
-        _row(i, event, (None, None) if found is None else slot_kw(found, span, i.start))
-        for i in intervals
-    ]
-    return _rule_doc(name, reason, None if found is None else baseline_doc(found), rows)
+    found = rule_baseline(name, span, history, holidays)
+    rows = [_row(i, event, found.kw(i.start)) for i in intervals]
+    return _rule_doc(name, found.reason, baseline_doc(found), rows)
 
 
 def _rule_doc(
@@ -222,7 +221,28 @@ def _meter_rule(
     return out
 
 
-def baseline_doc(found: Baseline) -> dict[str, Any]:
+def baseline_doc(found: SpanBaseline) -> dict[str, Any] | None:
+    """The rule's baseline: its first day's figures, and for an event across the site's
+    midnight `parts`, each day's (or why it has none); None when no day has one."""
+    first = found.first
+    if first is None:
+        return None
+    doc = _part_doc(first)
+    if len(found.parts) > 1:
+        doc["parts"] = [
+            {
+                "day": part.day.isoformat(),
+                "start_min": part.start_min,
+                "end_min": part.end_min,
+                "reason": why,
+                "baseline": None if kw is None else _part_doc(kw),
+            }
+            for part, kw, why in found.parts
+        ]
+    return doc
+
+
+def _part_doc(found: Baseline) -> dict[str, Any]:
     return {
         "days_used": [day_of(d).isoformat() for d in found.days_used],
         "adjustment_factor": found.adjustment_factor,
