@@ -28,6 +28,9 @@ from gateway.store.models import epoch_ms
 from tests.gateway.conftest import API, running_site
 from tests.gateway.test_meter_history import running_gateway
 from tests.gateway.test_settlement import HOLIDAY, START, settings_for, site_database, write_site
+from tests.gateway.test_settlement_midnight import HOLIDAY as NIGHT_HOLIDAY
+from tests.gateway.test_settlement_midnight import START as NIGHT
+from tests.gateway.test_settlement_midnight import write_history
 from tests.gateway.test_ven import Vtn
 
 SHEDS = {"reduction_kw": 35.0, "firm_kw": 30.0, "achievable_kw": 40.0}
@@ -316,3 +319,29 @@ def test_the_re_check_recounts_and_opts_out_an_event_that_now_falls_short(tmp_pa
         assert counted["counted_kw"]["firm_kw"] == pytest.approx(0.5 * firm_kw, rel=0.1)
         assert gone["reason"] == f"the site changed: {counted['short']}"
         assert gone["opt"] == "out"  # told to the VTN as a cancellation on the site is
+
+
+def test_a_window_across_midnight_is_counted_day_by_day(database_url):
+    """test_settlement_midnight's Friday night, seen at 22:30 on the site's clock (the
+    adjustment window, 19:00-22:00, has happened): 110 kW on the Friday's four intervals,
+    68.2 kW on the Saturday's, a mean of 89.1 kW. A site at 90 kW shedding 35 kW is counted
+    89.1 - 55 = 34.1 kW."""
+    settings = settings_for(
+        database_url, site_timezone="Europe/Berlin", settlement_holidays=NIGHT_HOLIDAY.isoformat()
+    )
+    store = Store(database_url)
+    try:
+        write_history(store)
+        clock = SteppedClock(NIGHT - timedelta(minutes=30))
+        counted = Counted(settings, store, clock, power=None)  # type: ignore[arg-type]
+        level = {"kw": 90.0, "source": "meter", "estimated": False}
+        doc = asyncio.run(
+            counted.doc("10of10", NIGHT, NIGHT + timedelta(hours=2), dict(SHEDS), level)
+        )
+    finally:
+        store.close()
+    assert doc["reason"] is None
+    assert [r["baseline_kw"] for r in doc["intervals"]] == pytest.approx([110.0] * 4 + [68.2] * 4)
+    assert doc["baseline_kw"] == pytest.approx(89.1)
+    assert doc["counted_kw"]["reduction_kw"] == pytest.approx(34.1)
+    assert [p["day"] for p in doc["baseline"]["parts"]] == ["2026-11-20", "2026-11-21"]
