@@ -27,7 +27,14 @@ from gateway.store.db import Store
 from gateway.store.models import epoch_ms
 from tests.gateway.conftest import API, running_site
 from tests.gateway.test_meter_history import running_gateway
-from tests.gateway.test_settlement import HOLIDAY, START, settings_for, site_database, write_site
+from tests.gateway.test_settlement import (
+    HOLIDAY,
+    START,
+    interval_row,
+    settings_for,
+    site_database,
+    write_site,
+)
 from tests.gateway.test_settlement_midnight import HOLIDAY as NIGHT_HOLIDAY
 from tests.gateway.test_settlement_midnight import START as NIGHT
 from tests.gateway.test_settlement_midnight import write_history
@@ -160,20 +167,7 @@ def flat_history(database_url: str, kw: float, now: datetime) -> str:
                 for slot in range(96)
                 if begins + (slot + 1) * 900_000 <= epoch_ms(now)
             ]
-            rows = [
-                {
-                    "length_s": 900,
-                    "start_ms": at,
-                    "mean_kw": kw,
-                    "samples": 180,
-                    "coverage": 1.0,
-                    "gap": False,
-                    "estimated_share": 0.0,
-                    "estimated": False,
-                    "fault": False,
-                }
-                for at in closed
-            ]
+            rows = [interval_row(900, at, kw) for at in closed]
             with store.session() as s:
                 repo.replace_meter_intervals(
                     s, length_s=900, start_ms=begins, end_ms=begins + 86400_000, rows=rows

@@ -35,7 +35,7 @@ from gateway.services.settlement import Settlement
 from gateway.store import repo
 from gateway.store.db import Store
 from gateway.store.models import epoch_ms
-from tests.gateway.test_settlement import event_row, settings_for
+from tests.gateway.test_settlement import event_row, interval_row, settings_for
 
 ZONE = ZoneInfo("Europe/Berlin")
 FRIDAY, SATURDAY = date(2026, 11, 20), date(2026, 11, 21)
@@ -78,19 +78,7 @@ def write_history(store: Store, load=load_kw, last_day: date = SATURDAY) -> None
     rows = []
     at = begins
     while at < ends:
-        rows.append(
-            {
-                "length_s": 900,
-                "start_ms": epoch_ms(at),
-                "mean_kw": load(at.astimezone(ZONE)),
-                "samples": 180,
-                "coverage": 1.0,
-                "gap": False,
-                "estimated_share": 0.0,
-                "estimated": False,
-                "fault": False,
-            }
-        )
+        rows.append(interval_row(900, epoch_ms(at), load(at.astimezone(ZONE))))
         at += timedelta(minutes=15)
     with store.session() as s:
         repo.replace_meter_intervals(
