@@ -28,8 +28,9 @@ from agents.protocol import (
     node_token,
     unknown_variables,
 )
-from flexmodel.baselines import INTERVAL_MINUTES, RULE_NAMES, is_preset
+from flexmodel.baselines import RULE_NAMES, is_preset
 from flexmodel.errors import InvalidJobError
+from flexmodel.localdays import INTERVAL_MINUTES
 from flexmodel.quote import DEFAULT_POWER_UNCERTAINTY
 from flexmodel.tiers import TierTable
 from gateway.meter.sources import DEFAULT_JSON_KEY, open_meter

@@ -20,17 +20,10 @@ from typing import Any
 
 from sqlmodel import Session
 
-from flexmodel.baselines import (
-    Baseline,
-    Calendar,
-    MeterBeforeRule,
-    MeterDay,
-    SameDayRule,
-    baseline,
-    meter_before,
-    preset,
-)
+from flexmodel.baselines import Baseline, SameDayRule, baseline, preset
 from flexmodel.errors import FlexModelError
+from flexmodel.localdays import Calendar, MeterDay
+from flexmodel.meterbefore import MeterBeforeRule, meter_before
 from gateway.services.meterdays import (
     LocalClock,
     day_index,

@@ -30,8 +30,10 @@ from typing import Any
 
 from sqlmodel import Session
 
-from flexmodel.baselines import Baseline, Calendar, MeterBeforeRule, XOfYRule, preset
+from flexmodel.baselines import Baseline, XOfYRule, preset
 from flexmodel.errors import FlexModelError
+from flexmodel.localdays import Calendar
+from flexmodel.meterbefore import MeterBeforeRule
 from gateway.clock import Clock
 from gateway.errors import InvalidRequestError, NotFoundError
 from gateway.services.baselineread import (

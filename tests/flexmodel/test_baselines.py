@@ -16,24 +16,20 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from flexmodel.baselines import (
-    INTERVAL_MINUTES,
     PRESETS,
-    Calendar,
     MatchDayRule,
-    MeterBeforeRule,
     SameDayRule,
     XOfYRule,
     baseline,
     is_preset,
-    local_days,
     match_day_baseline,
-    meter_before,
-    meter_day,
     preset,
     same_day_baseline,
     x_of_y_baseline,
 )
 from flexmodel.errors import FlexModelError, InvalidBaselineError, NoBaselineError
+from flexmodel.localdays import INTERVAL_MINUTES, Calendar, local_days, meter_day
+from flexmodel.meterbefore import MeterBeforeRule, meter_before
 
 NAN = math.nan
 CALENDAR = Calendar(monday=0)
