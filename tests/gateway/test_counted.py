@@ -339,3 +339,24 @@ def test_a_window_across_midnight_is_counted_day_by_day(database_url):
     assert doc["baseline_kw"] == pytest.approx(89.1)
     assert doc["counted_kw"]["reduction_kw"] == pytest.approx(34.1)
     assert [p["day"] for p in doc["baseline"]["parts"]] == ["2026-11-20", "2026-11-21"]
+
+
+def test_while_caps_hold_the_site_an_event_is_counted_from_its_uncapped_level(tmp_path):
+    """The meter reads the site held down by an event; a second event counted then is counted
+    from the level the site would draw uncapped (the model's, as GET /v1/site says), marked."""
+    database_url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    zone = flat_history(database_url, 0.5, datetime.now(UTC))
+    options = {"site_timezone": zone, "opt_in_baseline": "10of10"}
+    with running_site(tmp_path, database_url, **options) as site:
+        now = datetime.now(UTC)
+        body = {"reduction_kw": 1.0, "start": now.isoformat(), "duration_s": 120}
+        assert site.api.post("/v1/events", json=body, headers=API).status_code == 201
+        site.wait(lambda: any(w < 700 for ws in site.limits().values() for w in ws), what="caps")
+        later = {**body, "start": (now + timedelta(seconds=600)).isoformat(), "duration_s": 60}
+        created = site.api.post("/v1/events", json=later, headers=API)
+        assert created.status_code == 201, created.text
+        level = created.json()["counted"]["level"]
+        assert level["source"] == "model (caps hold the site below its level now)"
+        assert level["estimated"] is True
+        uncapped_kw = site.api.get("/v1/site").json()["baseline_facility_kw"]
+        assert level["kw"] == pytest.approx(uncapped_kw, abs=1e-3)
