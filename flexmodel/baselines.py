@@ -10,14 +10,13 @@ program's own manual.
                         its start) and F hours after its end
     match_day_baseline  per interval, the mean of the N eligible days whose load over a window
                         before the event is closest to the event day's
-    meter_before        one level: the mean of the S seconds of samples before a trigger
 
-Data come as local days (`MeterDay`): one mean per clock interval from the site's local
-midnight, with the times each interval occurred that day (0 for the hour skipped at spring
-forward, 2 for the hour repeated at fall back, whose value is the mean of both). `local_days`
-builds them from UTC intervals and their UTC offsets (the caller's time-zone database gives
-the offsets; flexmodel reads no clock). Days are integers (local days since 1970-01-01 from
-`local_days`); which are weekdays and holidays comes from a `Calendar` passed in.
+`preset` also names the meter-before rule of fast events, `meterbefore-<S>s`
+(`flexmodel.meterbefore`: the mean of the S seconds of samples before a trigger).
+
+Data come as local days (`flexmodel.localdays.MeterDay`: one mean per clock interval from the
+site's local midnight, daylight saving marked), and which days are weekdays and holidays as a
+`Calendar` passed in.
 
 Bad parameters raise `InvalidBaselineError` naming the parameter. Data that give no baseline
 under a rule (too few eligible days, no reading in a window the rule needs) raise
@@ -28,32 +27,21 @@ on with the others.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Literal
 
 import numpy as np
-import numpy.typing as npt
 
 from flexmodel.errors import InvalidBaselineError, NoBaselineError
+from flexmodel.localdays import MINUTES_PER_DAY, Calendar, FloatArray, IntArray, MeterDay
+from flexmodel.meterbefore import MeterBeforeRule
 
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
-IntArray = npt.NDArray[np.int64]
 Adjustment = Literal["none", "additive", "multiplicative"]
 
-INTERVAL_MINUTES = (1, 5, 15, 30, 60)
-MINUTES_PER_DAY = 1440
-SECONDS_PER_DAY = 86400
 ADJUSTMENTS = ("none", "additive", "multiplicative")
-
-
-def _check_interval_min(interval_min: int) -> None:
-    if interval_min not in INTERVAL_MINUTES:
-        raise InvalidBaselineError(
-            f"interval_min {interval_min!r} must be one of {', '.join(map(str, INTERVAL_MINUTES))}"
-        )
 
 
 def _check_hours(name: str, hours: float) -> None:
@@ -165,6 +153,8 @@ class MatchDayRule:
 
 
 BaselineRule = XOfYRule | SameDayRule | MatchDayRule
+#: Every rule `preset` names: the day-based rules and meter-before.
+Rule = BaselineRule | MeterBeforeRule
 
 _TEN_OF_TEN = XOfYRule(
     x_days=10,
@@ -195,168 +185,34 @@ PRESETS: MappingProxyType[str, BaselineRule] = MappingProxyType(
 )
 
 
-def preset(name: str) -> BaselineRule:
-    """The rule a preset names."""
-    try:
+#: `meterbefore-<S>s`: the meter-before rule over the S seconds (1 to 3600) before the trigger.
+METER_BEFORE_NAME = re.compile(r"meterbefore-([1-9][0-9]{0,3})s")
+METER_BEFORE_MAX_S = 3600
+#: A meter-before window may go at most this long without a reading, and at most a quarter of
+#: itself [s] (flexgate's choice, like the presets' lookback: check it against the program).
+METER_BEFORE_GAP_S = 10.0
+#: The names `preset` takes, as a person reads them.
+RULE_NAMES = ", ".join([*PRESETS, "meterbefore-<S>s"])
+
+
+def preset(name: str) -> Rule:
+    """The rule a preset names, or the meter-before rule `meterbefore-<S>s` names."""
+    if name in PRESETS:
         return PRESETS[name]
-    except KeyError:
-        known = ", ".join(PRESETS)
-        raise InvalidBaselineError(f"preset {name!r} is not one of {known}") from None
+    match = METER_BEFORE_NAME.fullmatch(name)
+    if match and int(match.group(1)) <= METER_BEFORE_MAX_S:
+        window_s = float(match.group(1))
+        return MeterBeforeRule(window_s, min(METER_BEFORE_GAP_S, window_s / 4))
+    raise InvalidBaselineError(f"preset {name!r} is not one of {RULE_NAMES}")
 
 
-@dataclass(frozen=True)
-class Calendar:
-    """Which days are weekdays. `monday` is any day index that fell on a Monday (4 for
-    `local_days`' days since 1970-01-01); `weekend` the days of the week (0 Monday .. 6
-    Sunday) that are not weekdays; `holidays` the day indices of the program's holidays."""
-
-    holidays: frozenset[int] = frozenset()
-    monday: int = 4
-    weekend: frozenset[int] = frozenset({5, 6})
-
-    def __post_init__(self) -> None:
-        if not self.weekend <= frozenset(range(7)):
-            raise InvalidBaselineError(f"weekend {sorted(self.weekend)} must hold days 0 to 6")
-
-    def is_weekday(self, day: int) -> bool:
-        return day not in self.holidays and (day - self.monday) % 7 not in self.weekend
-
-
-@dataclass(frozen=True)
-class MeterDay:
-    """One local day at the site's meter, one entry per clock interval from local midnight.
-
-    `load_kw`: the mean load of each interval, NaN where there was no reading [kW];
-    `estimated`: the intervals estimated rather than metered; `occurrences`: how many times
-    each clock interval happened that day (1; 0 in the hour skipped at spring forward, 2 in the
-    hour repeated at fall back, `load_kw` holding the mean of both). Build with `meter_day` or
-    `local_days`.
-    """
-
-    day: int
-    interval_min: int
-    load_kw: FloatArray
-    estimated: BoolArray
-    occurrences: IntArray
-
-    def __post_init__(self) -> None:
-        _check_interval_min(self.interval_min)
-        size = MINUTES_PER_DAY // self.interval_min
-        for name, dtype in (
-            ("load_kw", np.float64),
-            ("estimated", np.bool_),
-            ("occurrences", np.int64),
-        ):
-            array = np.array(getattr(self, name), dtype=dtype)
-            if array.shape != (size,):
-                raise InvalidBaselineError(
-                    f"{name} of day {self.day} holds {array.size} values, not the {size} "
-                    f"{self.interval_min}-minute intervals of a day"
-                )
-            array.flags.writeable = False
-            object.__setattr__(self, name, array)
-        if not np.isin(self.occurrences, (0, 1, 2)).all():
-            raise InvalidBaselineError(f"occurrences of day {self.day} must be 0, 1 or 2")
-
-    @property
-    def exists(self) -> BoolArray:
-        """The clock intervals that happened that day."""
-        return self.occurrences > 0
-
-    def is_complete(self, max_estimated_share: float) -> bool:
-        """Every interval that happened has a reading, and at most `max_estimated_share` of
-        them are estimates."""
-        exists = self.exists
-        if np.isnan(self.load_kw[exists]).any():
-            return False
-        return int(self.estimated[exists].sum()) <= max_estimated_share * int(exists.sum())
-
-
-def meter_day(
-    day: int,
-    load_kw: Sequence[float] | FloatArray,
-    *,
-    interval_min: int,
-    estimated: Sequence[bool] | BoolArray | None = None,
-    occurrences: Sequence[int] | IntArray | None = None,
-) -> MeterDay:
-    """A `MeterDay` with nothing estimated and every interval happening once, unless told."""
-    size = len(load_kw)
-    return MeterDay(
-        day=day,
-        interval_min=interval_min,
-        load_kw=np.asarray(load_kw, dtype=np.float64),
-        estimated=np.zeros(size, bool) if estimated is None else np.asarray(estimated, bool),
-        occurrences=np.ones(size, np.int64) if occurrences is None else np.asarray(occurrences),
-    )
-
-
-def local_days(
-    start_utc_s: Sequence[int] | IntArray,
-    utc_offset_s: Sequence[int] | IntArray,
-    load_kw: Sequence[float] | FloatArray,
-    *,
-    interval_min: int,
-    estimated: Sequence[bool] | BoolArray | None = None,
-) -> list[MeterDay]:
-    """Interval data on a complete UTC grid (every interval's start [s since the Unix epoch],
-    NaN where no reading) folded onto the site's local days.
-
-    `utc_offset_s` is each interval's local offset from UTC [s] (from the site's time zone).
-    An interval repeated at fall back gets the mean of both readings (NaN if either is
-    missing; estimated if either is); an interval skipped at spring forward occurs 0 times.
-    Intervals of the first and last day outside the grid are missing (NaN, once).
-    """
-    _check_interval_min(interval_min)
-    step_s = interval_min * 60
-    starts = np.asarray(start_utc_s, dtype=np.int64)
-    offsets = np.asarray(utc_offset_s, dtype=np.int64)
-    loads = np.asarray(load_kw, dtype=np.float64)
-    flags = np.zeros(loads.size, bool) if estimated is None else np.asarray(estimated, bool)
-    if not starts.size or not (offsets.shape == loads.shape == flags.shape == starts.shape):
-        raise InvalidBaselineError(
-            "start_utc_s, utc_offset_s, load_kw and estimated must be equally long, not empty"
-        )
-    if (np.diff(starts) != step_s).any():
-        raise InvalidBaselineError(
-            f"start_utc_s must step by {step_s} s with no gap (a missing reading is NaN)"
-        )
-    local_s = starts + offsets
-    if (local_s % step_s).any():
-        raise InvalidBaselineError(
-            f"utc_offset_s must put every interval on the local {interval_min}-minute clock"
-        )
-    days = local_s // SECONDS_PER_DAY
-    slots = (local_s % SECONDS_PER_DAY) // step_s
-    size = MINUTES_PER_DAY // interval_min
-    out = []
-    for day in range(int(days[0]), int(days[-1]) + 1):
-        mine = days == day
-        happened = np.bincount(slots[mine], minlength=size)
-        if not happened.any():  # a whole day skipped (Samoa, 30 December 2011)
-            continue
-        total = np.bincount(slots[mine], weights=loads[mine], minlength=size)
-        flagged = np.bincount(slots[mine], weights=flags[mine].astype(float), minlength=size)
-        mean = np.full(size, np.nan)
-        mean[happened > 0] = total[happened > 0] / happened[happened > 0]
-        # Before or after the grid nothing says whether an interval happened: count it
-        # once, with no reading, so the day is incomplete rather than short.
-        count = happened.copy()
-        covered = np.flatnonzero(happened)
-        if day == days[0]:
-            count[: covered[0]] = 1
-        if day == days[-1]:
-            count[covered[-1] + 1 :] = 1
-        out.append(
-            MeterDay(
-                day=day,
-                interval_min=interval_min,
-                load_kw=mean,
-                estimated=flagged > 0,
-                occurrences=count.astype(np.int64),
-            )
-        )
-    return out
+def is_preset(name: str) -> bool:
+    """Whether `preset` knows the name."""
+    try:
+        preset(name)
+    except InvalidBaselineError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -523,6 +379,29 @@ def _capped(adjusted: FloatArray, unadjusted: FloatArray, cap_percent: float | N
     return np.clip(adjusted, np.minimum(one, other), np.maximum(one, other))
 
 
+def _adjustment(
+    rule: XOfYRule, event: MeterDay, start: int, chosen: Sequence[MeterDay]
+) -> tuple[float, float]:
+    """The day-of adjustment (factor, offset [kW]) for an event from interval `start`."""
+    window = _window_before(
+        event,
+        start,
+        rule.adjustment_hours,
+        rule.adjustment_lead_hours,
+        ("adjustment_hours", "adjustment_lead_hours"),
+    )
+    metered_kw = float(_readings(event, window, "the adjustment window").mean())
+    reference = _mean_of_days(chosen, window)[event.exists[window]]
+    reference_kw = float(reference.mean())
+    if rule.adjustment == "additive":
+        return 1.0, metered_kw - reference_kw
+    if not reference_kw > 0.0:
+        raise NoBaselineError(
+            f"the baseline's mean over the adjustment window is {reference_kw:g} kW: no ratio"
+        )
+    return metered_kw / reference_kw, 0.0
+
+
 def x_of_y_baseline(
     rule: XOfYRule,
     event: MeterDay,
@@ -532,13 +411,16 @@ def x_of_y_baseline(
     end_min: int,
     calendar: Calendar,
     event_days: Collection[int],
+    adjusted_as: Baseline | None = None,
 ) -> Baseline:
     """The X-of-Y baseline for an event from `start_min` to `end_min` on `event`'s day.
 
     The Y eligible days are the newest; of those, the X with the highest mean load over the
     event's intervals (the newer first on a tie). The adjustment compares the event day's mean
     reading over its window with the unadjusted baseline's mean there: their ratio
-    (multiplicative) or difference [kW] (additive).
+    (multiplicative) or difference [kW] (additive). `adjusted_as`: the baseline of the part
+    of the same event on an earlier day (one crossing midnight), whose adjustment, from the
+    hours before the event's start, this day's part takes (capped against its own).
     """
     slots = _event_slots(event, start_min, end_min)
     days, why = eligible_days(
@@ -557,27 +439,11 @@ def x_of_y_baseline(
     used = tuple(sorted((d.day for d in chosen), reverse=True))
     if rule.adjustment == "none":
         return _baseline(rule, event, start_min, unadjusted, unadjusted.copy(), used)
-    window = _window_before(
-        event,
-        slots.start,
-        rule.adjustment_hours,
-        rule.adjustment_lead_hours,
-        ("adjustment_hours", "adjustment_lead_hours"),
-    )
-    metered_kw = float(_readings(event, window, "the adjustment window").mean())
-    reference = _mean_of_days(chosen, window)[event.exists[window]]
-    reference_kw = float(reference.mean())
-    factor, offset_kw = 1.0, 0.0
-    if rule.adjustment == "multiplicative":
-        if not reference_kw > 0.0:
-            raise NoBaselineError(
-                f"the baseline's mean over the adjustment window is {reference_kw:g} kW: no ratio"
-            )
-        factor = metered_kw / reference_kw
-        adjusted = unadjusted * factor
+    if adjusted_as is None:
+        factor, offset_kw = _adjustment(rule, event, slots.start, chosen)
     else:
-        offset_kw = metered_kw - reference_kw
-        adjusted = unadjusted + offset_kw
+        factor, offset_kw = adjusted_as.adjustment_factor, adjusted_as.adjustment_kw
+    adjusted = unadjusted * factor + offset_kw
     limited = _capped(adjusted, unadjusted, rule.cap_percent)
     moved = np.abs(limited - adjusted)
     return _baseline(
@@ -594,36 +460,60 @@ def x_of_y_baseline(
 
 
 def same_day_baseline(
-    rule: SameDayRule, event: MeterDay, *, start_min: int, end_min: int
+    rule: SameDayRule,
+    event: MeterDay,
+    *,
+    start_min: int,
+    end_min: int,
+    starts_on: tuple[MeterDay, int] | None = None,
+    ends_on: tuple[MeterDay, int] | None = None,
 ) -> Baseline:
     """The same-day baseline: one level, the pooled mean of the intervals that happened in the
     hours before and after the event, every one with a reading, at most the rule's share
-    estimated. Needs the event day's readings after the event's end."""
+    estimated. Needs the event day's readings after the event's end.
+
+    For an event across midnight, this is its part from `start_min` to `end_min` on `event`'s
+    day; `starts_on` and `ends_on` are the day and minute of the event's start and end (default
+    this day's), where the hours before and after are read: every part gets the same level."""
     slots = _event_slots(event, start_min, end_min)
+    first, first_min = starts_on if starts_on is not None else (event, start_min)
+    last, last_min = ends_on if ends_on is not None else (event, end_min)
+    for day in (first, last):
+        if day.interval_min != event.interval_min:
+            raise InvalidBaselineError(
+                f"interval_min {day.interval_min} of day {day.day} differs from the event day's"
+            )
+    start = _event_slots(first, first_min, MINUTES_PER_DAY).start
     before = _window_before(
-        event, slots.start, rule.before_hours, rule.lead_hours, ("before_hours", "lead_hours")
+        first, start, rule.before_hours, rule.lead_hours, ("before_hours", "lead_hours")
     )
+    end = _event_slots(last, 0, last_min).stop if last_min else 0
     after_length = _intervals_in("after_hours", rule.after_hours, event.interval_min)
-    after = slice(slots.stop, slots.stop + after_length)
-    if after.stop > event.load_kw.size:
+    after = slice(end, end + after_length)
+    if after.stop > last.load_kw.size:
         raise NoBaselineError(
             f"the {rule.after_hours:g} h after the event end after the event day's midnight "
-            f"(day {event.day})"
+            f"(day {last.day})"
         )
-    window = np.zeros(event.load_kw.size, bool)
-    window[before] = window[after] = True
-    window &= event.exists
-    values = event.load_kw[window]
-    if np.isnan(values).any() or not values.size:
+    values, estimated = [], 0
+    for day, window in ((first, before), (last, after)):
+        inside = np.zeros(day.load_kw.size, bool)
+        inside[window] = True
+        inside &= day.exists
+        values.append(day.load_kw[inside])
+        estimated += int(day.estimated[inside].sum())
+    pooled = np.concatenate(values)
+    if np.isnan(pooled).any() or not pooled.size:
         raise NoBaselineError(f"day {event.day} has no reading in every interval around the event")
-    if int(event.estimated[window].sum()) > rule.max_estimated_share * values.size:
+    if estimated > rule.max_estimated_share * pooled.size:
         raise NoBaselineError(
             f"day {event.day} has more than {rule.max_estimated_share:g} of the intervals "
             "around the event estimated"
         )
-    level = np.full(slots.stop - slots.start, float(values.mean()))
+    level = np.full(slots.stop - slots.start, float(pooled.mean()))
     level[~event.exists[slots]] = np.nan
-    return _baseline(rule, event, start_min, level, level.copy(), (event.day,))
+    used = tuple(sorted({first.day, last.day}, reverse=True))
+    return _baseline(rule, event, start_min, level, level.copy(), used)
 
 
 def match_day_baseline(
@@ -673,7 +563,7 @@ def match_day_baseline(
 
 
 def baseline(
-    rule: BaselineRule,
+    rule: Rule,
     event: MeterDay,
     history: Sequence[MeterDay],
     *,
@@ -681,10 +571,22 @@ def baseline(
     end_min: int,
     calendar: Calendar,
     event_days: Collection[int],
+    adjusted_as: Baseline | None = None,
+    starts_on: tuple[MeterDay, int] | None = None,
+    ends_on: tuple[MeterDay, int] | None = None,
 ) -> Baseline:
-    """The baseline of any day-based rule (a preset's, for one), by its kind."""
+    """The baseline of any day-based rule (a preset's, for one), by its kind; for the part on
+    one day of an event crossing midnight, `adjusted_as` (X of Y), `starts_on` and `ends_on`
+    (same day) as those rules take them. A match day is matched on the hours before the
+    event's start: it gives no baseline for a part after the first (`adjusted_as` given)."""
+    if isinstance(rule, MeterBeforeRule):
+        raise InvalidBaselineError(
+            "a meter-before rule reads the samples before a trigger, not days: meter_before"
+        )
     if isinstance(rule, SameDayRule):
-        return same_day_baseline(rule, event, start_min=start_min, end_min=end_min)
+        return same_day_baseline(
+            rule, event, start_min=start_min, end_min=end_min, starts_on=starts_on, ends_on=ends_on
+        )
     if isinstance(rule, XOfYRule):
         return x_of_y_baseline(
             rule,
@@ -694,6 +596,12 @@ def baseline(
             end_min=end_min,
             calendar=calendar,
             event_days=event_days,
+            adjusted_as=adjusted_as,
+        )
+    if adjusted_as is not None:
+        raise NoBaselineError(
+            f"a match day is matched on the hours before the event's start, on day "
+            f"{adjusted_as.day}: it gives no baseline for the event's part on day {event.day}"
         )
     return match_day_baseline(
         rule,
@@ -704,54 +612,3 @@ def baseline(
         calendar=calendar,
         event_days=event_days,
     )
-
-
-@dataclass(frozen=True)
-class MeterBefore:
-    """A fast event's baseline: the mean of the `samples` readings in the `window_s` before
-    `trigger_s` [kW]."""
-
-    baseline_kw: float
-    trigger_s: float
-    window_s: float
-    samples: int
-
-
-def meter_before(
-    times_s: Sequence[float] | FloatArray,
-    load_kw: Sequence[float] | FloatArray,
-    *,
-    trigger_s: float,
-    window_s: float,
-    max_gap_s: float,
-) -> MeterBefore:
-    """The mean of the readings taken in [trigger_s - window_s, trigger_s) [kW].
-
-    The readings are taken as evenly spaced (a plain mean); none may be missing, and no
-    stretch of the window longer than `max_gap_s` may go without one (its edges included).
-    """
-    for name, value in (("window_s", window_s), ("max_gap_s", max_gap_s)):
-        if not (math.isfinite(value) and value > 0.0):
-            raise InvalidBaselineError(f"{name} {value!r} must be a number of seconds above 0")
-    if not math.isfinite(trigger_s):
-        raise InvalidBaselineError(f"trigger_s {trigger_s!r} must be a time [s]")
-    times = np.asarray(times_s, dtype=np.float64)
-    loads = np.asarray(load_kw, dtype=np.float64)
-    if times.shape != loads.shape or times.ndim != 1:
-        raise InvalidBaselineError("times_s and load_kw must be equally long")
-    if (np.diff(times) <= 0.0).any():
-        raise InvalidBaselineError("times_s must increase")
-    inside = (times >= trigger_s - window_s) & (times < trigger_s)
-    edges = np.concatenate(([trigger_s - window_s], times[inside], [trigger_s]))
-    longest_s = float(np.diff(edges).max())
-    if longest_s > max_gap_s:
-        raise NoBaselineError(
-            f"{longest_s:g} s without a reading in the {window_s:g} s before the trigger "
-            f"(max_gap_s {max_gap_s:g})"
-        )
-    values = loads[inside]
-    if not values.size:
-        raise NoBaselineError(f"no reading in the {window_s:g} s before the trigger")
-    if np.isnan(values).any():
-        raise NoBaselineError(f"a reading in the {window_s:g} s before the trigger is missing")
-    return MeterBefore(float(values.mean()), trigger_s, window_s, int(values.size))

@@ -28,8 +28,9 @@ from agents.protocol import (
     node_token,
     unknown_variables,
 )
-from flexmodel.baselines import INTERVAL_MINUTES, PRESETS
+from flexmodel.baselines import RULE_NAMES, is_preset
 from flexmodel.errors import InvalidJobError
+from flexmodel.localdays import INTERVAL_MINUTES
 from flexmodel.quote import DEFAULT_POWER_UNCERTAINTY
 from flexmodel.tiers import TierTable
 from gateway.meter.sources import DEFAULT_JSON_KEY, open_meter
@@ -445,19 +446,18 @@ class GatewaySettings(BaseSettings):
 
     def _check_settlement(self) -> None:
         for name in self.settlement_rule_names:
-            if name not in PRESETS:
+            if not is_preset(name):
                 raise ValueError(
                     f"FLEXGATE_SETTLEMENT_RULES: {name!r} is not a baseline preset (one of "
-                    f"{', '.join(PRESETS)})"
+                    f"{RULE_NAMES})"
                 )
         for key, name in (
             ("OPT_IN_BASELINE", self.opt_in_baseline),
             ("REPORT_BASELINE", self.report_baseline),
         ):
-            if name is not None and name not in PRESETS:
+            if name is not None and not is_preset(name):
                 raise ValueError(
-                    f"FLEXGATE_{key}: {name!r} is not a baseline preset (one of "
-                    f"{', '.join(PRESETS)})"
+                    f"FLEXGATE_{key}: {name!r} is not a baseline preset (one of {RULE_NAMES})"
                 )
         problem = interval_problem(self.settlement_interval_min)
         if problem:

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
-from flexmodel.baselines import PRESETS
+from flexmodel.baselines import RULE_NAMES, is_preset
 
 
 class _Strict(BaseModel):
@@ -101,8 +101,8 @@ class QuoteRequest(_Strict):
     @field_validator("baseline")
     @classmethod
     def _known_preset(cls, name: str | None) -> str | None:
-        if name is not None and name not in PRESETS:
-            raise ValueError(f"baseline {name!r} is not a preset (one of {', '.join(PRESETS)})")
+        if name is not None and not is_preset(name):
+            raise ValueError(f"baseline {name!r} is not a preset (one of {RULE_NAMES})")
         return name
 
     model_config = ConfigDict(

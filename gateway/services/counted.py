@@ -9,10 +9,11 @@ event, so a shed of S kW is counted as the baseline less (the level less S). A b
 the level (today runs below the baseline days) adds to what is counted; one below takes away.
 
 A rule that cannot give a baseline before the event says why instead of a number: same-day
-(it needs the hours after the event's end), a day-of adjustment or match window whose hours
-have not all happened yet, too few eligible days, no history, a window crossing the site's
-midnight. flexgate refuses these rather than computing on part of the data: the utility will
-not count a partial baseline.
+(it needs the hours after the event's end), meter-before (the seconds before it), a day-of
+adjustment or match window whose hours have not all happened yet, too few eligible days, no
+history; for a window across the site's midnight, any day of it without a baseline. flexgate
+refuses these rather than computing on part of the data: the utility will not count a
+partial baseline.
 """
 
 from __future__ import annotations
@@ -22,18 +23,19 @@ from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Any
 
-from flexmodel.baselines import BaselineRule, MatchDayRule, SameDayRule, XOfYRule, preset
+from flexmodel.baselines import MatchDayRule, Rule, SameDayRule, XOfYRule, preset
+from flexmodel.meterbefore import MeterBeforeRule
 from gateway.clock import Clock
 from gateway.services.baselineread import (
     EventSpan,
     read_history,
     rule_baseline,
-    slot_kw,
 )
 from gateway.services.meterdays import LocalClock, calendar
 from gateway.services.settlement import baseline_doc
 from gateway.services.site import SitePower
 from gateway.settings import GatewaySettings
+from gateway.store import repo
 from gateway.store.db import Store
 from gateway.store.models import iso
 from gateway.units import rounded
@@ -42,9 +44,14 @@ from gateway.units import rounded
 QUOTE_SHEDS = ("reduction_kw", "achievable_kw", "firm_kw")
 
 
-def not_before_event(name: str, rule: BaselineRule, start: datetime, now: datetime) -> str | None:
+def not_before_event(name: str, rule: Rule, start: datetime, now: datetime) -> str | None:
     """Why `rule` gives no baseline for an event starting at `start`, seen at `now`; None when
     it may (its history may still fall short)."""
+    if isinstance(rule, MeterBeforeRule):
+        return (
+            f"{name} is the site's level in the {rule.window_s:g} s before the trigger: it "
+            "gives no baseline before the event (it counts the shed from the level then)"
+        )
     if isinstance(rule, SameDayRule):
         return (
             f"{name} is the mean of hours before and the {rule.after_hours:g} h after the "
@@ -82,6 +89,14 @@ class Counted:
             return {"kw": last.facility_kw, "source": self.power.source, "estimated": estimated}
         model_kw = self.power.envelope()[0]
         return {"kw": model_kw, "source": "model (no reading of the site yet)", "estimated": True}
+
+    def level_uncapped(self) -> dict[str, Any]:
+        """The site's level without the caps that hold it down now: the model's [kW]."""
+        return {
+            "kw": self.power.envelope()[0],
+            "source": "model (caps hold the site below its level now)",
+            "estimated": True,
+        }
 
     async def doc(
         self,
@@ -122,18 +137,17 @@ class Counted:
         if reason is None:
             with self.store.session() as s:
                 history = read_history(s, span, names=(name,), interval_min=interval_min, until=now)
-            found, reason = rule_baseline(
-                name, span, history, calendar(self.settings.holiday_dates)
-            )
+            found = rule_baseline(name, span, history, calendar(self.settings.holiday_dates))
+            reason = found.reason
+        if reason is not None:  # every part, or no count: never one on part of the window
+            found = None
         out["reason"] = reason
         out["baseline"] = None if found is None else baseline_doc(found)
         rows = []
         at = span.start
         while found is not None and at < span.end:
             step = at + timedelta(minutes=interval_min)
-            rows.append(
-                {"start": iso(at), "end": iso(step), "baseline_kw": slot_kw(found, span, at)[0]}
-            )
+            rows.append({"start": iso(at), "end": iso(step), "baseline_kw": found.kw(at)[0]})
             at = step
         out["intervals"] = rows
         known = [r["baseline_kw"] for r in rows if r["baseline_kw"] is not None]
@@ -147,16 +161,22 @@ class Counted:
         return rounded(out)
 
     async def opt_in(
-        self, start: datetime, end: datetime, asked_kw: float, firm: dict[str, Any]
+        self,
+        start: datetime,
+        end: datetime,
+        asked_kw: float,
+        firm: dict[str, Any],
+        level: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """`FLEXGATE_OPT_IN_BASELINE`'s count of an event asking `asked_kw` (`firm`:
-        `Quotes.firm`'s answer for it), with `short`, why the site opts out (the counted firm
-        kW below what is asked), or None. A rule with no baseline does not opt out: the reason
-        is kept and the site's own firm kW decides."""
+        `Quotes.firm`'s answer for it) from the site's `level` (default `level_now()`), with
+        `short`, why the site opts out (the counted firm kW below what is asked), or None. A
+        rule with no baseline does not opt out: the reason is kept and the site's own firm kW
+        decides."""
         name = self.settings.opt_in_baseline
         assert name is not None
         sheds = {"firm_kw": firm["firm_kw"], "achievable_kw": firm["achievable_kw"]}
-        doc = await self.doc(name, start, end, sheds)
+        doc = await self.doc(name, start, end, sheds, level)
         doc["asked_kw"] = asked_kw
         counted_kw = doc["counted_kw"]["firm_kw"]
         doc["short"] = None
@@ -167,3 +187,17 @@ class Counted:
                 f"the site at {doc['level']['kw']:.1f} kW now); the event asks {asked_kw:.1f} kW"
             )
         return doc
+
+    def recounted(self, event_id: str, counted: dict[str, Any]) -> None:
+        """The event's stored `counted` brought up to date; a manual event's reason, where it
+        was the last count's shortfall, is the new one's (or none)."""
+        with self.store.session() as s:
+            event = repo.get_event(s, event_id=event_id)
+            if event is None:
+                return
+            stated = (event.counted or {}).get("short")
+            if event.source == "manual" and event.reason == stated:
+                event.reason = counted["short"]
+            event.counted = counted
+            s.add(event)
+            s.commit()

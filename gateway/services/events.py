@@ -189,14 +189,21 @@ class Events:
                 '"force": true to store it anyway'
             )
         feasible = reduction_kw <= most_kw * (1 + 1e-9)
-        event = EventRow(
-            feasible=feasible,
-            reason=None
+        counted = await self._count(start, end, reduction_kw)
+        reasons = (
+            []
             if feasible
-            else (
+            else [
                 f"asks for {reduction_kw:g} kW; the site can shed at most {most_kw:.1f} kW now: "
                 "the plan will deliver that and state the shortfall"
-            ),
+            ]
+        )
+        if counted is not None and counted["short"]:  # the operator's event: stated, kept
+            reasons.append(counted["short"])
+        event = EventRow(
+            feasible=feasible,
+            reason="; ".join(reasons) or None,
+            counted=counted,
             intervals=[stored_doc(Interval(start, end, reduction_kw))],
             id=f"ev-{uuid.uuid4().hex[:12]}",
             source=source,
@@ -238,7 +245,13 @@ class Events:
                 await self.cancel(event_id, "vtn")
             return "in", None
         opt, reason = self._opt(external)
-        counted = await self._count(external) if opt == "in" else None
+        counted = None
+        if opt == "in" and not external.test and external.intervals:
+            counted = await self._count(
+                external.intervals[0].start,
+                external.intervals[-1].end,
+                max(i.reduction_kw for i in external.intervals),
+            )
         if counted is not None and counted["short"]:
             opt, reason = "out", counted["short"]
         now = self.clock.now()
@@ -327,26 +340,35 @@ class Events:
                 return "out", short
         return "in", None
 
-    async def _count(self, external: ExternalEvent) -> dict[str, Any] | None:
-        """What the utility would count of the site's firm shed under FLEXGATE_OPT_IN_BASELINE
-        (`Counted.opt_in`), when it is set and the event is one to act on."""
-        if not self.settings.opt_in_baseline or external.test or not external.intervals:
+    async def _count(
+        self, start: datetime, end: datetime, asks_kw: float, *, left_s: float | None = None
+    ) -> dict[str, Any] | None:
+        """What the utility would count of the site's firm shed (over the `left_s` left of
+        the event, default all of it) in [start, end) under FLEXGATE_OPT_IN_BASELINE
+        (`Counted.opt_in`), when it is set; while caps hold the site down, from its uncapped
+        level. A recount (`left_s` given) counts nodes silent now: they are re-planned around."""
+        if not self.settings.opt_in_baseline:
             return None
-        start, end = external.intervals[0].start, external.intervals[-1].end
-        most = max(i.reduction_kw for i in external.intervals)
-        firm = self.quotes.firm((end - start).total_seconds(), self.settings.opt_confidence)
-        return await self.counted.opt_in(start, end, most, firm)
+        window_s = (end - start).total_seconds() if left_s is None else left_s
+        firm = self.quotes.firm(window_s, self.settings.opt_confidence, left_s is None)
+        level = self.counted.level_uncapped() if self.targets.holding else None
+        return await self.counted.opt_in(start, end, asks_kw, firm, level)
 
     async def _revisit(self) -> None:
-        """External events opted in whose target (a level follows the load) the site's job
-        mix can no longer shed: opted out, with the reason, and the source told (as 2.0b
-        allows). Nodes silent now do not count: the targets are re-planned around them."""
-        if self.grid is None or self.settings.opt_policy != "feasible":
+        """Events opted in whose target (a level follows the load) the site's job mix can no
+        longer shed, or (FLEXGATE_OPT_IN_BASELINE) whose recount falls short: external ones
+        opted out, with the reason, and the source told (as 2.0b allows); a manual one's
+        recount is stored, its shortfall stated. Nodes silent now do not count: the targets
+        are re-planned around them."""
+        checks = self.settings.opt_policy == "feasible"
+        if not (checks or self.settings.opt_in_baseline):
             return
-        source = self.grid.source
-        held = [e for e in self.live() if e.source == source and e.opt == "in" and not e.test]
-        if not held:
-            return
+        source = None if self.grid is None else self.grid.source
+        held = [
+            e
+            for e in self.live()
+            if ((e.source == source and e.opt == "in") or e.source == "manual") and not e.test
+        ]
         baseline_kw = self.power.envelope()[0]
         now = self.clock.now()
         for event in held:
@@ -355,11 +377,17 @@ class Events:
                 (from_doc(i).reduction_now_kw(baseline_kw, began_kw) for i in event.intervals),
                 default=0.0,
             )
-            left_s = (as_utc(event.end) - max(as_utc(event.start), now)).total_seconds()
-            # A node silent for a while is re-planned around, not a reason to give up.
-            short = self.quotes.shortfall(
-                asks, left_s, self.settings.opt_confidence, reachable_only=False
-            )
+            start, end = as_utc(event.start), as_utc(event.end)
+            left_s = (end - max(start, now)).total_seconds()
+            counted = await self._count(start, end, asks, left_s=left_s)
+            if counted is not None:
+                self.counted.recounted(event.id, counted)
+            if event.source == "manual":
+                continue
+            short = None if counted is None else counted["short"]
+            if checks:  # a node silent for a while is re-planned around, not given up on
+                confidence = self.settings.opt_confidence
+                short = self.quotes.shortfall(asks, left_s, confidence, False) or short
             if short is not None:
                 reason = f"the site changed: {short}"
                 log.info("event %s: opting out (%s)", event.id, reason)

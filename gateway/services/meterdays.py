@@ -1,11 +1,11 @@
 """The meter history on the site's clock: settlement intervals of 1 to 60 minutes, and the
-local days a baseline reads (`flexmodel.baselines.MeterDay`).
+local days a baseline reads (`flexmodel.localdays.MeterDay`).
 
 The history keeps 1-, 5-, 15- and 30-minute intervals aligned on UTC. A 60-minute interval
 is made of its two 30-minute halves: their mean, a gap if either is, estimated (or faulted)
 if either is, its estimated share the halves' mean. The site's offsets from UTC come from the
 IANA time-zone database (`zoneinfo`), interval by interval, so a daylight-saving day folds
-as `flexmodel.baselines.local_days` documents; the settings refuse a zone whose offset is
+as `flexmodel.localdays.local_days` documents; the settings refuse a zone whose offset is
 off the intervals' grid.
 """
 
@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 import numpy as np
 from sqlmodel import Session
 
-from flexmodel.baselines import Calendar, MeterDay, local_days
+from flexmodel.localdays import Calendar, MeterDay, local_days
 from gateway.store import repo
 from gateway.store.models import MeterInterval
 

@@ -12,28 +12,38 @@ overlap the event. An interval's target is the time-weighted mean of the event's
 reductions over it (0 outside them): a fixed reduction as stored, a level as the baseline
 less the level, a share of the baseline the event began with. Compliance is the share of the
 settlement intervals whose delivered kW is at least their target; an interval with no
-baseline or no reading is not met. The event days the X-of-Y and match-day rules leave out are
-the local days of the other stored events (test events excepted), whatever became of them.
+baseline or no reading is not met. A meter-before rule (`meterbefore-<S>s`) settles every
+interval against the level in the S seconds before the start, from the raw samples
+(`baselineread.meter_level`), and adds the meter-after level at the end. An event across the
+site's midnight is settled day by day, each part on its day's baseline (`rule_baseline`). The
+event days the
+X-of-Y and match-day rules leave out are the local days of the other stored events (test
+events excepted), whatever became of them.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from flexmodel.baselines import Baseline, Calendar, XOfYRule, preset
+from sqlmodel import Session
+
+from flexmodel.baselines import Baseline, XOfYRule, preset
 from flexmodel.errors import FlexModelError
+from flexmodel.localdays import Calendar
+from flexmodel.meterbefore import MeterBeforeRule
 from gateway.clock import Clock
 from gateway.errors import InvalidRequestError, NotFoundError
 from gateway.services.baselineread import (
     EventSpan,
     History,
+    SpanBaseline,
     day_dates,
+    meter_level,
     read_history,
     rule_baseline,
-    slot_kw,
 )
 from gateway.services.intervals import from_doc
 from gateway.services.meterdays import LocalClock, calendar, day_of
@@ -105,6 +115,7 @@ class Settlement:
             history = read_history(
                 s, span, names=names, interval_min=interval_min, exclude_event=event_id
             )
+            levels = self._meter_levels(s, names, event)
         mine = [i for i in history.intervals if span.start <= i.start < span.end]
         holidays = calendar(self.settings.holiday_dates)
         return rounded(
@@ -120,9 +131,39 @@ class Settlement:
                 "event_days_excluded": [d.isoformat() for d in day_dates(history.event_days)],
                 "throughput_kept": _throughput_kept(plan.doc if plan else None),
                 "computed_at": iso(self.clock.now()),
-                "rules": [_settle_rule(n, event, span, mine, history, holidays) for n in names],
+                "rules": [
+                    _meter_rule(n, event, mine, levels[n])
+                    if n in levels
+                    else _settle_rule(n, event, span, mine, history, holidays)
+                    for n in names
+                ],
             }
         )
+
+    def _meter_levels(
+        self, session: Session, names: Sequence[str], event: EventRow
+    ) -> dict[str, MeterLevels]:
+        """Each meter-before rule's levels before the event's start and its end."""
+        out = {}
+        keep_s, now = self.settings.meter_history_raw_keep_s, self.clock.now()
+        for name in names:
+            rule = preset(name)
+            if isinstance(rule, MeterBeforeRule):
+                before = meter_level(session, rule, event.start, now=now, raw_keep_s=keep_s)
+                after = meter_level(session, rule, event.end, now=now, raw_keep_s=keep_s)
+                out[name] = MeterLevels(*before, *after)
+        return out
+
+
+@dataclass(frozen=True)
+class MeterLevels:
+    """A meter-before rule's level before the event and its meter-after level at its end, each
+    with why there is none."""
+
+    before: dict[str, Any] | None
+    before_reason: str | None
+    after: dict[str, Any] | None
+    after_reason: str | None
 
 
 def _throughput_kept(plan: dict[str, Any] | None) -> float | None:
@@ -140,18 +181,70 @@ def _settle_rule(
     history: History,
     holidays: Calendar,
 ) -> dict[str, Any]:
+    found = rule_baseline(name, span, history, holidays)
+    rows = [_row(i, event, found.kw(i.start)) for i in intervals]
+    return _rule_doc(name, found.reason, baseline_doc(found), rows)
+
+
+def _rule_doc(
+    name: str, reason: str | None, baseline: dict[str, Any] | None, rows: list[dict[str, Any]]
+) -> dict[str, Any]:
     rule = preset(name)
-    out: dict[str, Any] = {"rule": name, "kind": type(rule).__name__, "parameters": asdict(rule)}
-    found, reason = rule_baseline(name, span, history, holidays)
-    out["reason"] = reason
-    out["baseline"] = None if found is None else baseline_doc(found)
-    rows = [_row(i, event, span, found) for i in intervals]
-    out["intervals"] = rows
-    out["totals"] = _totals(rows)
+    return {
+        "rule": name,
+        "kind": type(rule).__name__,
+        "parameters": asdict(rule),
+        "reason": reason,
+        "baseline": baseline,
+        "intervals": rows,
+        "totals": _totals(rows),
+    }
+
+
+def _meter_rule(
+    name: str, event: EventRow, intervals: Sequence[MeterInterval], levels: MeterLevels
+) -> dict[str, Any]:
+    """A meter-before rule's settlement: every interval against the level before the start;
+    `meter_after`, the level over the rule's window ending at the event's end, and the kW it
+    delivered against the level before."""
+    before_kw = None if levels.before is None else float(levels.before["level_kw"])
+    rows = [_row(i, event, (before_kw, before_kw)) for i in intervals]
+    flat = {"days_used": [], "adjustment_factor": 1.0, "adjustment_kw": 0.0}
+    baseline = None if before_kw is None else {**flat, "capped": False, "adjusted": False}
+    out = _rule_doc(name, levels.before_reason, baseline, rows)
+    after = levels.after
+    if after is not None and before_kw is not None:
+        after = {**after, "delivered_kw": before_kw - float(after["level_kw"])}
+    out |= {
+        "meter_before": levels.before,
+        "meter_after": after,
+        "meter_after_reason": levels.after_reason,
+    }
     return out
 
 
-def baseline_doc(found: Baseline) -> dict[str, Any]:
+def baseline_doc(found: SpanBaseline) -> dict[str, Any] | None:
+    """The rule's baseline: its first day's figures, and for an event across the site's
+    midnight `parts`, each day's (or why it has none); None when no day has one."""
+    first = found.first
+    if first is None:
+        return None
+    doc = _part_doc(first)
+    if len(found.parts) > 1:
+        doc["parts"] = [
+            {
+                "day": part.day.isoformat(),
+                "start_min": part.start_min,
+                "end_min": part.end_min,
+                "reason": why,
+                "baseline": None if kw is None else _part_doc(kw),
+            }
+            for part, kw, why in found.parts
+        ]
+    return doc
+
+
+def _part_doc(found: Baseline) -> dict[str, Any]:
     return {
         "days_used": [day_of(d).isoformat() for d in found.days_used],
         "adjustment_factor": found.adjustment_factor,
@@ -162,12 +255,11 @@ def baseline_doc(found: Baseline) -> dict[str, Any]:
 
 
 def _row(
-    interval: MeterInterval, event: EventRow, span: EventSpan, found: Baseline | None
+    interval: MeterInterval, event: EventRow, kw: tuple[float | None, float | None]
 ) -> dict[str, Any]:
+    """One settlement interval; `kw`: its baseline and unadjusted baseline."""
     hours = (interval.end - interval.start).total_seconds() / 3600
-    baseline_kw = unadjusted_kw = None
-    if found is not None:
-        baseline_kw, unadjusted_kw = slot_kw(found, span, interval.start)
+    baseline_kw, unadjusted_kw = kw
     metered_kw = interval.mean_kw
     delivered_kw = None if baseline_kw is None or metered_kw is None else baseline_kw - metered_kw
     target_kw = _target_kw(event, interval, baseline_kw)

@@ -16,22 +16,20 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from flexmodel.baselines import (
-    INTERVAL_MINUTES,
     PRESETS,
-    Calendar,
     MatchDayRule,
     SameDayRule,
     XOfYRule,
     baseline,
-    local_days,
+    is_preset,
     match_day_baseline,
-    meter_before,
-    meter_day,
     preset,
     same_day_baseline,
     x_of_y_baseline,
 )
 from flexmodel.errors import FlexModelError, InvalidBaselineError, NoBaselineError
+from flexmodel.localdays import INTERVAL_MINUTES, Calendar, local_days, meter_day
+from flexmodel.meterbefore import MeterBeforeRule, meter_before
 
 NAN = math.nan
 CALENDAR = Calendar(monday=0)
@@ -251,6 +249,26 @@ def test_the_presets_carry_the_programs_parameters():
     match = PRESETS["matchday-3"]
     assert isinstance(match, MatchDayRule)
     assert match.days == 3
+
+
+def test_a_meter_before_rule_is_named_by_its_seconds():
+    """`meterbefore-<S>s`: S seconds, at most a quarter of them (and at most 10 s) unread."""
+    assert preset("meterbefore-60s") == MeterBeforeRule(window_s=60.0, max_gap_s=10.0)
+    assert preset("meterbefore-20s") == MeterBeforeRule(window_s=20.0, max_gap_s=5.0)
+    assert preset("meterbefore-3600s").window_s == 3600.0
+    for name in ("meterbefore-0s", "meterbefore-3601s", "meterbefore-60", "meterbefore-1.5s"):
+        assert not is_preset(name)
+        with pytest.raises(InvalidBaselineError, match=r"is not one of 10of10, .*meterbefore-<S>s"):
+            preset(name)
+    with pytest.raises(InvalidBaselineError, match="meter-before rule reads the samples"):
+        baseline(
+            preset("meterbefore-60s"),
+            day(EVENT_DAY),
+            [],
+            **EVENT,
+            calendar=CALENDAR,
+            event_days=frozenset(),
+        )
 
 
 # --- Same day, match day, meter before -----------------------------------------------------
@@ -536,6 +554,8 @@ def event_baseline(**changes):
             "window_s",
         ),
         (lambda: Calendar(weekend=frozenset({7})), "weekend"),
+        (lambda: MeterBeforeRule(0.0, 1.0), "window_s"),
+        (lambda: MeterBeforeRule(10.0, 11.0), "max_gap_s"),
     ],
 )
 def test_bad_parameters_are_refused_by_name(make, name):
@@ -570,3 +590,86 @@ def test_a_day_the_grid_covers_in_part_is_incomplete():
     np.testing.assert_array_equal(np.isnan(last.load_kw), [False] * 18 + [True] * 6)
     assert not first.is_complete(1.0)
     assert not last.is_complete(1.0)
+
+
+# --- An event across midnight: day 14 from 22:00 to day 15 (a Tuesday) at 02:00 ----------
+
+
+def test_a_later_day_takes_the_first_days_adjustment_capped_on_its_own():
+    # Day 14's part, 22:00-24:00: three weekdays at 100; the window 18:00-21:00 reads 130: a
+    # factor 1.3, capped at 20%: 120. Day 15's part, 00:00-02:00, on its own eligible days
+    # (14 is the event's, so 11, 10, 9 at 50 kW): 50 x 1.3 = 65, capped at 60.
+    adjusted = rule(3, 3, adjustment="multiplicative", adjustment_hours=3.0)
+    adjusted = XOfYRule(**{**vars(adjusted), "adjustment_lead_hours": 1.0, "cap_percent": 20.0})
+    history = [day(d, 100.0) for d in range(EVENT_DAY)]
+    first_day = day(EVENT_DAY, at=dict.fromkeys((18, 19, 20), 130.0))
+    first = x_of_y_baseline(
+        adjusted,
+        first_day,
+        history,
+        start_min=22 * 60,
+        end_min=1440,
+        calendar=CALENDAR,
+        event_days=frozenset({EVENT_DAY, 15}),
+    )
+    assert first.adjustment_factor == pytest.approx(1.3)
+    np.testing.assert_allclose(first.baseline_kw, [120.0, 120.0])
+    later_history = [day(d, 50.0) for d in range(EVENT_DAY)] + [first_day]
+    later = x_of_y_baseline(
+        adjusted,
+        day(15, 40.0),
+        later_history,
+        start_min=0,
+        end_min=120,
+        calendar=CALENDAR,
+        event_days=frozenset({EVENT_DAY, 15}),
+        adjusted_as=first,
+    )
+    assert later.days_used == (11, 10, 9)
+    assert later.adjustment_factor == pytest.approx(1.3)
+    np.testing.assert_allclose(later.unadjusted_kw, [50.0, 50.0])
+    np.testing.assert_allclose(later.baseline_kw, [60.0, 60.0])
+    assert later.capped
+
+
+def test_a_same_day_level_reads_the_start_days_hours_before_and_the_end_days_after():
+    # 3 h before 22:00 on day 14 (19, 20, 21 at 120, 110, 100) and 2 h from 02:00 on day 15
+    # (02, 03 at 90, 80): (120 + 110 + 100 + 90 + 80) / 5 = 100, for each day's part.
+    first_day = day(EVENT_DAY, at={19: 120.0, 20: 110.0, 21: 100.0})
+    last_day = day(15, at={2: 90.0, 3: 80.0})
+    bounds = {"starts_on": (first_day, 22 * 60), "ends_on": (last_day, 120)}
+    rule_3_2 = preset("sameday-3+2")
+    for part, start_min, end_min in ((first_day, 22 * 60, 1440), (last_day, 0, 120)):
+        result = same_day_baseline(rule_3_2, part, start_min=start_min, end_min=end_min, **bounds)
+        np.testing.assert_allclose(result.baseline_kw, [100.0, 100.0])
+        assert result.days_used == (15, EVENT_DAY)
+    # An event ending at midnight reads its hours after on the next day: 00, 01 at 70, 50.
+    ends_at_midnight = {"ends_on": (day(15, at={0: 70.0, 1: 50.0}), 0)}
+    result = same_day_baseline(
+        rule_3_2, first_day, start_min=22 * 60, end_min=1440, **ends_at_midnight
+    )
+    np.testing.assert_allclose(result.baseline_kw, [90.0, 90.0])  # (330 + 120) / 5
+
+
+def test_a_match_day_gives_no_baseline_for_a_later_day():
+    history = [day(d) for d in range(EVENT_DAY)]
+    first = baseline(
+        preset("matchday-3"),
+        day(EVENT_DAY),
+        history,
+        start_min=22 * 60,
+        end_min=1440,
+        calendar=CALENDAR,
+        event_days=frozenset(),
+    )
+    with pytest.raises(NoBaselineError, match="matched on the hours before the event's start"):
+        baseline(
+            preset("matchday-3"),
+            day(15),
+            history,
+            start_min=0,
+            end_min=120,
+            calendar=CALENDAR,
+            event_days=frozenset(),
+            adjusted_as=first,
+        )

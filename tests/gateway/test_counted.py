@@ -25,9 +25,19 @@ from gateway.services.counted import Counted
 from gateway.store import repo
 from gateway.store.db import Store
 from gateway.store.models import epoch_ms
-from tests.gateway.conftest import running_site
+from tests.gateway.conftest import API, running_site
 from tests.gateway.test_meter_history import running_gateway
-from tests.gateway.test_settlement import HOLIDAY, START, settings_for, site_database, write_site
+from tests.gateway.test_settlement import (
+    HOLIDAY,
+    START,
+    interval_row,
+    settings_for,
+    site_database,
+    write_site,
+)
+from tests.gateway.test_settlement_midnight import HOLIDAY as NIGHT_HOLIDAY
+from tests.gateway.test_settlement_midnight import START as NIGHT
+from tests.gateway.test_settlement_midnight import write_history
 from tests.gateway.test_ven import Vtn
 
 SHEDS = {"reduction_kw": 35.0, "firm_kw": 30.0, "achievable_kw": 40.0}
@@ -72,6 +82,7 @@ def test_a_site_above_its_baseline_days_is_counted_less_than_it_sheds(database_u
     ("rule", "now", "history_days", "why"),
     [
         ("sameday-3+2", BEFORE, 20, "it gives no baseline before the event"),
+        ("meterbefore-60s", BEFORE, 20, "60 s before the trigger: it gives no baseline"),
         # the adjustment window ends at 13:00: at 12:30 it has not happened
         ("10of10", START - timedelta(minutes=90), 20, "day-of adjustment (3 h ending 1 h"),
         ("10of10", BEFORE, 6, "3 eligible days, 10 needed"),
@@ -156,20 +167,7 @@ def flat_history(database_url: str, kw: float, now: datetime) -> str:
                 for slot in range(96)
                 if begins + (slot + 1) * 900_000 <= epoch_ms(now)
             ]
-            rows = [
-                {
-                    "length_s": 900,
-                    "start_ms": at,
-                    "mean_kw": kw,
-                    "samples": 180,
-                    "coverage": 1.0,
-                    "gap": False,
-                    "estimated_share": 0.0,
-                    "estimated": False,
-                    "fault": False,
-                }
-                for at in closed
-            ]
+            rows = [interval_row(900, at, kw) for at in closed]
             with store.session() as s:
                 repo.replace_meter_intervals(
                     s, length_s=900, start_ms=begins, end_ms=begins + 86400_000, rows=rows
@@ -223,3 +221,142 @@ def test_the_opt_in_opts_out_when_the_counted_firm_kw_falls_short(tmp_path, opt_
         assert stored["reason"].startswith(f"under 10of10 the utility would count {firm_kw:.1f} kW")
         assert "baseline 0.5 kW" in stored["reason"]
         assert all(w == 700.0 for ws in site.limits().values() for w in ws)
+
+
+def test_a_manual_event_is_counted_kept_and_recounted_when_the_mix_changes(tmp_path):
+    """Baseline days at 0.5 kW, today too: 10of10 gives 0.5 kW. A manual event asking 1 kW
+    of a site drawing far more is counted as 0.5 less (its level less its firm shed): short.
+    The operator asked for it, so it is stored and armed all the same, the shortfall its
+    reason. Emptying the job mix leaves nothing to shed: the re-check recounts, and the firm
+    and achievable kW counted are both the baseline less the level, 0.5 - level."""
+    database_url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    zone = flat_history(database_url, 0.5, datetime.now(UTC))
+    options = {"site_timezone": zone, "opt_in_baseline": "10of10"}
+    with running_site(tmp_path, database_url, **options) as site:
+        ask = {"baseline": "10of10"}
+        site.wait(
+            lambda: site.api.post("/v1/quotes", json=ask).json()["counted"]["level"]["kw"] > 1.0,
+            what="a reading of the site",
+        )
+        start = datetime.now(UTC) + timedelta(seconds=600)
+        body = {"reduction_kw": 1.0, "start": start.isoformat(), "duration_s": 60}
+        created = site.api.post("/v1/events", json=body, headers=API)
+        assert created.status_code == 201, created.text
+        event_id = created.json()["id"]
+        stored = site.api.get(f"/v1/events/{event_id}").json()
+        assert stored["status"] == "pending"
+        counted = stored["counted"]
+        assert (counted["rule"], counted["baseline_kw"], counted["asked_kw"]) == (
+            "10of10",
+            0.5,
+            1.0,
+        )
+        assert counted["counted_kw"]["firm_kw"] < 1.0
+        assert stored["reason"] == counted["short"]
+        assert stored["reason"].startswith("under 10of10 the utility would count")
+        emptied = site.api.put("/v1/jobs", json={"jobs": []}, headers=API)
+        assert emptied.status_code == 200, emptied.text
+        recounted = site.wait(
+            lambda: (
+                (c := site.api.get(f"/v1/events/{event_id}").json()["counted"]) != counted and c
+            ),
+            what="the recount",
+        )
+        level_kw = recounted["level"]["kw"]
+        assert recounted["counted_kw"]["firm_kw"] == pytest.approx(0.5 - level_kw, abs=2e-3)
+        assert recounted["counted_kw"]["achievable_kw"] == pytest.approx(0.5 - level_kw, abs=2e-3)
+        again = site.api.get(f"/v1/events/{event_id}").json()
+        assert (again["status"], again["reason"]) == ("pending", recounted["short"])
+
+
+def test_the_re_check_recounts_and_opts_out_an_event_that_now_falls_short(tmp_path):
+    """The site's policy opts in to anything (`always`): only the count decides. With the
+    site at L kW and F kW firm, the baseline days are written at L + F/2 and the VTN asks F
+    (LOAD_DISPATCH delta): counted F/2 + F = 1.5 F, opted in. Emptying the job mix leaves
+    nothing to shed: the re-check counts F/2 < F, and the event is opted out with the count
+    as its reason."""
+    database_url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    zone = flat_history(database_url, 0.5, datetime.now(UTC))
+    options = {
+        "site_timezone": zone,
+        "opt_in_baseline": "10of10",
+        "opt_policy": "always",
+        "vtn_allow_unsigned": True,
+        "ven_name": "flexgate-test",
+    }
+    with Vtn() as vtn, running_site(tmp_path, database_url, vtn_url=vtn.url, **options) as site:
+        site.wait(lambda: site.api.get("/health").json()["ven"] == "registered", what="the VEN")
+        ask = {"baseline": "10of10", "window_s": 60}
+        site.wait(
+            lambda: site.api.post("/v1/quotes", json=ask).json()["counted"]["level"]["kw"] > 1.0,
+            what="a reading of the site",
+        )
+        quote = site.api.post("/v1/quotes", json=ask).json()
+        level_kw, firm_kw = quote["counted"]["level"]["kw"], quote["firm_kw"]
+        assert firm_kw > 1.0
+        flat_history(database_url, level_kw + firm_kw / 2, datetime.now(UTC))
+        start = datetime.now(UTC) + timedelta(seconds=600)
+        event_id = vtn.add_event("LOAD_DISPATCH", "delta", -firm_kw, start, 60)
+        site.wait(lambda: vtn.answers.get(event_id) == "optIn", what="the VTN hearing optIn")
+        stored = site.api.get(f"/v1/events/oadr-{event_id}").json()
+        assert stored["counted"]["counted_kw"]["firm_kw"] == pytest.approx(1.5 * firm_kw, rel=0.05)
+        emptied = site.api.put("/v1/jobs", json={"jobs": []}, headers=API)
+        assert emptied.status_code == 200, emptied.text
+        gone = site.wait(
+            lambda: (
+                (e := site.api.get(f"/v1/events/oadr-{event_id}").json())["status"] == "opted_out"
+                and e
+            ),
+            what="the opt-out",
+        )
+        counted = gone["counted"]
+        assert counted["counted_kw"]["firm_kw"] == pytest.approx(0.5 * firm_kw, rel=0.1)
+        assert gone["reason"] == f"the site changed: {counted['short']}"
+        assert gone["opt"] == "out"  # told to the VTN as a cancellation on the site is
+
+
+def test_a_window_across_midnight_is_counted_day_by_day(database_url):
+    """test_settlement_midnight's Friday night, seen at 22:30 on the site's clock (the
+    adjustment window, 19:00-22:00, has happened): 110 kW on the Friday's four intervals,
+    68.2 kW on the Saturday's, a mean of 89.1 kW. A site at 90 kW shedding 35 kW is counted
+    89.1 - 55 = 34.1 kW."""
+    settings = settings_for(
+        database_url, site_timezone="Europe/Berlin", settlement_holidays=NIGHT_HOLIDAY.isoformat()
+    )
+    store = Store(database_url)
+    try:
+        write_history(store)
+        clock = SteppedClock(NIGHT - timedelta(minutes=30))
+        counted = Counted(settings, store, clock, power=None)  # type: ignore[arg-type]
+        level = {"kw": 90.0, "source": "meter", "estimated": False}
+        doc = asyncio.run(
+            counted.doc("10of10", NIGHT, NIGHT + timedelta(hours=2), dict(SHEDS), level)
+        )
+    finally:
+        store.close()
+    assert doc["reason"] is None
+    assert [r["baseline_kw"] for r in doc["intervals"]] == pytest.approx([110.0] * 4 + [68.2] * 4)
+    assert doc["baseline_kw"] == pytest.approx(89.1)
+    assert doc["counted_kw"]["reduction_kw"] == pytest.approx(34.1)
+    assert [p["day"] for p in doc["baseline"]["parts"]] == ["2026-11-20", "2026-11-21"]
+
+
+def test_while_caps_hold_the_site_an_event_is_counted_from_its_uncapped_level(tmp_path):
+    """The meter reads the site held down by an event; a second event counted then is counted
+    from the level the site would draw uncapped (the model's, as GET /v1/site says), marked."""
+    database_url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    zone = flat_history(database_url, 0.5, datetime.now(UTC))
+    options = {"site_timezone": zone, "opt_in_baseline": "10of10"}
+    with running_site(tmp_path, database_url, **options) as site:
+        now = datetime.now(UTC)
+        body = {"reduction_kw": 1.0, "start": now.isoformat(), "duration_s": 120}
+        assert site.api.post("/v1/events", json=body, headers=API).status_code == 201
+        site.wait(lambda: any(w < 700 for ws in site.limits().values() for w in ws), what="caps")
+        later = {**body, "start": (now + timedelta(seconds=600)).isoformat(), "duration_s": 60}
+        created = site.api.post("/v1/events", json=later, headers=API)
+        assert created.status_code == 201, created.text
+        level = created.json()["counted"]["level"]
+        assert level["source"] == "model (caps hold the site below its level now)"
+        assert level["estimated"] is True
+        uncapped_kw = site.api.get("/v1/site").json()["baseline_facility_kw"]
+        assert level["kw"] == pytest.approx(uncapped_kw, abs=1e-3)

@@ -57,6 +57,23 @@ def history_kw(day: date) -> Callable[[int], float]:
     return lambda slot: 100.0
 
 
+def interval_row(
+    length_s: int, start_ms: int, kw: float, *, estimated: bool = False, fault: bool = False
+) -> dict:
+    """One closed interval, as the meter history rolls it up (a sample every 5 s)."""
+    return {
+        "length_s": length_s,
+        "start_ms": start_ms,
+        "mean_kw": kw,
+        "samples": length_s // 5,
+        "coverage": 1.0,
+        "gap": False,
+        "estimated_share": 1.0 if estimated else 0.0,
+        "estimated": estimated,
+        "fault": fault,
+    }
+
+
 def write_day(
     store: Store,
     day: date,
@@ -71,19 +88,8 @@ def write_day(
     rows = []
     for slot in range(count):
         estimated, fault = (flags or {}).get(slot, (False, False))
-        rows.append(
-            {
-                "length_s": length_s,
-                "start_ms": begins + slot * length_s * 1000,
-                "mean_kw": kw(slot),
-                "samples": length_s // 5,
-                "coverage": 1.0,
-                "gap": False,
-                "estimated_share": 1.0 if estimated else 0.0,
-                "estimated": estimated,
-                "fault": fault,
-            }
-        )
+        start_ms = begins + slot * length_s * 1000
+        rows.append(interval_row(length_s, start_ms, kw(slot), estimated=estimated, fault=fault))
     with store.session() as s:
         repo.replace_meter_intervals(
             s, length_s=length_s, start_ms=begins, end_ms=begins + 86400_000, rows=rows
