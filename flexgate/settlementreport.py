@@ -198,6 +198,11 @@ def describe_rule(kind: str, p: dict[str, Any]) -> str:
             else f"the {p['before_hours']:g} h ending {p['lead_hours']:g} h before the event"
         )
         text = f"the mean of {before} and the {p['after_hours']:g} h after it"
+    elif kind == "MeterBeforeRule":
+        text = (
+            f"the meter's mean over the {p['window_s']:g} s before the event's start (no "
+            f"stretch over {p['max_gap_s']:g} s without a reading), from the raw samples"
+        )
     elif kind == "MatchDayRule":
         text = (
             f"the mean of the {p['days']} eligible days whose load over the "
@@ -310,12 +315,28 @@ def _event_section(
         out.append(
             f"<details><summary><b>{escape(rule['rule'])}</b>: "
             f"{_num(rule['totals']['delivered_kwh'])} kWh delivered, compliance "
-            f"{_pct(rule['totals']['compliance'])}; baseline days "
-            f"{escape(', '.join(base['days_used']))}{adjustment}</summary>"
-            + _intervals(rule, zone)
-            + "</details>"
+            f"{_pct(rule['totals']['compliance'])}; {escape(_baseline_source(rule))}"
+            f"{adjustment}</summary>" + _intervals(rule, zone) + "</details>"
         )
     return out
+
+
+def _baseline_source(rule: dict[str, Any]) -> str:
+    """What the rule's baseline came from: the level before a fast event, or each local day's
+    baseline days (an event across the site's midnight has one set per day)."""
+    before = rule.get("meter_before")
+    if before is not None:
+        return f"level before {before['level_kw']:.1f} kW ({before['samples']} samples)"
+    base = rule["baseline"]
+    parts = base.get("parts")
+    if not parts:
+        return "baseline days " + (", ".join(base["days_used"]) or "none")
+    return "; ".join(
+        f"{part['day']}: baseline days {', '.join(part['baseline']['days_used']) or 'none'}"
+        if part["baseline"] is not None
+        else f"{part['day']}: no baseline ({part['reason']})"
+        for part in parts
+    )
 
 
 def _intervals(rule: dict[str, Any], zone: ZoneInfo) -> str:

@@ -105,3 +105,37 @@ def test_the_other_presets_are_described_in_words():
         "the mean of the 3 eligible days whose load over the 3 h ending 1 h before the start is "
         "closest to the event day's (looking back at most 45 days)"
     )
+    assert words("meterbefore-300s") == (
+        "the meter's mean over the 300 s before the event's start (no stretch over 10 s "
+        "without a reading), from the raw samples"
+    )
+
+
+def test_an_event_s_baseline_source_is_named_per_day_and_for_a_level_before():
+    """A night event's summary names each local day's baseline days (or why that day has
+    none), a meter-before rule's the level before: not the first day's days alone, not an
+    empty list."""
+    from flexgate.settlementreport import _baseline_source
+
+    def part(day, days, reason=None):
+        base = None if days is None else {"days_used": days}
+        return {"day": day, "reason": reason, "baseline": base}
+
+    night = {
+        "baseline": {
+            "days_used": ["2026-10-22"],
+            "parts": [
+                part("2026-10-23", ["2026-10-22", "2026-10-21"]),
+                part("2026-10-24", None, "3 eligible days, 10 needed"),
+            ],
+        }
+    }
+    assert _baseline_source(night) == (
+        "2026-10-23: baseline days 2026-10-22, 2026-10-21; "
+        "2026-10-24: no baseline (3 eligible days, 10 needed)"
+    )
+    fast = {"baseline": {"days_used": []}, "meter_before": {"level_kw": 105.04, "samples": 300}}
+    assert _baseline_source(fast) == "level before 105.0 kW (300 samples)"
+    assert _baseline_source({"baseline": {"days_used": ["2026-10-22"]}}) == (
+        "baseline days 2026-10-22"
+    )
