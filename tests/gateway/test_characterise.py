@@ -172,12 +172,16 @@ def test_a_probe_measures_the_job_and_restores_every_gpu(tmp_path):
             probe = finished(site)
             assert probe["status"] == "completed", probe
             assert uncapped(site)
+        # The caps run: those planned, kept above the job's communication level.
+        ran = probe["jobs"][0]["caps_w"]
+        assert ran[0] == MAX_W
+        assert ran[-1] >= caps[-1]
         # Only the probed job's GPUs moved, and never below its lowest probe level.
-        assert watch.lowest("node-a", [0, 1, 2, 3]) == pytest.approx(caps[-1])
+        assert watch.lowest("node-a", [0, 1, 2, 3]) == pytest.approx(ran[-1])
         assert watch.lowest("node-a", [4, 5, 6, 7]) == MAX_W
         assert watch.lowest("node-b", list(range(8))) == MAX_W
         curve = site.api.get("/v1/jobs/flex/curve").json()
-        assert [p["cap_w"] for p in curve["points"]] == sorted(caps)
+        assert [p["cap_w"] for p in curve["points"]] == sorted(set(ran))
         assert curve["fit"]["pfi"] is not None, (curve["fit"]["error"], curve["points"])
         assert curve["fit"]["grid_w"][-1] == MAX_W
         shown = site.api.get("/v1/jobs/flex").json()
@@ -190,7 +194,8 @@ def test_a_probe_measures_the_job_and_restores_every_gpu(tmp_path):
         assert shown["pfi"]["source"] == "measured"
         listed = {p["id"]: p for p in site.api.get("/v1/jobs").json()["pfi"]}
         assert listed["flex"]["source"] == "measured"
-        assert listed["flex"]["pfi"] == pytest.approx(curve["fit"]["pfi"], rel=1e-2)
+        # (the family nearest the levels: Eq. 1's PFI within the fit's stated error)
+        assert abs(listed["flex"]["pfi"] - curve["fit"]["pfi"]) < curve["fit"]["pfi_stderr"]
         quote = site.api.post("/v1/quotes", json={"window_s": 60}).json()
         flex = next(j for j in quote["jobs"] if j["id"] == "flex")
         # (from the measured uncapped power: the curve in force is the measured one) The job
