@@ -166,7 +166,7 @@ def fitted_family_pfi(
     Eq. 1 on a few measured levels weighs each ratio alike, and the shallowest level's
     ratio divides by the smallest loss: its noise moves the PFI most. Least squares on the
     throughputs weighs each level by what it says, so the deep levels set the curve
-    (docs/model.md, section 1).
+    (docs/model.md, section 1). NaN where no cap of the grid binds the family.
     """
     caps = np.atleast_2d(np.asarray(cap_w, dtype=float))
     measured = np.asarray(throughput_fraction, dtype=float)

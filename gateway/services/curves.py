@@ -231,7 +231,7 @@ def fields_in_force(
         }
         if shape == "family":  # the PFI is on the measured grid: the family is read there
             fields |= {
-                "pfi": family_through_levels(job, sweep, fit["grid_w"]),
+                "pfi": family_through_levels(job, fit),
                 "sweep_interpolation": "family",
                 "pfi_grid_w": list(fit["grid_w"]),
             }
@@ -248,10 +248,13 @@ def fields_in_force(
     return {"pfi": min(max(pfi, PFI_RANGE[0]), PFI_RANGE[1]), "pfi_stderr": stderr}, why
 
 
-def family_through_levels(job: Job, sweep: list[dict[str, Any]], grid_w: list[float]) -> float:
-    """The PFI on `grid_w` of the fleet family through a fit's uncapped point nearest its
+def family_through_levels(job: Job, fit: dict[str, Any]) -> float:
+    """The PFI on a fit's grid of the fleet family through its uncapped point nearest its
     levels on that grid in least squares (`flexmodel.pfi.fitted_family_pfi`): the PFI the
-    job's curve in force is planned at with `curve_shape=family`."""
+    job's curve in force is planned at with `curve_shape=family`. The fit's own (Eq. 1's)
+    where no cap of the grid binds the family (the job's stated waveform puts its compute
+    level below them): the family then has no PFI there to fit."""
+    grid_w, sweep = fit["grid_w"], fit["sweep"]
     on_grid = [p for p in sweep if min(abs(p["cap_w"] - c) for c in grid_w) < CAP_RESOLUTION_W]
     top = max(sweep, key=lambda p: p["cap_w"])
     capped = [p for p in on_grid if p is not top]
@@ -262,12 +265,13 @@ def family_through_levels(job: Job, sweep: list[dict[str, Any]], grid_w: list[fl
         min_cap_w=job.min_cap_w,
         max_cap_w=job.max_cap_w,
     )
-    return fitted_family_pfi(
+    nearest = fitted_family_pfi(
         shape,
         [p["cap_w"] for p in capped],
         [p["throughput"] / top["throughput"] for p in capped],
         grid_w,
     )
+    return nearest if math.isfinite(nearest) else float(fit["pfi"])
 
 
 def points_of(reading: JobTelemetry, job: Job, origin: str, at: str) -> list[dict[str, Any]]:

@@ -320,6 +320,27 @@ def test_a_measured_curve_is_planned_on_the_family_nearest_its_levels():
     assert abs(operating_point(planned, 610.0)[1][0] - thr[1]) > 20.0
 
 
+def test_a_fit_whose_levels_the_family_cannot_bind_keeps_its_own_pfi():
+    """A job declared with a waveform whose compute level (444 W: 400 W at duty 0.8 and
+    communication at half) lies below every capped level measured (600 W) has no family PFI
+    to fit there: its curve in force is planned at the fit's own PFI, and parses."""
+    doc = job_doc("low", 1.35, 1.0, power_w=400.0) | {"pfi_stderr": 0.3}
+    job = parse_job_mix({"jobs": [doc]}).jobs[0]
+    levels = ((600.0, 390.0, 19800.0), (700.0, 400.0, 20000.0))
+    fit = {
+        "pfi": 1.5,
+        "pfi_stderr": 0.05,
+        "grid_w": [600.0, 700.0],
+        "sweep": [{"cap_w": c, "power_w": p, "throughput": t} for c, p, t in levels],
+    }
+    fields, why = fields_in_force(
+        job, fit, max_stderr=0.15, extension="family", interpolation="pchip"
+    )
+    assert why is None
+    assert fields["pfi"] == 1.5
+    assert parse_job_mix({"jobs": [doc | fields]}).curves.throughput[0, -1] == 20000.0
+
+
 def _swept(job_id: str) -> dict:
     points = ((500.0, 460.0, 17000.0), (600.0, 560.0, 19500.0), (700.0, 660.0, 21000.0))
     return {
