@@ -9,7 +9,7 @@ drawn from the workload model's ranges too (`flexmodel.workload`), and the simul
 it as a dense sweep, so a belief built on the fleet family is wrong in shape as well as PFI.
 The gateway knows none of their PFIs: each job is probed as `flexgate characterise` would, from
 its declared curve (the fleet default), its uncapped level and three caps down to its probe
-floor (75% of its throughput by that curve), with the uncapped level again after the second
+floor (65% of its throughput by that curve), with the uncapped level again after the second
 cap and after the last (`flexmodel.drift.probe_steps`, FLEXGATE_PROBE_REFERENCE_EVERY=2), each
 held for P iteration periods (`flexgate.probesim`), and the stretches recorded are fitted with
 their drift as the gateway fits them (`gateway.services.curves.fit_probe_levels`). The same
@@ -36,10 +36,11 @@ otherwise count the watts it never sheds as cut for free). `gap_closed_as_planne
 share as the plan itself believes its shed (this bench's figure before issue 34's
 references). `measured` is what the gateway
 plans on (`gateway.services.curves.fields_in_force`): a fit whose PFI's standard error is at
-most 0.15 or below its prediction's is the job's curve, the fleet family's shape at its PFI on
-its grid through its uncapped level (`FLEXGATE_CURVE_SHAPE=family`,
-`sweep_interpolation: family`); a fit not good enough for that is weighed with the prediction
-on the job's own grid. `measured_points` plans on the measured points instead
+most 0.15 or below its prediction's is the job's curve, the fleet family on its grid through
+its uncapped level nearest its levels in least squares (`FLEXGATE_CURVE_SHAPE=family`,
+`sweep_interpolation: family`, `flexmodel.pfi.fitted_family_pfi`); a fit not good enough for
+that is weighed with the prediction on the job's own grid. `measured_at_eq_1` is the family
+at the fit's Eq. 1 PFI instead (before). `measured_points` plans on the measured points instead
 (`FLEXGATE_CURVE_SHAPE=points`, before: a monotone cubic between the levels,
 `sweep_interpolation: pchip`, and the fleet family at its PFI below them,
 `sweep_extension: family`); `measured_linear` and `measured_within_range` are those points
@@ -94,7 +95,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 JOBS = 60
 PERIODS = (5.0, 10.0, 20.0, 40.0)
 LEVELS = 3
-FLOOR = 0.75
+FLOOR = 0.65
 GOOD_STDERR = 0.15
 NOISE_W = 5.0
 IRREGULARITY = Irregularity(jitter=0.02, drift_w=5.0, drift_period_s=300.0)
@@ -234,7 +235,7 @@ def beliefs(jobs: list[dict], rows: list[dict], seed: int = 5) -> dict[str, list
     ]
     believed = parse_job_mix({"jobs": predicted}).jobs
 
-    def measured(**rule: Any) -> list[dict]:
+    def measured(eq_1: bool = False, **rule: Any) -> list[dict]:
         rule = {
             "extension": "family",
             "interpolation": "pchip",
@@ -244,6 +245,8 @@ def beliefs(jobs: list[dict], rows: list[dict], seed: int = 5) -> dict[str, list
         out = []
         for p, job, r in zip(predicted, believed, rows, strict=True):
             fields, _ = fields_in_force(job, r["fit"], max_stderr=GOOD_STDERR, **rule)
+            if eq_1 and fields and "sweep" in fields:  # the family at Eq. 1's PFI (before)
+                fields["pfi"] = r["fit"]["pfi"]
             out.append(p | (fields or {}))
         return out
 
@@ -251,6 +254,7 @@ def beliefs(jobs: list[dict], rows: list[dict], seed: int = 5) -> dict[str, list
         "default": declared,
         "predicted": predicted,
         "measured": measured(),
+        "measured_at_eq_1": measured(eq_1=True),
         "measured_points": measured(shape="points"),
         "measured_linear": measured(shape="points", interpolation="linear"),
         "measured_within_range": measured(shape="points", extension="none"),

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+from scipy.optimize import minimize_scalar
 
 from flexmodel.curves import INSENSITIVE_SHARE_RANGE, Array, FamilyShape, family_point
 from flexmodel.errors import InvalidJobError, InvalidSweepError
@@ -153,6 +154,32 @@ def solve_insensitive_share(
         last[active] = np.where(left, -1.0, 1.0)
         active = active[~done]
     return m
+
+
+def fitted_family_pfi(
+    shape: FamilyShape, cap_w: ArrayLike, throughput_fraction: ArrayLike, grid_w: ArrayLike
+) -> float:
+    """The PFI on `grid_w` of one job's family curve (`shape`, one job) nearest its measured
+    levels: the clock-insensitive share whose throughput fractions at the capped levels
+    `cap_w` [W] are nearest the measured ones in least squares.
+
+    Eq. 1 on a few measured levels weighs each ratio alike, and the shallowest level's
+    ratio divides by the smallest loss: its noise moves the PFI most. Least squares on the
+    throughputs weighs each level by what it says, so the deep levels set the curve
+    (docs/model.md, section 1). NaN where no cap of the grid binds the family.
+    """
+    caps = np.atleast_2d(np.asarray(cap_w, dtype=float))
+    measured = np.asarray(throughput_fraction, dtype=float)
+
+    def cost(m: float) -> float:
+        _, frac = family_point(caps, shape, np.array([m]))
+        return float(np.sum((frac[0] - measured) ** 2))
+
+    m = minimize_scalar(
+        cost, bounds=INSENSITIVE_SHARE_RANGE, method="bounded", options={"xatol": 1e-9}
+    )
+    grid = np.atleast_2d(np.asarray(grid_w, dtype=float))
+    return float(family_pfi(grid, shape, np.array([m.x]))[0])
 
 
 def combined_estimate(*estimates: tuple[float, float]) -> tuple[float, float]:

@@ -230,7 +230,7 @@ class GatewaySettings(BaseSettings):
     probe_periods: float = Field(default=20.0, ge=3.0, le=1000.0)  #: iterations per level
     probe_settle_s: float = Field(default=2.0, ge=0.0)  #: added to each level's hold
     #: no level below this throughput fraction (nor below the job's own floor)
-    probe_min_throughput_fraction: float = Field(default=0.75, gt=0.0, lt=1.0)
+    probe_min_throughput_fraction: float = Field(default=0.65, gt=0.0, lt=1.0)
     probe_every_s: float = Field(default=0.0, ge=0.0)  #: probe unmeasured jobs; 0: never
     curve_harvest_s: float = Field(default=60.0, gt=0.0)  #: agents' points read this often
     #: a measured curve replaces the declared one once its PFI's standard error is this small

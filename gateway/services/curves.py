@@ -39,11 +39,12 @@ import math
 from typing import Any
 
 from agents.protocol import JobTelemetry
+from flexmodel.curves import FamilyShape
 from flexmodel.drift import ProbeLevel, fit_probe
 from flexmodel.errors import FlexModelError
 from flexmodel.jobmix import PFI_RANGE
 from flexmodel.jobs import CARRY_SHAPE_REL, Job, pfi_on_own_grid
-from flexmodel.pfi import combined_estimate, default_grid_w
+from flexmodel.pfi import combined_estimate, default_grid_w, fitted_family_pfi
 from flexmodel.sweeps import MeasuredSweep, fit_sweep
 from gateway.clock import Clock
 from gateway.services.fleet import Fleet, job_readings
@@ -229,7 +230,11 @@ def fields_in_force(
             "sweep_interpolation": interpolation,
         }
         if shape == "family":  # the PFI is on the measured grid: the family is read there
-            fields |= {"sweep_interpolation": "family", "pfi_grid_w": list(fit["grid_w"])}
+            fields |= {
+                "pfi": family_through_levels(job, fit),
+                "sweep_interpolation": "family",
+                "pfi_grid_w": list(fit["grid_w"]),
+            }
         return fields, None
     plausible = fit is not None and PFI_RANGE[0] <= (fit.get("pfi") or 0.0) <= PFI_RANGE[1]
     if not (combine and plausible and replaced > 0 and fit and fit["pfi_stderr"] > 0):
@@ -241,6 +246,32 @@ def fields_in_force(
         return None, why
     pfi, stderr = combined_estimate((job.pfi_value, replaced), measured)
     return {"pfi": min(max(pfi, PFI_RANGE[0]), PFI_RANGE[1]), "pfi_stderr": stderr}, why
+
+
+def family_through_levels(job: Job, fit: dict[str, Any]) -> float:
+    """The PFI on a fit's grid of the fleet family through its uncapped point nearest its
+    levels on that grid in least squares (`flexmodel.pfi.fitted_family_pfi`): the PFI the
+    job's curve in force is planned at with `curve_shape=family`. The fit's own (Eq. 1's)
+    where no cap of the grid binds the family (the job's stated waveform puts its compute
+    level below them): the family then has no PFI there to fit."""
+    grid_w, sweep = fit["grid_w"], fit["sweep"]
+    on_grid = [p for p in sweep if min(abs(p["cap_w"] - c) for c in grid_w) < CAP_RESOLUTION_W]
+    top = max(sweep, key=lambda p: p["cap_w"])
+    capped = [p for p in on_grid if p is not top]
+    shape = FamilyShape.of(
+        power_w=top["power_w"],
+        duty=job.duty,
+        comm_power_fraction=job.comm_power_fraction,
+        min_cap_w=job.min_cap_w,
+        max_cap_w=job.max_cap_w,
+    )
+    nearest = fitted_family_pfi(
+        shape,
+        [p["cap_w"] for p in capped],
+        [p["throughput"] / top["throughput"] for p in capped],
+        grid_w,
+    )
+    return nearest if math.isfinite(nearest) else float(fit["pfi"])
 
 
 def points_of(reading: JobTelemetry, job: Job, origin: str, at: str) -> list[dict[str, Any]]:

@@ -3,13 +3,14 @@ import csv
 import numpy as np
 import pytest
 
-from flexmodel.curves import FamilyShape
+from flexmodel.curves import FamilyShape, family_point
 from flexmodel.errors import InvalidJobError, InvalidSweepError
 from flexmodel.pfi import (
     COARSE_GRID_W,
     FINE_GRID_W,
     default_grid_w,
     family_pfi,
+    fitted_family_pfi,
     grid_matrix,
     pfi_of_sweep,
     solve_insensitive_share,
@@ -73,6 +74,44 @@ def test_family_pfi_rises_with_the_insensitive_share():
     g = grid_matrix([FINE_GRID_W] * len(m))
     pfi = family_pfi(g, _shape(), m)
     assert np.all(np.diff(pfi) > 0)
+
+
+@pytest.mark.parametrize("target", [1.15, 1.9, 2.6])
+@pytest.mark.parametrize(("static_share", "exponent"), [(0.15, 1.6), (0.08, 2.0), (0.22, 1.3)])
+def test_the_family_fitted_through_exact_levels_has_their_pfi(target, static_share, exponent):
+    """Levels read off a family curve (of any static share and exponent) give back that
+    curve's PFI on their grid."""
+    shape = FamilyShape.of(
+        power_w=610.0,
+        duty=0.7,
+        comm_power_fraction=0.4,
+        min_cap_w=200.0,
+        max_cap_w=700.0,
+        static_share=static_share,
+        exponent=exponent,
+    )
+    grid = grid_matrix([(430.0, 520.0, 610.0, 700.0)])
+    m = solve_insensitive_share([target], grid, shape)
+    _, frac = family_point(grid, shape, m)
+    got = fitted_family_pfi(shape, grid[0, :-1], frac[0, :-1], grid[0])
+    assert got == pytest.approx(target, rel=1e-6)
+
+
+def test_noise_at_the_shallow_level_moves_the_fitted_family_less_than_eq_1():
+    """Eq. 1 divides the shallowest level's power saved by its small throughput loss: 0.3%
+    of throughput there moves it by 0.04 (a family job of PFI 1.9 on 460/580/700 W, losing
+    7.3% of its throughput at 580 W); least squares on the throughputs moves it by 0.015."""
+    shape = _shape(power_w=640.0)
+    grid = grid_matrix([(460.0, 580.0, 700.0)])
+    m = solve_insensitive_share([1.9], grid, shape)
+    power, frac = family_point(grid, shape, m)
+    assert frac[0, 1] == pytest.approx(0.9272, abs=1e-4)
+    for shift in (0.003, -0.003):
+        off = frac[0] + np.array([0.0, shift, 0.0])
+        eq_1 = pfi_of_sweep(list(zip(grid[0], power[0], off, strict=True))).pfi
+        fitted = fitted_family_pfi(shape, grid[0, :-1], off[:-1], grid[0])
+        assert abs(eq_1 - 1.9) == pytest.approx(0.041, abs=0.003)
+        assert abs(fitted - 1.9) == pytest.approx(0.015, abs=0.002)
 
 
 def test_a_pfi_the_family_cannot_reach_names_the_job():

@@ -172,12 +172,16 @@ def test_a_probe_measures_the_job_and_restores_every_gpu(tmp_path):
             probe = finished(site)
             assert probe["status"] == "completed", probe
             assert uncapped(site)
+        # The caps run: those planned, kept above the job's communication level.
+        ran = probe["jobs"][0]["caps_w"]
+        assert ran[0] == MAX_W
+        assert ran[-1] >= caps[-1]
         # Only the probed job's GPUs moved, and never below its lowest probe level.
-        assert watch.lowest("node-a", [0, 1, 2, 3]) == pytest.approx(caps[-1])
+        assert watch.lowest("node-a", [0, 1, 2, 3]) == pytest.approx(ran[-1])
         assert watch.lowest("node-a", [4, 5, 6, 7]) == MAX_W
         assert watch.lowest("node-b", list(range(8))) == MAX_W
         curve = site.api.get("/v1/jobs/flex/curve").json()
-        assert [p["cap_w"] for p in curve["points"]] == sorted(caps)
+        assert [p["cap_w"] for p in curve["points"]] == sorted(set(ran))
         assert curve["fit"]["pfi"] is not None, (curve["fit"]["error"], curve["points"])
         assert curve["fit"]["grid_w"][-1] == MAX_W
         shown = site.api.get("/v1/jobs/flex").json()
@@ -190,7 +194,8 @@ def test_a_probe_measures_the_job_and_restores_every_gpu(tmp_path):
         assert shown["pfi"]["source"] == "measured"
         listed = {p["id"]: p for p in site.api.get("/v1/jobs").json()["pfi"]}
         assert listed["flex"]["source"] == "measured"
-        assert listed["flex"]["pfi"] == pytest.approx(curve["fit"]["pfi"], rel=1e-2)
+        # (the family nearest the levels: Eq. 1's PFI within the fit's stated error)
+        assert abs(listed["flex"]["pfi"] - curve["fit"]["pfi"]) < curve["fit"]["pfi_stderr"]
         quote = site.api.post("/v1/quotes", json={"window_s": 60}).json()
         flex = next(j for j in quote["jobs"] if j["id"] == "flex")
         # (from the measured uncapped power: the curve in force is the measured one) The job
@@ -213,13 +218,15 @@ PACE_DRIFT_PER_S = 8e-4
 
 
 def test_drifting_jobs_probed_read_their_true_pfis_within_their_errors(tmp_path):
-    """Issue 34, case 3: two nodes whose jobs truly have PFIs 2.6 and 1.2 (2.98 and 1.29 on
-    the probed grids), declared without one, speeding up steadily as they are probed. The
-    probe brackets its capped levels with uncapped references, so the fit measures that drift
-    and removes it: each reported PFI lies within 2.5 of its stated standard errors of the
-    truth on the probed grid (measured: 2.93 +/- 0.18 and 1.302 +/- 0.043). Stepped down once
-    with no references, as before, the drift read as throughput kept under the caps: 3.67 +/-
-    0.22 for the flexible job, 3.1 standard errors high."""
+    """Issue 34, case 3: two nodes whose jobs truly have PFIs 2.6 and 1.2 (2.87 and 1.24 on
+    the probed grids, 411-700 W), declared without one, speeding up steadily as they are
+    probed. The probe brackets its capped levels with uncapped references, so the fit
+    measures that drift and removes it: each reported PFI lies within 2.5 of its stated
+    standard errors of the truth on the probed grid (measured: 2.94 +/- 0.18 and 1.231 +/-
+    0.025; with probes to 75% of throughput, 2.93 +/- 0.18 and 1.302 +/- 0.043 against 2.98
+    and 1.29). Stepped down once with no references, as before, the drift read as throughput
+    kept under the caps: 3.67 +/- 0.22 for the flexible job (probes to 75%), 3.1 standard
+    errors high."""
     truth = [
         job("flexible", "node-a", [0, 1, 2, 3, 4, 5, 6, 7], 1.0, pfi=2.6),
         job("stiff", "node-b", [0, 1, 2, 3, 4, 5, 6, 7], 1.2, pfi=1.2),

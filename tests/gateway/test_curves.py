@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from agents.irregularity import Irregularity
 from flexgate.probesim import run_probe
 from flexmodel.allocate import allocate_mix
-from flexmodel.curves import operating_point
+from flexmodel.curves import FamilyShape, family_point, operating_point
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.jobs import pfi_on_own_grid
-from flexmodel.pfi import pfi_of_sweep
+from flexmodel.pfi import grid_matrix, pfi_of_sweep, solve_insensitive_share
 from flexmodel.quote import quote
 from gateway.services.curves import (
     fields_in_force,
@@ -255,41 +255,90 @@ def test_a_fit_not_good_enough_is_weighed_with_the_pfi_it_would_replace():
         job,
         fit | {"pfi_stderr": 0.1, "sweep": [{"power_w": 600.0}], "power_stderr_w": 2.5},
         **rule,
+        shape="points",
     )
     assert measured["power_stderr_w"] == 2.5
 
 
-def test_a_measured_curve_is_planned_on_the_family_shape_at_its_pfi():
+def test_a_measured_curve_is_planned_on_the_family_nearest_its_levels():
     """By default (`FLEXGATE_CURVE_SHAPE=family`) a fit in force is planned on the fleet
-    family at its PFI on its grid through its uncapped level, not on a cubic through its few
-    noisy levels: the planner's curve is that of a family job of that PFI, grid and power."""
+    family on its grid through its uncapped level, not on a cubic through its few noisy
+    levels: the planner's curve is that of a family job of that grid and power, at the PFI
+    whose curve is nearest the measured levels' throughputs (least squares: each level
+    weighed by what it says, where Eq. 1's mean of ratios follows the shallow level's noise),
+    with the fit's stated error. Here a family job of PFI 1.9 measured exactly but for 0.3%
+    more throughput at its shallow level: Eq. 1 reads 1.94, the family nearest 1.91."""
     assert GatewaySettings.model_fields["curve_shape"].default == "family"
     doc = job_doc("f", 1.35, 1.0) | {"pfi_stderr": 0.3}
     job = parse_job_mix({"jobs": [doc]}).jobs[0]
-    levels = ((520.0, 505.0, 18100.0), (610.0, 578.0, 19650.0), (700.0, 640.0, 20000.0))
+    grid = [520.0, 610.0, 700.0]
+
+    def family_at(pfi: float):
+        family_doc = doc | {"pfi": pfi, "pfi_grid_w": grid}
+        return parse_job_mix({"jobs": [family_doc]}).curves
+
+    shape = FamilyShape.of(
+        power_w=640.0, duty=0.8, comm_power_fraction=0.5, min_cap_w=200.0, max_cap_w=700.0
+    )
+
+    def levels_at(pfi: float) -> tuple[np.ndarray, np.ndarray]:
+        m = solve_insensitive_share([pfi], grid_matrix([tuple(grid)]), shape)
+        power, frac = family_point(np.array([grid]), shape, m)
+        return power[0], 20000.0 * frac[0]
+
+    power, thr = levels_at(1.9)
+    thr = thr * np.array([1.0, 1.003, 1.0])
+    levels = list(zip(grid, power, thr, strict=True))
     fit = {
-        "pfi": 1.9,
+        "pfi": pfi_of_sweep(levels).pfi,
         "pfi_stderr": 0.05,
-        "grid_w": [520.0, 610.0, 700.0],
+        "grid_w": grid,
         "sweep": [{"cap_w": c, "power_w": p, "throughput": t} for c, p, t in levels],
     }
+    assert fit["pfi"] == pytest.approx(1.95, abs=0.005)
     rule = {"max_stderr": 0.15, "extension": "family", "interpolation": "pchip"}
     fields, why = fields_in_force(job, fit, **rule)
     assert why is None
     assert fields["sweep_interpolation"] == "family"
     assert fields["pfi_grid_w"] == fit["grid_w"]
+    assert fields["pfi_stderr"] == 0.05
     planned = parse_job_mix({"jobs": [doc | fields]}).curves
-    family = parse_job_mix(
-        {"jobs": [doc | {"pfi": 1.9, "pfi_grid_w": fit["grid_w"], "power_w": 640.0}]}
-    ).curves
+
+    def misfit(pfi: float) -> float:
+        return float(np.sum((levels_at(pfi)[1][:2] - thr[:2]) ** 2))
+
+    nearest = fields["pfi"]
+    assert nearest == pytest.approx(1.91, abs=0.01)
+    assert misfit(nearest) < min(misfit(nearest - 0.002), misfit(nearest + 0.002))
     for label in ("cap_w", "power_w", "throughput"):
-        assert getattr(planned, label) == pytest.approx(getattr(family, label)), label
-    # The points (as before, `FLEXGATE_CURVE_SHAPE=points`) pass through the middle level,
-    # which the family does not.
+        assert getattr(planned, label) == pytest.approx(getattr(family_at(nearest), label))
+    # The points (as before, `FLEXGATE_CURVE_SHAPE=points`) pass through the shallow level,
+    # its noise included, which the family does not.
     points, _ = fields_in_force(job, fit, **rule, shape="points")
     on_points = parse_job_mix({"jobs": [doc | points]}).curves
-    assert operating_point(on_points, 610.0)[1][0] == pytest.approx(19650.0)
-    assert abs(operating_point(planned, 610.0)[1][0] - 19650.0) > 20.0
+    assert operating_point(on_points, 610.0)[1][0] == pytest.approx(thr[1])
+    assert abs(operating_point(planned, 610.0)[1][0] - thr[1]) > 20.0
+
+
+def test_a_fit_whose_levels_the_family_cannot_bind_keeps_its_own_pfi():
+    """A job declared with a waveform whose compute level (444 W: 400 W at duty 0.8 and
+    communication at half) lies below every capped level measured (600 W) has no family PFI
+    to fit there: its curve in force is planned at the fit's own PFI, and parses."""
+    doc = job_doc("low", 1.35, 1.0, power_w=400.0) | {"pfi_stderr": 0.3}
+    job = parse_job_mix({"jobs": [doc]}).jobs[0]
+    levels = ((600.0, 390.0, 19800.0), (700.0, 400.0, 20000.0))
+    fit = {
+        "pfi": 1.5,
+        "pfi_stderr": 0.05,
+        "grid_w": [600.0, 700.0],
+        "sweep": [{"cap_w": c, "power_w": p, "throughput": t} for c, p, t in levels],
+    }
+    fields, why = fields_in_force(
+        job, fit, max_stderr=0.15, extension="family", interpolation="pchip"
+    )
+    assert why is None
+    assert fields["pfi"] == 1.5
+    assert parse_job_mix({"jobs": [doc | fields]}).curves.throughput[0, -1] == 20000.0
 
 
 def _swept(job_id: str) -> dict:
