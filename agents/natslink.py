@@ -16,7 +16,6 @@ One connection serves every node of the process (one for a GPU node, thousands i
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -27,7 +26,10 @@ from nats.errors import Error as NatsError
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 from pydantic import ValidationError
 
+from agents.bearer import bearer_ok
 from agents.errors import AgentError
+from agents.fastlink import FastNats
+from agents.fasttrigger import TriggerGuard
 from agents.logs import decision
 from agents.natsconnect import NatsOptions, connect
 from agents.protocol import (
@@ -53,8 +55,10 @@ class NatsLink:
         token: str,
         *,
         telemetry_period_s: float = 1.0,
+        fast: TriggerGuard | None = None,
     ) -> None:
         self.nodes = {node.node_id: node for node in nodes}
+        self.fast = FastNats(self.nodes, token, fast or TriggerGuard(None, 1.0))
         self.options, self._token = options, token
         self.telemetry_period_s = telemetry_period_s
         self._nc: Client | None = None
@@ -73,6 +77,7 @@ class NatsLink:
         for node in self.nodes.values():
             await self._nc.subscribe(caps_subject(node.node_id), cb=self._on_caps)
             await self._nc.subscribe(health_subject(node.node_id), cb=self._on_health)
+        await self.fast.subscribe(self._nc)
         await self._nc.flush()
         await self.catch_up()
         self._tasks.append(asyncio.create_task(self._publish_telemetry()))
@@ -139,10 +144,7 @@ class NatsLink:
         await self._reply(msg, answer)
 
     async def _answer_caps(self, node: AgentNode, msg: Msg) -> NatsAnswer:
-        scheme, _, given = (msg.headers or {}).get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.encode(), self._token.encode()
-        ):
+        if not bearer_ok((msg.headers or {}).get("Authorization"), self._token):
             return NatsAnswer(status=401, detail=UNAUTHORISED)
         try:
             command = CapCommand.model_validate_json(msg.data)
