@@ -7,7 +7,8 @@ path added; every rule of the ordinary path stays:
   armed one is refused (409), a GPU named twice or not on the node too (422), nothing changed.
   Armed caps are clamped to each GPU's constraints when armed: never below its minimum.
 - **Fire.** A trigger applies the caps armed at its depth at once, as a command of its own
-  whose lease is the trigger's duration; nothing armed at that depth: nothing changes.
+  whose lease is the trigger's duration. A trigger replaces the fast event in force: a node
+  with nothing armed at its depth ends its own (it gives nothing there), else changes nothing.
 - **Combined.** While a fast event lasts, every GPU holds the lower of its ordinary cap (the
   gateway's commands, which go on arriving and renewing) and its fast cap: the deeper target
   wins. When the fast event ends, the ordinary command in force is applied again; with none in
@@ -21,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agents.backend import GpuBackend
 from agents.caps import CapController
@@ -127,11 +128,15 @@ class ArmedController(CapController):
         return armed, clamped
 
     def fire(self, trigger: FastTrigger, received_at: float) -> list[CapResult] | None:
-        """The caps armed at the trigger's depth, applied for its duration; None (nothing
-        changed) where nothing is armed at that depth."""
+        """The caps armed at the trigger's depth, applied for its duration. Nothing armed at
+        that depth (the node gives nothing there): None, and a fast event in force ends (the
+        trigger replaces it site-wide), else nothing changes."""
         with self._fast_lock:
             caps = self.armed.get(trigger.depth_pct)
             if caps is None:
+                if self.fast is not None:
+                    self.fast = replace(self.fast, until=self.clock())
+                    self.expire()
                 return None
             self.fast = _Fast(
                 trigger.depth_pct, caps, self.clock() + trigger.duration_s, f"fast-{trigger.seq}"

@@ -100,18 +100,22 @@ class FastPath:
 
     async def _check_every_period(self) -> None:
         while True:
-            try:
-                await self.rearm()
-            except Exception as exc:  # the next check tries again
-                log.warning("fast plans not re-armed: %s", exc)
+            await self._rearm_logged()
             await self.clock.sleep(self.settings.fast_rearm_s)
 
     # --- armed plans -----------------------------------------------------------------------
 
     async def changed(self) -> None:
-        """The job mix changed (the book's listener): re-arm now."""
+        """The job mix changed (the book's listener): re-armed now, in a task of its own (a
+        10,000-node re-arm does not hold up the change's answer)."""
         if self.enabled:
+            self._tasks.append(asyncio.create_task(self._rearm_logged()))
+
+    async def _rearm_logged(self) -> None:
+        try:
             await self.rearm()
+        except Exception as exc:  # the next check tries again
+            log.warning("fast plans not re-armed: %s", exc)
 
     def plans(self) -> tuple[dict[str, Armed], dict[float, float]]:
         """Every node's caps per depth, and each depth's planned facility reduction [kW]."""
@@ -150,6 +154,7 @@ class FastPath:
             )
             if key == self._key:
                 return 0
+            self._key = None  # not settled while the plans are worked out and sent
             armed, self.expected_kw = self.plans()
             moved = [n for n, a in sorted(armed.items()) if a != self.sent.get(n, {})]
             errors = await self._send(moved, armed) if moved else []
@@ -269,6 +274,7 @@ class FastPath:
                 f"{d:g}": sum(1 for a in self.sent.values() if d in a) for d in self.depths
             },
             "nodes_sent": self.nodes_sent,
+            "settled": self._key is not None,
             "holding": self.holding,
         }
 

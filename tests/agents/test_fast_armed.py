@@ -187,3 +187,13 @@ def test_a_restore_ends_the_fast_event(rig):
     controller.restore_all()
     assert limits(fake) == [650.0] * 4
     assert controller.fast is None
+
+
+def test_a_trigger_at_a_depth_where_the_node_gives_nothing_ends_its_fast_event(rig):
+    fake, controller, clock = rig
+    controller.arm(arm(1, d10={0: 500.0}, d30={0: 400.0, 1: 400.0}))
+    controller.fire(trigger(depth=30.0, seq=1), clock())
+    assert limits(fake)[:2] == [400.0, 400.0]
+    controller.fire(trigger(depth=20.0, seq=2), clock())  # the site moved to 20%: nothing here
+    assert limits(fake) == [650.0] * 4
+    assert controller.fast is None

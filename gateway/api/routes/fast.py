@@ -45,6 +45,7 @@ class FastArmed(BaseModel):
     expected_reduction_kw: dict[str, float]  #: per depth [kW]
     armed_nodes: dict[str, int]  #: per depth, the nodes holding caps for it
     nodes_sent: int  #: armed states sent since start (only the nodes whose caps moved)
+    settled: bool  #: every node holds the plans of the mix and fleet in force
     holding: bool  #: a fast event lasts now
 
 
