@@ -20,17 +20,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
-from agents.backend import GpuBackend
 from agents.caps import CapController
 from agents.errors import InvalidCapError, StaleGenerationError
 from agents.logs import decision
 from agents.protocol import CapCommand, CapResponse, CapResult, GpuCap
 from agents.protocol_fast import ArmCommand, ArmedDepth, ArmState, FastTrigger
-from agents.state import OriginalLimits
 
 
 @dataclass(frozen=True)
@@ -44,15 +41,9 @@ class _Fast:
 
 
 class ArmedController(CapController):
-    def __init__(
-        self,
-        backend: GpuBackend,
-        originals: OriginalLimits,
-        clock: Callable[[], float] = time.monotonic,
-        *,
-        node_id: str = "",
-    ) -> None:
-        super().__init__(backend, originals, clock, node_id=node_id)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """As `CapController`'s."""
+        super().__init__(*args, **kwargs)
         self._fast_lock = threading.RLock()  #: taken before the controller's own lock
         self.armed_generation: int | None = None
         self.armed: dict[float, tuple[GpuCap, ...]] = {}

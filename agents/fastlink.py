@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from agents.bearer import bearer_ok
 from agents.errors import AgentError
 from agents.fasttrigger import FastRefusedError, TriggerGuard
-from agents.protocol import validation_detail
+from agents.protocol import validation_detail, validation_status
 from agents.protocol_fast import (
     FAST_FIRED_SUBJECT,
     FAST_TRIGGER_SUBJECT,
@@ -61,8 +61,9 @@ class FastNats:
             command = ArmCommand.model_validate_json(msg.data)
         except ValidationError as exc:
             errors = exc.errors()
-            status = 400 if any(e["type"] == "json_invalid" for e in errors) else 422
-            return NatsFastAnswer(status=status, detail=validation_detail(errors))
+            return NatsFastAnswer(
+                status=validation_status(errors), detail=validation_detail(errors)
+            )
         try:
             return NatsFastAnswer(status=200, state=node.controller.arm(command))
         except AgentError as exc:

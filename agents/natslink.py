@@ -40,6 +40,7 @@ from agents.protocol import (
     health_subject,
     telemetry_subject,
     validation_detail,
+    validation_status,
 )
 from agents.service import AgentNode
 
@@ -150,8 +151,7 @@ class NatsLink:
             command = CapCommand.model_validate_json(msg.data)
         except ValidationError as exc:
             errors = exc.errors()
-            status = 400 if any(e["type"] == "json_invalid" for e in errors) else 422
-            return NatsAnswer(status=status, detail=validation_detail(errors))
+            return NatsAnswer(status=validation_status(errors), detail=validation_detail(errors))
         return await self._apply(node, command)
 
     async def _apply(self, node: AgentNode, command: CapCommand) -> NatsAnswer:

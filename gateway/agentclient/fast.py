@@ -129,11 +129,15 @@ class MemoryFast:
     async def start(self, on_fired: OnFired) -> None:
         self._on_fired = on_fired
 
+    def _agent(self, address: str) -> Any:
+        """The node at `address` (`agents.service.AgentNode`), None when unplugged."""
+        return None if address in self.client.unplugged else self.client.agents.get(address)
+
     async def arm_many(self, targets: ArmTargets) -> list[str | None]:
         errors: list[str | None] = []
         for _, address, command in targets:
-            agent: Any = self.client.agents.get(address)
-            if agent is None or address in self.client.unplugged:
+            agent = self._agent(address)
+            if agent is None:
                 errors.append(f"no agent answers at {address}")
                 continue
             try:
@@ -146,8 +150,8 @@ class MemoryFast:
     async def trigger(self, body: bytes, signature: str, addresses: Sequence[str]) -> None:
         trigger = FastTrigger.model_validate_json(body)
         for address in addresses:
-            agent: Any = self.client.agents.get(address)
-            if agent is None or address in self.client.unplugged:
+            agent = self._agent(address)
+            if agent is None:
                 continue
             start = self.clock.monotonic()
             results = agent.controller.fire(trigger, agent.controller.clock())

@@ -10,14 +10,7 @@ from agents.protocol import CapCommand
 from agents.protocol_fast import ArmCommand, FastTrigger
 from agents.state import OriginalLimits
 from tests.agents.fake_nvml import FakeNvml
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.agents.test_caps import Clock
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import hmac
 import time
 
 import nats
-import pytest
 
 from agents.fasttrigger import TriggerGuard
 from agents.natsconnect import NatsOptions as AgentNatsOptions
@@ -27,19 +26,11 @@ from gateway.agentclient.natsfast import NatsFast
 from gateway.clock import SystemClock
 from tests.conftest import wait_for
 from tests.gateway.conftest import AGENT_TOKEN
-from tests.natsserver import NATS_TOKEN, NatsServer
+from tests.gateway.test_nats import nats_server  # noqa: F401 (the fixture)
+from tests.natsserver import NATS_TOKEN
 
 SECRET = "fast-secret-0123456789abcdef"
 NAMES = ["node-a", "node-b", "node-c"]
-
-
-@pytest.fixture
-def nats_server(tmp_path):
-    server = NatsServer(tmp_path / "nats").start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @contextlib.contextmanager
@@ -85,7 +76,7 @@ def signed(seq: int, secret: str = SECRET, sent_at_s: float | None = None):
     return body, hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def test_armed_by_request_and_fired_by_one_broadcast(tmp_path, nats_server):
+def test_armed_by_request_and_fired_by_one_broadcast(tmp_path, nats_server):  # noqa: F811
     with farm(tmp_path, nats_server.url) as (nodes, _):
         before = {n: limits(node) for n, node in nodes.items()}
         reports = []
@@ -123,7 +114,7 @@ def test_armed_by_request_and_fired_by_one_broadcast(tmp_path, nats_server):
         assert (report.seq, report.nodes, report.applied, report.failed_gpus) == (7, 3, 3, 0)
 
 
-def test_unsigned_replayed_or_stale_triggers_change_nothing(tmp_path, nats_server):
+def test_unsigned_replayed_or_stale_triggers_change_nothing(tmp_path, nats_server):  # noqa: F811
     with farm(tmp_path, nats_server.url) as (nodes, guard):
         for node in nodes.values():
             node.controller.arm(armed(1, 400.0))
