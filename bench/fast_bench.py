@@ -14,6 +14,8 @@ FLEXGATE_FAST_DEPTHS=10,20,30,40.
   its nodes' caps read back (`flexgate.fast.fired`). The first trigger is cold (every node
   saves its originals to disk first); then warm ones at 30% (each kind in turn) and ones
   moving between 20% and 30%; p50/p99 over the triggers of each kind.
+- **the ordinary path**, in the same run for comparison: three events (30%, 31%, 32%), event
+  start to every node's answer (docs/benchmarks.md's other figures come from other runs).
 
     python bench/fast_bench.py [--sizes 1000,10000] [--triggers 20] [--processes 4]
 """
@@ -37,7 +39,15 @@ import nats
 import numpy as np
 from farm import Farm, node_name
 from gateway_bench import API_TOKEN, TOKEN, gateway_env, serve_gateway
-from nats_bench import NATS_TOKEN, cpu_s, metric, one_job_per_node, rss_mib, start_nats
+from nats_bench import (
+    NATS_TOKEN,
+    cpu_s,
+    event_to_acked,
+    metric,
+    one_job_per_node,
+    rss_mib,
+    start_nats,
+)
 
 from agents.protocol_fast import FAST_FIRED_SUBJECT, FAST_TRIGGER_SUBJECT, FastFired, FastTrigger
 
@@ -188,6 +198,14 @@ def keep_armed(
     }
 
 
+def ordinary_events(api: httpx.Client, nodes: int) -> list[float]:
+    """The same site's ordinary path in the same run, for comparison: events of 30%, 31% and
+    32% of the GPU power, each from `POST /v1/events` to every node's answer (planned, stored
+    and fanned out; the nodes are warm by then, their originals saved)."""
+    baseline_kw = sum(j["gpus"] * j["power_w"] for j in one_job_per_node(nodes)["jobs"]) / 1000
+    return [event_to_acked(api, f * baseline_kw)["at_target_s"] for f in (0.30, 0.31, 0.32)]
+
+
 def one_size(tmp: Path, nodes: int, processes: int, count: int, quiet_s: float) -> dict[str, Any]:
     nats_server, nats_url = start_nats(tmp / f"nats-{nodes}")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXGATE_")} | {
@@ -221,6 +239,7 @@ def one_size(tmp: Path, nodes: int, processes: int, count: int, quiet_s: float) 
                         time.sleep(0.5)
                     armed = keep_armed(api, gateway.pid, farm, nodes, quiet_s)
                     fired = asyncio.run(triggers(url, nats_url, nodes, count))
+                    fired["ordinary_event_at_target_s"] = ordinary_events(api, nodes)
             finally:
                 gateway.terminate()
                 gateway.wait(60)
