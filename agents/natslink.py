@@ -7,6 +7,7 @@ One connection serves every node of the process (one for a GPU node, thousands i
   as the HTTP API requires; a malformed command is refused with the reason and changes nothing.
 - `flexgate.health.<node>`: the node's `Health`.
 - `flexgate.telemetry.<node>`: a `TelemetrySummary`, published every telemetry period.
+- The fast path's subjects (armed plans, the site's trigger): `agents.fastlink`.
 - On connect and on every reconnect each node reads its desired state from the JetStream
   key-value bucket `flexgate_desired` (the gateway writes it with every command; entries expire
   one lease after their last write) and applies it, so a node that missed commands while cut off

@@ -62,7 +62,8 @@ def worker(first: int, count: int, port: int, mix_path: str | None, period_s: fl
     ]
     links = []
     # The fast path's triggers, checked once per process (bench/fast_bench.py).
-    fast = TriggerGuard(os.environ.get("FLEXGATE_AGENT_FAST_SECRET"), 2.0)
+    max_age_s = float(os.environ.get("FLEXGATE_AGENT_FAST_MAX_AGE_S", "2"))
+    fast = TriggerGuard(os.environ.get("FLEXGATE_AGENT_FAST_SECRET"), max_age_s)
     url = os.environ.get("FLEXGATE_AGENT_NATS_URL")
     if url:
         options = NatsOptions(
