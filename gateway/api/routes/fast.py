@@ -53,7 +53,7 @@ class FastArmed(BaseModel):
     "/fast/trigger",
     response_model=FastTriggered,
     status_code=202,
-    responses=problems(401, 409, 422, 503),
+    responses=problems(400, 401, 409, 422, 503),
 )
 async def trigger(body: FastTriggerCreate, fast: FastDep, actor: Writer) -> dict[str, Any]:
     return await fast.trigger(body.depth_pct, body.duration_s)
