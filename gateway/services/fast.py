@@ -9,9 +9,10 @@
   did not arrive is sent them at the next check.
 - **Trigger.** `trigger(depth, duration)` signs one `FastTrigger` (HMAC by FLEXGATE_FAST_SECRET,
   a sequence that rises, the time sent) and sends it to every agent (one NATS message), first;
-  then records the fast event (source `fast`, status `triggered`, `completed` at its end). Its
-  status is no live status: the event scheduler never plans it; the agents hold its caps for
-  its duration by their lease, whatever happens to the gateway.
+  then records the fast event (source `fast`, status `triggered`, `completed` at its end; a
+  restarted gateway completes the ones over and holds the others). Its status is no live
+  status: the event scheduler never plans it; the agents hold its caps for its duration by
+  their lease, whatever happens to the gateway.
 - **Combined.** On the agents the deeper cap wins per GPU (`agents.armed`). The site loop
   holds its correction while a fast event lasts (`holding`: its steps are skipped).
 - **Measured.** Each agent's report that its caps are enforced (`FastFired`) is timed from the
@@ -39,7 +40,7 @@ from gateway.services.planner import plan
 from gateway.settings import GatewaySettings
 from gateway.store import repo
 from gateway.store.db import Store
-from gateway.store.models import EventRow
+from gateway.store.models import EventRow, as_utc
 
 log = logging.getLogger("flexgate.gateway")
 #: Trigger-to-enforced buckets [s]: the targets are 0.1 s (1,000 nodes) and 0.5 s (10,000).
@@ -88,6 +89,7 @@ class FastPath:
         registry.register(self.latency)
 
     async def start(self) -> None:
+        self._resume()
         if not self.enabled:
             return
         assert self.transport is not None
@@ -247,6 +249,18 @@ class FastPath:
             repo.add_event(s, event=event)
             s.commit()
         return event
+
+    def _resume(self) -> None:
+        """Fast events a previous run recorded: completed when over, else held (the site loop
+        too) and completed at their end. The agents held their caps by their lease meanwhile."""
+        now = self.clock.now()
+        with self.store.session() as s:
+            fast = [e for e in repo.list_events(s, statuses=("triggered",)) if e.source == "fast"]
+        for event in fast:
+            left_s = (as_utc(event.end) - now).total_seconds()
+            if left_s > 0.0:
+                self.until_s = max(self.until_s or 0.0, self.clock.monotonic() + left_s)
+            self._tasks.append(asyncio.create_task(self._complete(event.id, max(left_s, 0.0))))
 
     async def _complete(self, event_id: str, duration_s: float) -> None:
         await self.clock.sleep(duration_s)

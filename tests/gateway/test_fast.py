@@ -15,6 +15,7 @@ import pytest
 from agents.fasttrigger import TriggerGuard
 from agents.service import create_app as agent_app
 from flexgate.serve import ServerThread
+from gateway.agentclient.memory import InMemoryAgentClient
 from gateway.app import create_app
 from gateway.clock import SteppedClock
 from gateway.services.fast import FastPath
@@ -27,8 +28,9 @@ DEPTHS = (10.0, 20.0, 30.0, 40.0)
 
 
 @contextlib.contextmanager
-def fast_site(tmp_path, protect: str | None = None, **changes):
-    """Agents (checking triggers with the site's secret) and a gateway arming 10-40 %."""
+def fast_site(tmp_path, protect: str | None = None, *, memory: bool = False):
+    """Agents (checking triggers with the site's secret) and a gateway arming 10-40 %: over
+    HTTP, or with `memory` the agents in the gateway's process (`InMemoryAgentClient`)."""
     jobs, nodes, _ = start_site(tmp_path, None)
     for job in jobs:
         job["protected"] = job["id"] == protect
@@ -36,20 +38,21 @@ def fast_site(tmp_path, protect: str | None = None, **changes):
         list(nodes.values()), AGENT_TOKEN, prefixed=True, fast=TriggerGuard(SECRET, 2.0)
     )
     with ServerThread(agents) as agents_url:
+        addresses = {f"mem://{n}" if memory else f"{agents_url}/nodes/{n}": n for n in nodes}
         settings = GatewaySettings(
             database_url=f"sqlite:///{tmp_path / 'gateway.db'}",
             api_token=API_TOKEN,
             agent_token=AGENT_TOKEN,
-            agents=",".join(f"{agents_url}/nodes/{n}" for n in nodes),
+            agents=",".join(addresses),
             allow_simulated=True,
             lease_s=5.0,
             fast_depths="40,10,20,30",
             fast_secret=SECRET,
             fast_rearm_s=0.2,
-            **changes,
         )
+        client = InMemoryAgentClient({a: nodes[n] for a, n in addresses.items()})
         with (
-            ServerThread(create_app(settings)) as url,
+            ServerThread(create_app(settings, agents=client if memory else None)) as url,
             httpx.Client(base_url=url, timeout=20) as api,
         ):
             assert api.put("/v1/jobs", json={"jobs": jobs}, headers=API).status_code == 200
@@ -104,8 +107,9 @@ def test_a_protected_jobs_gpus_are_never_armed(tmp_path):
             assert caps["node-03"] != {}
 
 
-def test_a_trigger_puts_every_node_at_its_armed_caps_and_the_lease_restores(tmp_path):
-    with fast_site(tmp_path) as site:
+@pytest.mark.parametrize("memory", [False, True], ids=["http", "in-memory"])
+def test_a_trigger_puts_every_node_at_its_armed_caps_and_the_lease_restores(tmp_path, memory):
+    with fast_site(tmp_path, memory=memory) as site:
         before = site.limits()
         caps = armed_caps(site, 30.0)
         answer = trigger(site, 30.0, duration_s=1.5)
@@ -193,3 +197,22 @@ def test_the_site_loop_holds_while_a_fast_event_lasts():
     clock.step(5.0)
     asyncio.run(held())
     assert len(steps) == 2
+
+
+def test_a_restarted_gateway_completes_the_fast_events_that_ended_and_holds_the_others(tmp_path):
+    with fast_site(tmp_path) as site:
+        short = trigger(site, 20.0, duration_s=0.5).json()["event_id"]
+        long = trigger(site, 30.0, duration_s=600.0).json()["event_id"]
+        settings = site.settings
+    # The gateway stopped before either ended (its tasks went with it); another starts.
+    time.sleep(0.6)
+    with (
+        ServerThread(create_app(settings)) as url,
+        httpx.Client(base_url=url, timeout=20) as api,
+    ):
+        status = {e["id"]: e["status"] for e in api.get("/v1/events").json()["events"]}
+        wait = Site(api, {}, settings).wait
+        wait(lambda: api.get(f"/v1/events/{short}").json()["status"] == "completed", what="done")
+        assert status[long] == "triggered"
+        assert api.get(f"/v1/events/{long}").json()["status"] == "triggered"
+        assert api.get("/v1/fast/armed").json()["holding"] is True
