@@ -31,9 +31,10 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from agents.protocol import GpuCap
 from agents.protocol_fast import ArmCommand, ArmedDepth, FastFired, FastTrigger, sign
+from gateway.agentclient import AgentUnreachableError
 from gateway.agentclient.fast import FastTransport
 from gateway.clock import Clock
-from gateway.errors import ConflictError, InvalidRequestError
+from gateway.errors import ConflictError, GatewayError, InvalidRequestError
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.planner import plan
@@ -47,6 +48,12 @@ log = logging.getLogger("flexgate.gateway")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 #: A node's caps per depth (the depths where it gives nothing left out).
 Armed = dict[float, list[GpuCap]]
+
+
+class TriggerNotSentError(GatewayError):
+    """The transport could not send the trigger (the broker is down)."""
+
+    status_code = 503
 
 
 class FastPath:
@@ -203,11 +210,14 @@ class FastPath:
             seq=seq, sent_at_s=now.timestamp(), depth_pct=depth_pct, duration_s=duration_s
         ).model_dump_json()
         self._sent_at[seq] = self.clock.monotonic()
-        await self.transport.trigger(
-            body.encode(),
-            sign(self.settings.fast_secret.get_secret_value(), body.encode()),
-            list(self.fleet.nodes.values()),
-        )
+        try:
+            await self.transport.trigger(
+                body.encode(),
+                sign(self.settings.fast_secret.get_secret_value(), body.encode()),
+                list(self.fleet.nodes.values()),
+            )
+        except AgentUnreachableError as exc:
+            raise TriggerNotSentError(f"the trigger was not sent, nothing changed: {exc}") from exc
         ends = self.clock.monotonic() + duration_s
         self.until_s = max(self.until_s or 0.0, ends)
         event = self._record(seq, depth_pct, duration_s)

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -15,11 +16,14 @@ import pytest
 from agents.fasttrigger import TriggerGuard
 from agents.service import create_app as agent_app
 from flexgate.serve import ServerThread
+from gateway.agentclient import AgentUnreachableError
 from gateway.agentclient.memory import InMemoryAgentClient
 from gateway.app import create_app
 from gateway.clock import SteppedClock
-from gateway.services.fast import FastPath
+from gateway.services.fast import FastPath, TriggerNotSentError
 from gateway.settings import GatewaySettings
+from gateway.store import repo
+from gateway.store.db import Store
 from tests.gateway.conftest import AGENT_TOKEN, API, API_TOKEN, Site, start_site
 from tests.promtext import samples
 
@@ -216,3 +220,37 @@ def test_a_restarted_gateway_completes_the_fast_events_that_ended_and_holds_the_
         assert status[long] == "triggered"
         assert api.get(f"/v1/events/{long}").json()["status"] == "triggered"
         assert api.get("/v1/fast/armed").json()["holding"] is True
+
+
+class BrokerDown:
+    """A fast transport whose broker does not answer."""
+
+    async def start(self, on_fired):
+        return None
+
+    async def arm_many(self, targets):
+        return ["no broker"] * len(targets)
+
+    async def trigger(self, body, signature, addresses):
+        raise AgentUnreachableError("the trigger was not published: no broker")
+
+
+def test_a_trigger_the_broker_cannot_take_is_503_and_records_nothing(tmp_path):
+    settings = GatewaySettings(
+        database_url=f"sqlite:///{tmp_path / 'gateway.db'}",
+        api_token=API_TOKEN,
+        agent_token=AGENT_TOKEN,
+        fast_depths="20",
+        fast_secret=SECRET,
+    )
+    store = Store(settings.database_url)
+    try:
+        fleet = SimpleNamespace(nodes={"node-01": "node-01"})
+        fast = FastPath(settings, store, SteppedClock(), fleet, None, BrokerDown())
+        with pytest.raises(TriggerNotSentError, match="nothing changed: the trigger was not"):
+            asyncio.run(fast.trigger(20.0, 5.0))
+        assert fast.holding is False
+        with store.session() as s:
+            assert repo.list_events(s) == []
+    finally:
+        store.close()
