@@ -37,6 +37,7 @@ from gateway.clock import Clock
 from gateway.errors import ConflictError, GatewayError, InvalidRequestError
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
+from gateway.services.periodic import Every
 from gateway.services.planner import plan
 from gateway.settings import GatewaySettings
 from gateway.store import repo
@@ -80,6 +81,7 @@ class FastPath:
         self._key: tuple[Any, ...] | None = None  #: what the plans armed were worked out on
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
+        self._every = Every(clock, settings.fast_rearm_s, self.rearm, "fast plans not re-armed")
         self.latency = Histogram(
             "flexgate_fast_trigger_to_enforced_seconds",
             "Fast trigger sent to an agent's caps enforced (per agent report).",
@@ -101,16 +103,13 @@ class FastPath:
             return
         assert self.transport is not None
         await self.transport.start(self.fired)
-        self._tasks.append(asyncio.create_task(self._check_every_period()))
+        self._tasks.append(asyncio.create_task(self._rearm_logged()))  # armed at once
+        self._every.start()
 
     def stop(self) -> None:
+        self._every.stop()
         for task in self._tasks:
             task.cancel()
-
-    async def _check_every_period(self) -> None:
-        while True:
-            await self._rearm_logged()
-            await self.clock.sleep(self.settings.fast_rearm_s)
 
     # --- armed plans -----------------------------------------------------------------------
 
