@@ -138,6 +138,8 @@ class ArmedController(CapController):
 
     def apply(self, command: CapCommand, received_at: float) -> CapResponse:
         with self._fast_lock:
+            if self.fast is not None and self.clock() >= self.fast.until:
+                self.fast = None  # over, the watcher not round yet: the command alone holds
             if self.fast is None:
                 response = super().apply(command, received_at)
             else:

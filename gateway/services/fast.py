@@ -208,6 +208,8 @@ class FastPath:
         body = FastTrigger(
             seq=seq, sent_at_s=now.timestamp(), depth_pct=depth_pct, duration_s=duration_s
         ).model_dump_json()
+        # Reports come within seconds: the triggers of the last 1,000 s are kept (seq is in µs).
+        self._sent_at = {k: v for k, v in self._sent_at.items() if k >= seq - 10**9}
         self._sent_at[seq] = self.clock.monotonic()
         try:
             await self.transport.trigger(

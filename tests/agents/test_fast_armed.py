@@ -190,3 +190,15 @@ def test_a_trigger_at_a_depth_where_the_node_gives_nothing_ends_its_fast_event(r
     controller.fire(trigger(depth=20.0, seq=2), clock())  # the site moved to 20%: nothing here
     assert limits(fake) == [650.0] * 4
     assert controller.fast is None
+
+
+def test_a_command_after_the_fast_event_ended_is_not_combined_with_it(rig):
+    fake, controller, clock = rig
+    controller.arm(arm(1, d10={0: 300.0}))
+    controller.fire(trigger(duration_s=5.0), clock())
+    clock.now += 6.0  # over; the watcher has not looked yet
+    controller.apply(
+        CapCommand(plan_id="p", generation=1, lease_s=60.0, caps=[{"gpu": 0, "cap_w": 500.0}]),
+        clock(),
+    )
+    assert limits(fake)[0] == 500.0
