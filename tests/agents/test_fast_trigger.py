@@ -5,6 +5,7 @@ Over HTTP on a real uvicorn server with simulated GPUs."""
 import hashlib
 import hmac
 import json
+import time
 
 import httpx
 import pytest
@@ -153,3 +154,14 @@ def test_a_stale_armed_generation_over_http_is_409(agent):
     stale = client.put("/v1/fast/armed", json={**ARMED, "generation": 3}, headers=AUTH)
     assert stale.status_code == 409
     assert "older than the last armed" in stale.json()["detail"]
+
+
+def test_a_placeholder_or_short_fast_secret_is_refused_at_start():
+    from agents.settings import AgentSettings
+
+    for secret in ("changeme", "short"):
+        with pytest.raises(ValueError, match="FLEXGATE_AGENT_FAST_SECRET must be a secret"):
+            AgentSettings(agent_token=TOKEN, agent_backend="sim", agent_fast_secret=secret)
+    settings = AgentSettings(agent_token=TOKEN, agent_backend="sim", agent_fast_secret=SECRET)
+    data = body(sent_at_s=time.time())
+    assert settings.fast_guard().check(data, signature(data)).seq == 1

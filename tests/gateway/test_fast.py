@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import re
 import time
 from types import SimpleNamespace
 
@@ -254,3 +255,17 @@ def test_a_trigger_the_broker_cannot_take_is_503_and_records_nothing(tmp_path):
             assert repo.list_events(s) == []
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"fast_depths": "10,abc"}, "FLEXGATE_FAST_DEPTHS must be comma-separated percentages"),
+        ({"fast_depths": "10,120", "fast_secret": SECRET}, "each in (0, 100]"),
+        ({"fast_depths": "10,20"}, "FLEXGATE_FAST_DEPTHS needs FLEXGATE_FAST_SECRET"),
+        ({"fast_depths": "10", "fast_secret": "changeme"}, "FLEXGATE_FAST_SECRET must be a secret"),
+    ],
+)
+def test_fast_settings_that_cannot_work_are_refused_naming_them(changes, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        GatewaySettings(api_token=API_TOKEN, agent_token=AGENT_TOKEN, **changes)
