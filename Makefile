@@ -64,6 +64,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/pfi_bench.py
 	$(BIN)/python bench/meter_history_bench.py
 	$(BIN)/python bench/nats_bench.py  # needs nats-server (scripts/ci-nats-prometheus.sh)
+	$(BIN)/python bench/fast_bench.py  # needs nats-server: the fast path's triggers
 
 # The lab in containers (docs/operations.md): needs a Docker engine and docker-compose.
 # COMPOSE_LAB_ARGS=--postgres puts the gateway on PostgreSQL; --keep leaves the stack up.

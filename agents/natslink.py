@@ -7,6 +7,7 @@ One connection serves every node of the process (one for a GPU node, thousands i
   as the HTTP API requires; a malformed command is refused with the reason and changes nothing.
 - `flexgate.health.<node>`: the node's `Health`.
 - `flexgate.telemetry.<node>`: a `TelemetrySummary`, published every telemetry period.
+- The fast path's subjects (armed plans, the site's trigger): `agents.fastlink`.
 - On connect and on every reconnect each node reads its desired state from the JetStream
   key-value bucket `flexgate_desired` (the gateway writes it with every command; entries expire
   one lease after their last write) and applies it, so a node that missed commands while cut off
@@ -16,7 +17,6 @@ One connection serves every node of the process (one for a GPU node, thousands i
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -27,7 +27,10 @@ from nats.errors import Error as NatsError
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 from pydantic import ValidationError
 
+from agents.bearer import bearer_ok
 from agents.errors import AgentError
+from agents.fastlink import FastNats
+from agents.fasttrigger import TriggerGuard
 from agents.logs import decision
 from agents.natsconnect import NatsOptions, connect
 from agents.protocol import (
@@ -38,6 +41,7 @@ from agents.protocol import (
     health_subject,
     telemetry_subject,
     validation_detail,
+    validation_status,
 )
 from agents.service import AgentNode
 
@@ -53,8 +57,10 @@ class NatsLink:
         token: str,
         *,
         telemetry_period_s: float = 1.0,
+        fast: TriggerGuard | None = None,
     ) -> None:
         self.nodes = {node.node_id: node for node in nodes}
+        self.fast = FastNats(self.nodes, token, fast or TriggerGuard(None, 1.0))
         self.options, self._token = options, token
         self.telemetry_period_s = telemetry_period_s
         self._nc: Client | None = None
@@ -73,6 +79,7 @@ class NatsLink:
         for node in self.nodes.values():
             await self._nc.subscribe(caps_subject(node.node_id), cb=self._on_caps)
             await self._nc.subscribe(health_subject(node.node_id), cb=self._on_health)
+        await self.fast.subscribe(self._nc)
         await self._nc.flush()
         await self.catch_up()
         self._tasks.append(asyncio.create_task(self._publish_telemetry()))
@@ -139,17 +146,13 @@ class NatsLink:
         await self._reply(msg, answer)
 
     async def _answer_caps(self, node: AgentNode, msg: Msg) -> NatsAnswer:
-        scheme, _, given = (msg.headers or {}).get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.encode(), self._token.encode()
-        ):
+        if not bearer_ok((msg.headers or {}).get("Authorization"), self._token):
             return NatsAnswer(status=401, detail=UNAUTHORISED)
         try:
             command = CapCommand.model_validate_json(msg.data)
         except ValidationError as exc:
             errors = exc.errors()
-            status = 400 if any(e["type"] == "json_invalid" for e in errors) else 422
-            return NatsAnswer(status=status, detail=validation_detail(errors))
+            return NatsAnswer(status=validation_status(errors), detail=validation_detail(errors))
         return await self._apply(node, command)
 
     async def _apply(self, node: AgentNode, command: CapCommand) -> NatsAnswer:

@@ -341,6 +341,11 @@ def validation_detail(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def validation_status(errors: list[dict[str, Any]]) -> int:
+    """The status of a refused body: 400 when it is not JSON at all, else 422."""
+    return 400 if any(e["type"] == "json_invalid" for e in errors) else 422
+
+
 class FieldError(BaseModel):
     loc: list[str | int]
     msg: str

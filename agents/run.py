@@ -112,6 +112,7 @@ def run_agent(settings: AgentSettings) -> None:
     node = build_node(settings)
     token = settings.agent_token.get_secret_value()
     links = []
+    guard = settings.fast_guard()
     if settings.agent_transport == "nats":
         from agents.natsconnect import check
         from agents.natslink import NatsLink  # nats-py loads only when NATS is chosen
@@ -124,9 +125,12 @@ def run_agent(settings: AgentSettings) -> None:
                 settings.nats_options(),
                 token,
                 telemetry_period_s=settings.agent_telemetry_period_s,
+                fast=guard,
             )
         )
-    app = create_app([node], token, lease_check_s=settings.agent_lease_check_s, links=links)
+    app = create_app(
+        [node], token, lease_check_s=settings.agent_lease_check_s, links=links, fast=guard
+    )
     decision(
         logging.INFO,
         "agent starting",

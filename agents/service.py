@@ -11,25 +11,27 @@ app serves; on shutdown (SIGTERM, SIGINT) it restores every GPU it changed.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any, Protocol
+from typing import Any, Protocol
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from agents.armed import ArmedController
 from agents.backend import GpuBackend
-from agents.caps import CapController
-from agents.errors import AgentError, NodeNotFoundError, UnauthorizedError
+from agents.bearer import bearer
+from agents.errors import AgentError, NodeNotFoundError
+from agents.fastroutes import fast_router
+from agents.fasttrigger import TriggerGuard
 from agents.features import DramActivitySource, FeatureSampler
 from agents.logs import decision
 from agents.podresources import PodGpuReader
@@ -72,7 +74,9 @@ class AgentNode:
         self.configuration: dict[str, Any] | None = None
         self.pods = pods  #: the pods' GPUs (Kubernetes), None where there is no kubelet
         self.backend = backend
-        self.controller = CapController(backend, OriginalLimits(state_dir), clock, node_id=node_id)
+        self.controller = ArmedController(
+            backend, OriginalLimits(state_dir), clock, node_id=node_id
+        )
         # sample_hz = 0: no sampling thread (many simulated nodes in one process).
         self.sampler = Sampler(
             backend,
@@ -214,13 +218,8 @@ class Link(Protocol):
 def node_router(resolve: Callable[..., Any], token: str, prefix: str = "") -> APIRouter:
     """The agent's routes under `prefix`; `resolve` is the dependency that finds the node."""
 
-    async def authorised(authorization: Annotated[str | None, Header()] = None) -> None:
-        scheme, _, given = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
-            raise UnauthorizedError("a valid bearer token is required to change limits")
-
     router = APIRouter(prefix=prefix, responses=problems(404, 422) if prefix else None)
-    auth = [Depends(authorised)]
+    auth = [Depends(bearer(token))]
     here = Depends(resolve)  # a default, not an annotation: resolved when the route is made
 
     @router.get("/health", response_model=Health)
@@ -267,11 +266,13 @@ def create_app(
     prefixed: bool = False,
     lease_check_s: float = 0.1,
     links: Sequence[Link] = (),
+    fast: TriggerGuard | None = None,
 ) -> FastAPI:
     """An app serving `nodes`: one at the root, or each under `/nodes/{node_id}`.
 
     One watcher thread checks every node's lease each `lease_check_s` seconds. `links` (NATS)
     start once the nodes have restored what a previous run left, and stop before they restore.
+    `fast` checks the triggers of the fast path (none: every trigger refused).
     """
     if not prefixed and len(nodes) != 1:
         raise ValueError("serve several nodes with prefixed=True")
@@ -321,6 +322,12 @@ def create_app(
 
     app.include_router(
         node_router(find, token, "/nodes/{node_id}") if prefixed else node_router(only, token)
+    )
+    guard = fast or TriggerGuard(None, 1.0)
+    app.include_router(
+        fast_router(find, token, guard, "/nodes/{node_id}")
+        if prefixed
+        else fast_router(only, token, guard)
     )
 
     @app.exception_handler(RequestValidationError)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agents.fasttrigger import TriggerGuard
 from agents.natsconnect import NatsOptions
 from agents.protocol import (
     AGENT_NAMESPACE,
@@ -60,6 +61,9 @@ class AgentSettings(BaseSettings):
     agent_feature_samples: int = Field(default=120, ge=1, le=100_000)
     #: The power sensor's effective lag [s] (`flexmodel.sensors`); None: from the GPU model
     agent_sensor_lag_s: float | None = Field(default=None, ge=0.0, le=10.0)
+    #: the site's shared secret that signs fast triggers (docs/fast.md); None: refused
+    agent_fast_secret: SecretStr | None = None
+    agent_fast_max_age_s: float = Field(default=2.0, gt=0.0, le=60.0)
     lab: bool = False
 
     @model_validator(mode="before")
@@ -97,6 +101,12 @@ class AgentSettings(BaseSettings):
             if path is not None and not path.is_file():
                 raise ValueError(f"FLEXGATE_AGENT_TLS_CERT / _KEY: {path}: no such file")
         self._check_nats()
+        fast = self.agent_fast_secret.get_secret_value() if self.agent_fast_secret else None
+        if fast is not None and (fast.lower() in PLACEHOLDER_TOKENS or len(fast) < MIN_TOKEN_CHARS):
+            raise ValueError(
+                f"FLEXGATE_AGENT_FAST_SECRET must be a secret of at least {MIN_TOKEN_CHARS} "
+                "characters (placeholders are refused)"
+            )
         if self.agent_dcgm_url is not None and not self.agent_dcgm_url.startswith(
             ("http://", "https://")
         ):
@@ -127,6 +137,11 @@ class AgentSettings(BaseSettings):
                 f"FLEXGATE_AGENT_NODE_ID {self.agent_node_id!r}: over NATS a node id is letters, "
                 "digits, '-' and '_' only (it is a subject token)"
             )
+
+    def fast_guard(self) -> TriggerGuard:
+        """What checks this agent's fast triggers (`agents.fasttrigger`)."""
+        secret = self.agent_fast_secret.get_secret_value() if self.agent_fast_secret else None
+        return TriggerGuard(secret, self.agent_fast_max_age_s)
 
     def nats_options(self) -> NatsOptions:
         return NatsOptions(

@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
+from agents.fasttrigger import TriggerGuard
 from agents.natsconnect import NatsOptions
 from agents.natslink import NatsLink
 from agents.service import AgentNode, create_app
@@ -60,6 +61,9 @@ def worker(first: int, count: int, port: int, mix_path: str | None, period_s: fl
         for i in range(first, first + count)
     ]
     links = []
+    # The fast path's triggers, checked once per process (bench/fast_bench.py).
+    max_age_s = float(os.environ.get("FLEXGATE_AGENT_FAST_MAX_AGE_S", "2"))
+    fast = TriggerGuard(os.environ.get("FLEXGATE_AGENT_FAST_SECRET"), max_age_s)
     url = os.environ.get("FLEXGATE_AGENT_NATS_URL")
     if url:
         options = NatsOptions(
@@ -68,8 +72,8 @@ def worker(first: int, count: int, port: int, mix_path: str | None, period_s: fl
             user=os.environ.get("FLEXGATE_AGENT_NATS_USER"),
             password=os.environ.get("FLEXGATE_AGENT_NATS_PASSWORD"),
         )
-        links.append(NatsLink(nodes, options, token, telemetry_period_s=period_s))
-    app = create_app(nodes, token, prefixed=True, lease_check_s=1.0, links=links)
+        links.append(NatsLink(nodes, options, token, telemetry_period_s=period_s, fast=fast))
+    app = create_app(nodes, token, prefixed=True, lease_check_s=1.0, links=links, fast=fast)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 

@@ -21,6 +21,7 @@ from sqlalchemy.exc import OperationalError
 from agents.protocol import validation_detail
 from flexmodel.errors import FlexModelError
 from gateway.agentclient import AgentClient
+from gateway.agentclient.fast import fast_transport
 from gateway.agentclient.http import HttpAgentClient, HttpTrace
 from gateway.api.deps import Services
 from gateway.api.routes import routers
@@ -33,6 +34,7 @@ from gateway.services.characterise import Characteriser
 from gateway.services.curves import JobCurves
 from gateway.services.delivery import Deliveries
 from gateway.services.events import Events
+from gateway.services.fast import FastPath
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.jobfeed import JobFeed
@@ -95,11 +97,13 @@ def create_app(
         history = MeterHistory(settings, store, clock, power)
         if settings.meter_history:
             power.subscribe(history.on_sample)
-        power.subscribe(tracker.step)
+        fast = FastPath(settings, store, clock, fleet, book, fast_transport(client, clock))
+        power.subscribe(fast.hold(tracker.step))  # the loop holds while a fast event lasts
         power.subscribe(Deliveries(store, clock, power, tracker).sample)
         quotes = Quotes(settings, store, book, fleet)
         events = Events(settings, store, clock, book, power, quotes, targets, tracker, ven)
         book.subscribe(events.apply_targets)
+        book.subscribe(fast.changed)
         oscillation = OscillationWatch(settings, power, fleet, book)
         scatterer = Scatterer(settings, clock, fleet, targets, tracker, oscillation)
         reconciler = Reconciler(
@@ -111,6 +115,8 @@ def create_app(
         characteriser = Characteriser(settings, store, clock, book, fleet, targets, events, curves)
         predictions = Predictions(settings, store, clock, fleet, book)
         settlement = Settlement(settings, store, clock)
+        fast.register(status.registry)
+        app.state.fast = fast
         app.state.services = Services(
             book,
             fleet,
@@ -136,6 +142,7 @@ def create_app(
         power.start()
         history.start()
         predictions.start()
+        await fast.start()
         if feed is not None:
             feed.start()
         if ven is not None:
@@ -154,6 +161,7 @@ def create_app(
             curves.stop()
             reconciler.stop()
             predictions.stop()
+            fast.stop()
             power.stop()
             await history.stop()  # after the site's last sample: everything given is written
             targets.stop()

@@ -242,6 +242,11 @@ class GatewaySettings(BaseSettings):
     #: what a measured curve is planned on: the fleet family's shape at the measured PFI and
     #: uncapped level, or the measured points themselves (as interpolated and extended above)
     curve_shape: Literal["family", "points"] = "family"
+    #: the fast path's armed depths, percent of the site's power, comma-separated (10,20,30);
+    #: empty: no plans armed, no fast trigger (docs/fast.md)
+    fast_depths: str = ""
+    fast_secret: SecretStr | None = None  #: signs fast triggers; the agents' FAST_SECRET
+    fast_rearm_s: float = Field(default=10.0, gt=0.0, le=3600.0)  #: how often plans are checked
 
     @property
     def tier_table(self) -> TierTable:
@@ -257,6 +262,20 @@ class GatewaySettings(BaseSettings):
             return TierTable(slowdowns, self.tier_slowdown_means)
         except InvalidJobError as exc:
             raise ValueError(f"FLEXGATE_TIERS: {exc}") from None
+
+    @property
+    def fast_depths_pct(self) -> tuple[float, ...]:
+        """FLEXGATE_FAST_DEPTHS as numbers, ascending; ValueError naming a wrong one."""
+        try:
+            depths = sorted({float(d) for d in self.fast_depths.split(",") if d.strip()})
+        except ValueError:
+            raise ValueError(
+                f"FLEXGATE_FAST_DEPTHS must be comma-separated percentages (10,20,30,40), "
+                f"got {self.fast_depths!r}"
+            ) from None
+        if any(not 0.0 < d <= 100.0 for d in depths):
+            raise ValueError(f"FLEXGATE_FAST_DEPTHS {self.fast_depths!r}: each in (0, 100]")
+        return tuple(depths)
 
     @property
     def agent_urls(self) -> list[str]:
@@ -315,6 +334,7 @@ class GatewaySettings(BaseSettings):
                 f"{self.tier_table.count - 1})"
             )
         self._check_nats()
+        self._check_fast()
         if self.loop_unsafe and not self.lab:
             raise ValueError(
                 "FLEXGATE_LOOP_UNSAFE keeps a site loop the sync analysis rejects, which makes "
@@ -332,6 +352,21 @@ class GatewaySettings(BaseSettings):
                 f"FLEXGATE_SCATTER_SPREAD ({self.scatter_spread:g}): the spread only widens"
             )
         return self
+
+    def _check_fast(self) -> None:
+        secret = self.fast_secret.get_secret_value() if self.fast_secret else None
+        if secret is not None and (
+            secret.lower() in PLACEHOLDER_TOKENS or len(secret) < MIN_TOKEN_CHARS
+        ):
+            raise ValueError(
+                f"FLEXGATE_FAST_SECRET must be a secret of at least {MIN_TOKEN_CHARS} characters "
+                "(placeholders are refused)"
+            )
+        if self.fast_depths_pct and secret is None:
+            raise ValueError(
+                "FLEXGATE_FAST_DEPTHS needs FLEXGATE_FAST_SECRET (the agents' "
+                "FLEXGATE_AGENT_FAST_SECRET): triggers are signed"
+            )
 
     def _read_files(self) -> None:
         """FLEXGATE_AGENTS_FILE into `agents`, the password file into `database_url`."""

@@ -230,8 +230,11 @@ class Settlement(_Open):
 
 class Event(_Open):
     id: str
-    source: str = Field(description="manual or openadr")
-    status: str = Field(description="pending, active, completed, cancelled, opted_out, failed")
+    source: str = Field(description="manual, openadr, or fast (docs/fast.md)")
+    status: str = Field(
+        description="pending, active, completed, cancelled, opted_out, failed; a fast event: "
+        "triggered while it lasts, then completed"
+    )
     start: str
     end: str
     reduction_kw: float = Field(description="the current interval's facility-level target [kW]")

@@ -4,6 +4,7 @@ from gateway.api.routes import (
     characterise,
     dashboard,
     events,
+    fast,
     health,
     jobs,
     plans,
@@ -21,5 +22,6 @@ routers = [
     quotes.router,
     events.router,
     plans.router,
+    fast.router,
     dashboard.router,
 ]

@@ -1,0 +1,64 @@
+"""`/v1/fast`: the fast path's trigger and its armed plans (docs/fast.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from agents.protocol import problems
+from gateway.api.deps import Writer, v1_router
+from gateway.services.fast import FastPath
+
+router = v1_router()
+
+
+async def _fast(request: Request) -> FastPath:
+    fast: FastPath = request.app.state.fast
+    return fast
+
+
+FastDep = Annotated[FastPath, Depends(_fast)]
+
+
+class FastTriggerCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    depth_pct: float = Field(gt=0, le=100, description="an armed depth (FLEXGATE_FAST_DEPTHS) [%]")
+    duration_s: float = Field(gt=0, le=3600, description="how long the caps hold [s]")
+
+
+class FastTriggered(BaseModel):
+    event_id: str  #: the fast event in /v1/events (source `fast`)
+    seq: int  #: the trigger's sequence number
+    depth_pct: float
+    duration_s: float
+    expected_reduction_kw: float  #: the depth's planned reduction at the facility meter [kW]
+    armed_nodes: int  #: nodes holding caps armed at that depth
+
+
+class FastArmed(BaseModel):
+    enabled: bool
+    depths_pct: list[float]
+    generation: int  #: of the last plans sent (0: none yet)
+    expected_reduction_kw: dict[str, float]  #: per depth [kW]
+    armed_nodes: dict[str, int]  #: per depth, the nodes holding caps for it
+    nodes_sent: int  #: armed states sent since start (only the nodes whose caps moved)
+    settled: bool  #: every node holds the plans of the mix and fleet in force
+    holding: bool  #: a fast event lasts now
+
+
+@router.post(
+    "/fast/trigger",
+    response_model=FastTriggered,
+    status_code=202,
+    responses=problems(400, 401, 409, 422, 503),
+)
+async def trigger(body: FastTriggerCreate, fast: FastDep, actor: Writer) -> dict[str, Any]:
+    return await fast.trigger(body.depth_pct, body.duration_s)
+
+
+@router.get("/fast/armed", response_model=FastArmed)
+async def armed(fast: FastDep) -> dict[str, Any]:
+    return fast.doc()
