@@ -140,7 +140,7 @@ class Events:
                         delivery_doc(deliveries[event.id]) if event.id in deliveries else None
                     ),
                     "ramp": ramps[event.id].doc() if event.id in ramps else None,
-                    "settlement": settlement_link(self.settings, event.id),
+                    "settlement": settlement_link(self.settings, event.id, event.source),
                     "counted": getattr(event, "counted", None),
                 }
             )

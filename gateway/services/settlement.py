@@ -57,13 +57,14 @@ from gateway.units import rounded
 MET_TOLERANCE_KW = 1e-6
 
 
-def settlement_link(settings: GatewaySettings, event_id: str) -> dict[str, Any]:
+def settlement_link(settings: GatewaySettings, event_id: str, source: str) -> dict[str, Any]:
     """What `GET /v1/events/{id}` shows (computing it on every read would cost each listing a
     read of weeks of meter history per event): where the settlement is, under which rules."""
+    rules, minutes = settings.settles_with(source)
     return {
         "href": f"/v1/events/{event_id}/settlement",
-        "rules": list(settings.settlement_rule_names),
-        "interval_min": settings.settlement_interval_min,
+        "rules": list(rules),
+        "interval_min": minutes,
         "timezone": settings.site_timezone,
     }
 
@@ -76,14 +77,15 @@ class Settlement:
         self, event_id: str, *, rules: str | None = None, interval_min: int | None = None
     ) -> dict[str, Any]:
         """`GET /v1/events/{id}/settlement`: the event settled under each rule (`rules`, a
-        comma list of presets, and `interval_min` override the settings)."""
+        comma list of presets, and `interval_min` override the settings for the event's
+        source: `GatewaySettings.settles_with`)."""
         names = self._rules(rules)
         minutes = self._interval(interval_min)
         return await asyncio.to_thread(self._settle, event_id, names, minutes)
 
-    def _rules(self, rules: str | None) -> tuple[str, ...]:
+    def _rules(self, rules: str | None) -> tuple[str, ...] | None:
         if rules is None:
-            return self.settings.settlement_rule_names
+            return None
         names = tuple(n.strip() for n in rules.split(",") if n.strip())
         if not names:
             raise InvalidRequestError("rules: name at least one baseline preset")
@@ -94,9 +96,9 @@ class Settlement:
                 raise InvalidRequestError(f"rules: {exc}") from None
         return names
 
-    def _interval(self, interval_min: int | None) -> int:
+    def _interval(self, interval_min: int | None) -> int | None:
         if interval_min is None:
-            return self.settings.settlement_interval_min
+            return None
         problem = interval_problem(interval_min) or zone_problem(
             self.settings.site_timezone, interval_min
         )
@@ -104,12 +106,16 @@ class Settlement:
             raise InvalidRequestError(f"interval_min: {problem}")
         return interval_min
 
-    def _settle(self, event_id: str, names: tuple[str, ...], interval_min: int) -> dict[str, Any]:
+    def _settle(
+        self, event_id: str, asked: tuple[str, ...] | None, asked_min: int | None
+    ) -> dict[str, Any]:
         clock = LocalClock(self.settings.site_zone)
         with self.store.session() as s:
             event = repo.get_event(s, event_id=event_id)
             if event is None:
                 raise NotFoundError(f"no event '{event_id}'")
+            rules, minutes = self.settings.settles_with(event.source)
+            names, interval_min = asked or rules, asked_min or minutes
             plan = repo.get_plan(s, plan_id=event.plan_id) if event.plan_id else None
             span = EventSpan(event.start, event.end, clock, interval_min)
             history = read_history(

@@ -65,7 +65,7 @@ class JobRow(SQLModel, table=True):
 class EventRow(SQLModel, table=True):
     __tablename__ = "events"
     id: str = Field(primary_key=True)
-    source: str  #: manual or openadr
+    source: str  #: manual, openadr or fast
     status: str  #: pending, active, completed, cancelled, opted_out, failed
     start: datetime = _when(nullable=False)
     end: datetime = _when(nullable=False)

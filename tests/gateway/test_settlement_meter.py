@@ -51,16 +51,26 @@ def write_samples(store: Store, seconds: list[int]) -> None:
         s.commit()
 
 
-def settle_fast(database_url: str, *, seconds: list[int], now: datetime) -> dict:
+def settle_fast(
+    database_url: str,
+    *,
+    seconds: list[int],
+    now: datetime,
+    source: str = "manual",
+    rules: str | None = "meterbefore-60s",
+    interval_min: int | None = 1,
+) -> dict:
     store = Store(database_url)
     try:
         write_day(store, EVENT_DAY, lambda slot: MINUTE_KW.get(slot, 105.0), length_s=60)
         write_samples(store, seconds)
+        event = event_row("ev-fast", START, 40.0, minutes=2)
+        event.source = source
         with store.session() as s:
-            repo.add_event(s, event=event_row("ev-fast", START, 40.0, minutes=2))
+            repo.add_event(s, event=event)
             s.commit()
         settlement = Settlement(settings_for(database_url), store, SteppedClock(now))
-        doc = asyncio.run(settlement.doc("ev-fast", rules="meterbefore-60s", interval_min=1))
+        doc = asyncio.run(settlement.doc("ev-fast", rules=rules, interval_min=interval_min))
     finally:
         store.close()
     (rule,) = doc["rules"]
@@ -130,3 +140,32 @@ def test_the_settings_take_a_meter_before_rule_and_refuse_a_malformed_one():
     assert settings.settlement_rule_names == ("10of10", "meterbefore-60s")
     with pytest.raises(ValueError, match="FLEXGATE_SETTLEMENT_RULES: 'meterbefore-60'"):
         settings_for("sqlite:///x.db", settlement_rules="meterbefore-60")
+
+
+def test_a_fast_event_is_settled_by_default_on_the_level_before_its_trigger(database_url):
+    """A fast event (source `fast`) asked for no rules is settled under
+    FLEXGATE_FAST_SETTLEMENT_RULES (`meterbefore-30s`) in FLEXGATE_FAST_SETTLEMENT_INTERVAL_MIN
+    (1) minute intervals: the 30 s before 14:00 read 110 kW, so 50 and 40 kW delivered; the same
+    event from any other source goes by the site's program rules (the 15-minute interval from
+    14:00 holds both minutes)."""
+    rule = settle_fast(
+        database_url,
+        seconds=EVERY_SECOND,
+        now=START + timedelta(hours=1),
+        source="fast",
+        rules=None,
+        interval_min=None,
+    )
+    assert rule["rule"] == "meterbefore-30s"
+    assert rule["meter_before"]["level_kw"] == 110.0
+    assert [r["delivered_kw"] for r in rule["intervals"]] == [50.0, 40.0]
+    settings = settings_for("sqlite:///x.db")
+    assert settings.settles_with("fast") == (("meterbefore-30s",), 1)
+    assert settings.settles_with("openadr") == (("10of10", "sameday-3+2"), 15)
+
+
+def test_fast_settlement_settings_are_checked_at_load():
+    with pytest.raises(ValueError, match="FLEXGATE_FAST_SETTLEMENT_RULES: 'before-30s'"):
+        settings_for("sqlite:///x.db", fast_settlement_rules="before-30s")
+    with pytest.raises(ValueError, match="FLEXGATE_FAST_SETTLEMENT_INTERVAL_MIN"):
+        settings_for("sqlite:///x.db", fast_settlement_interval_min=7)
