@@ -55,12 +55,13 @@ class FrequencyRule:
                 f"minimum {self.min_hz:g} Hz and below nominal {self.nominal_hz:g} Hz less the "
                 f"dead band {self.dead_band_hz:g} Hz"
             )
+        armed = ", ".join(f"{d:g}" for d in self.depths_pct)
         if self.mode == "threshold" and not (
             self.min_hz < self.threshold_hz < self.nominal_hz and self.depth_pct in self.depths_pct
         ):
             raise FlexModelError(
                 f"the threshold {self.threshold_hz:g} Hz must lie below nominal and its depth "
-                f"{self.depth_pct:g}% be an armed one ({', '.join(f'{d:g}' for d in self.depths_pct)})"
+                f"{self.depth_pct:g}% be an armed one ({armed})"
             )
         if self.dead_band_hz < 0 or self.hysteresis_hz < 0 or self.retrigger_s < 0:
             raise FlexModelError("the dead band, hysteresis and re-trigger limit are >= 0")
