@@ -29,6 +29,7 @@ from gateway.clock import Clock, SystemClock
 from gateway.errors import GatewayError
 from gateway.jobsource import JobSource
 from gateway.jobsource.slurm import SlurmSource
+from gateway.meter.frequency import open_frequency
 from gateway.openadr.programbaseline import ProgramBaseline
 from gateway.services.characterise import Characteriser
 from gateway.services.curves import JobCurves
@@ -36,6 +37,7 @@ from gateway.services.delivery import Deliveries
 from gateway.services.events import Events
 from gateway.services.fast import FastPath
 from gateway.services.fleet import Fleet
+from gateway.services.frequency import FrequencyTrigger
 from gateway.services.jobbook import JobBook
 from gateway.services.jobfeed import JobFeed
 from gateway.services.meterhistory import MeterHistory
@@ -99,6 +101,8 @@ def create_app(
             power.subscribe(history.on_sample)
         fast = FastPath(settings, store, clock, fleet, book, fast_transport(client, clock))
         power.subscribe(fast.hold(tracker.step))  # the loop holds while a fast event lasts
+        hz_feed = open_frequency(settings.frequency_url, timeout_s=settings.frequency_timeout_s)
+        frequency = FrequencyTrigger(settings, clock, fast, hz_feed)
         power.subscribe(Deliveries(store, clock, power, tracker).sample)
         quotes = Quotes(settings, store, book, fleet)
         events = Events(settings, store, clock, book, power, quotes, targets, tracker, ven)
@@ -116,7 +120,7 @@ def create_app(
         predictions = Predictions(settings, store, clock, fleet, book)
         settlement = Settlement(settings, store, clock)
         fast.register(status.registry)
-        app.state.fast = fast
+        app.state.fast, app.state.frequency = fast, frequency
         app.state.services = Services(
             book,
             fleet,
@@ -143,6 +147,7 @@ def create_app(
         history.start()
         predictions.start()
         await fast.start()
+        frequency.start()  # refused (the gateway stops) beyond the droop's phase bound
         if feed is not None:
             feed.start()
         if ven is not None:
@@ -161,6 +166,7 @@ def create_app(
             curves.stop()
             reconciler.stop()
             predictions.stop()
+            await frequency.stop()
             fast.stop()
             power.stop()
             await history.stop()  # after the site's last sample: everything given is written

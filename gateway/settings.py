@@ -29,10 +29,13 @@ from agents.protocol import (
     unknown_variables,
 )
 from flexmodel.baselines import RULE_NAMES, is_preset
-from flexmodel.errors import InvalidJobError
+from flexmodel.droop import DEFAULT_PHASE_BOUND_DEG
+from flexmodel.errors import FlexModelError, InvalidJobError
+from flexmodel.frequencyrule import FrequencyRule
 from flexmodel.localdays import INTERVAL_MINUTES
 from flexmodel.quote import DEFAULT_POWER_UNCERTAINTY
 from flexmodel.tiers import TierTable
+from gateway.meter.frequency import open_frequency
 from gateway.meter.sources import DEFAULT_JSON_KEY, open_meter
 from gateway.settingsfiles import read_agents_file, url_with_password
 
@@ -251,6 +254,28 @@ class GatewaySettings(BaseSettings):
     fast_depths: str = ""
     fast_secret: SecretStr | None = None  #: signs fast triggers; the agents' FAST_SECRET
     fast_rearm_s: float = Field(default=10.0, gt=0.0, le=3600.0)  #: how often plans are checked
+    #: the frequency trigger's feed (modbus://... or tcp://host:port); empty: off (docs/fast.md)
+    frequency_url: str = ""
+    frequency_mode: Literal["threshold", "droop"] = "threshold"
+    frequency_period_s: float = Field(default=0.1, gt=0.0, le=0.1)  #: sampled at 10 Hz or faster
+    frequency_timeout_s: float = Field(
+        default=0.5, gt=0.0, le=10.0
+    )  #: a feed silent this long: fault
+    frequency_nominal_hz: float = Field(default=50.0, ge=45.0, le=65.0)
+    frequency_threshold_hz: float = 49.7  #: threshold mode: fires below this
+    frequency_depth_pct: float | None = None  #: threshold mode's depth; None: the deepest armed
+    frequency_dead_band_hz: float = Field(default=0.015, ge=0.0)  #: droop: none this near nominal
+    frequency_full_hz: float = 49.5  #: droop: the deepest armed depth at and below this
+    frequency_hysteresis_hz: float = Field(default=0.05, ge=0.0)
+    frequency_retrigger_s: float = Field(default=2.0, ge=0.0)  #: at most one trigger per this
+    frequency_hold_s: float = Field(default=30.0, gt=0.0, le=3600.0)  #: each trigger's caps hold
+    frequency_min_hz: float = 45.0  #: a reading outside min-max is a fault
+    frequency_max_hz: float = 65.0
+    #: the grid's frequency change per MW of the site's power [Hz/MW]; droop mode needs it
+    frequency_stiffness_hz_per_mw: float | None = Field(default=None, ge=0.0)
+    #: the trigger path's delay, trigger to caps enforced (bench/fast_bench.py measures it) [s]
+    frequency_trigger_delay_s: float = Field(default=0.1, ge=0.0, le=10.0)
+    frequency_phase_bound_deg: float = Field(default=DEFAULT_PHASE_BOUND_DEG, gt=0.0, le=180.0)
 
     @property
     def tier_table(self) -> TierTable:
@@ -280,6 +305,33 @@ class GatewaySettings(BaseSettings):
         if any(not 0.0 < d <= 100.0 for d in depths):
             raise ValueError(f"FLEXGATE_FAST_DEPTHS {self.fast_depths!r}: each in (0, 100]")
         return tuple(depths)
+
+    @property
+    def frequency_rule(self) -> FrequencyRule | None:
+        """The frequency trigger's rule (None: FLEXGATE_FREQUENCY_URL empty); ValueError naming
+        the settings that cannot work."""
+        if not self.frequency_url.strip():
+            return None
+        depths = self.fast_depths_pct
+        try:
+            return FrequencyRule(
+                self.frequency_mode,
+                depths,
+                nominal_hz=self.frequency_nominal_hz,
+                threshold_hz=self.frequency_threshold_hz,
+                depth_pct=self.frequency_depth_pct or max(depths, default=0.0),
+                dead_band_hz=self.frequency_dead_band_hz,
+                full_hz=self.frequency_full_hz,
+                hysteresis_hz=self.frequency_hysteresis_hz,
+                retrigger_s=self.frequency_retrigger_s,
+                hold_s=self.frequency_hold_s,
+                min_hz=self.frequency_min_hz,
+                max_hz=self.frequency_max_hz,
+            )
+        except FlexModelError as exc:
+            raise ValueError(
+                f"the frequency trigger (FLEXGATE_FREQUENCY_*, FLEXGATE_FAST_DEPTHS): {exc}"
+            ) from None
 
     @property
     def agent_urls(self) -> list[str]:
@@ -339,6 +391,7 @@ class GatewaySettings(BaseSettings):
             )
         self._check_nats()
         self._check_fast()
+        self._check_frequency()
         if self.loop_unsafe and not self.lab:
             raise ValueError(
                 "FLEXGATE_LOOP_UNSAFE keeps a site loop the sync analysis rejects, which makes "
@@ -370,6 +423,19 @@ class GatewaySettings(BaseSettings):
             raise ValueError(
                 "FLEXGATE_FAST_DEPTHS needs FLEXGATE_FAST_SECRET (the agents' "
                 "FLEXGATE_AGENT_FAST_SECRET): triggers are signed"
+            )
+
+    def _check_frequency(self) -> None:
+        if not self.frequency_url.strip():
+            return
+        if not self.fast_depths_pct:
+            raise ValueError("FLEXGATE_FREQUENCY_URL needs FLEXGATE_FAST_DEPTHS: it fires them")
+        open_frequency(self.frequency_url, timeout_s=self.frequency_timeout_s)
+        rule = self.frequency_rule  # built: one that cannot work is refused
+        if rule is not None and rule.mode == "droop" and self.frequency_stiffness_hz_per_mw is None:
+            raise ValueError(
+                "FLEXGATE_FREQUENCY_MODE=droop needs FLEXGATE_FREQUENCY_STIFFNESS_HZ_PER_MW (the "
+                "grid's Hz per MW): the droop's phase is checked against it before it starts"
             )
 
     def _read_files(self) -> None:

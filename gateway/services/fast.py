@@ -198,8 +198,11 @@ class FastPath:
 
     # --- triggers --------------------------------------------------------------------------
 
-    async def trigger(self, depth_pct: float, duration_s: float) -> dict[str, Any]:
-        """Every node to its caps armed at `depth_pct` for `duration_s`, now."""
+    async def trigger(
+        self, depth_pct: float, duration_s: float, cause: str | None = None
+    ) -> dict[str, Any]:
+        """Every node to its caps armed at `depth_pct` for `duration_s`, now; `cause` (what
+        fired it, when not the API) goes in the event's reason."""
         self._check(depth_pct)
         assert self.transport is not None
         assert self.settings.fast_secret is not None
@@ -221,7 +224,8 @@ class FastPath:
             raise TriggerNotSentError(f"the trigger was not sent, nothing changed: {exc}") from exc
         ends = self.clock.monotonic() + duration_s
         self.until_s = max(self.until_s or 0.0, ends)
-        event = self._record(seq, depth_pct, duration_s)
+        reason = f"fast trigger at {depth_pct:g}% of the site" + (f": {cause}" if cause else "")
+        event = self._record(seq, depth_pct, duration_s, reason)
         self._tasks.append(asyncio.create_task(self._complete(event.id, duration_s)))
         return {
             "event_id": event.id,
@@ -239,7 +243,7 @@ class FastPath:
             armed = ", ".join(f"{d:g}" for d in self.depths)
             raise InvalidRequestError(f"depth {depth_pct:g}% is not armed (armed: {armed} %)")
 
-    def _record(self, seq: int, depth_pct: float, duration_s: float) -> EventRow:
+    def _record(self, seq: int, depth_pct: float, duration_s: float, reason: str) -> EventRow:
         now = self.clock.now()
         end = now + timedelta(seconds=duration_s)
         reduction_kw = round(self.expected_kw.get(depth_pct, 0.0), 3)
@@ -253,7 +257,7 @@ class FastPath:
             intervals=[
                 {"start": now.isoformat(), "end": end.isoformat(), "reduction_kw": reduction_kw}
             ],
-            reason=f"fast trigger at {depth_pct:g}% of the site",
+            reason=reason,
             created_at=now,
         )
         with self.store.session() as s:

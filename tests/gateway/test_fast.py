@@ -33,9 +33,10 @@ DEPTHS = (10.0, 20.0, 30.0, 40.0)
 
 
 @contextlib.contextmanager
-def fast_site(tmp_path, protect: str | None = None, *, memory: bool = False):
+def fast_site(tmp_path, protect: str | None = None, *, memory: bool = False, **extra):
     """Agents (checking triggers with the site's secret) and a gateway arming 10-40 %: over
-    HTTP, or with `memory` the agents in the gateway's process (`InMemoryAgentClient`)."""
+    HTTP, or with `memory` the agents in the gateway's process (`InMemoryAgentClient`);
+    `extra`: more of the gateway's settings."""
     jobs, nodes, _ = start_site(tmp_path, None)
     for job in jobs:
         job["protected"] = job["id"] == protect
@@ -54,6 +55,7 @@ def fast_site(tmp_path, protect: str | None = None, *, memory: bool = False):
             fast_depths="40,10,20,30",
             fast_secret=SECRET,
             fast_rearm_s=0.2,
+            **extra,
         )
         client = InMemoryAgentClient({a: nodes[n] for a, n in addresses.items()})
         with (

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agents.protocol import problems
 from gateway.api.deps import Writer, v1_router
 from gateway.services.fast import FastPath
+from gateway.services.frequency import FrequencyTrigger
 
 router = v1_router()
 
@@ -20,6 +21,14 @@ async def _fast(request: Request) -> FastPath:
 
 
 FastDep = Annotated[FastPath, Depends(_fast)]
+
+
+async def _frequency(request: Request) -> FrequencyTrigger:
+    frequency: FrequencyTrigger = request.app.state.frequency
+    return frequency
+
+
+FrequencyDep = Annotated[FrequencyTrigger, Depends(_frequency)]
 
 
 class FastTriggerCreate(BaseModel):
@@ -62,3 +71,24 @@ async def trigger(body: FastTriggerCreate, fast: FastDep, actor: Writer) -> dict
 @router.get("/fast/armed", response_model=FastArmed)
 async def armed(fast: FastDep) -> dict[str, Any]:
     return fast.doc()
+
+
+class FastFrequency(BaseModel):
+    enabled: bool  #: FLEXGATE_FREQUENCY_URL set and the fast path on
+    source: str | None  #: the feed's URL
+    mode: str | None  #: threshold or droop
+    period_s: float
+    hz: float | None  #: the last plausible reading [Hz]
+    fault: str | None  #: why the last reading could not be acted on (null: it could)
+    depth_pct: float  #: the depth the trigger holds now (0: none)
+    crossing_at: str | None  #: when the excursion in course crossed
+    triggers: int  #: fired since start
+    last_event_id: str | None
+    delay_s: float  #: the feed path's delay: sample period and trigger path [s]
+    droop: dict[str, Any] | None  #: the droop path's phase report (droop mode)
+    droop_refused: str | None
+
+
+@router.get("/fast/frequency", response_model=FastFrequency)
+async def frequency(trigger: FrequencyDep) -> dict[str, Any]:
+    return trigger.doc()
