@@ -19,11 +19,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import timedelta
 from typing import Any
 
 from flexmodel.droop import DroopRefusedError, DroopReport, droop_report
-from flexmodel.frequencyrule import Fire, RuleState, fault, step
+from flexmodel.frequencyrule import RuleState, fault, step
 from gateway.clock import Clock
 from gateway.errors import GatewayError, MeterError
 from gateway.meter.frequency import FrequencySource
@@ -112,12 +112,16 @@ class FrequencyTrigger:
         self._show(problem)
         reading = hz if problem is None else None
         self.last_hz = reading if reading is not None else self.last_hz
-        state, fire = step(self.rule, self.state, self.clock.now().timestamp(), reading)
+        state, fire = step(self.rule, self.state, self.clock.monotonic(), reading)
         if fire is None:
             self.state = state
             return
         try:
-            answer = await self.fast.trigger(fire.depth_pct, fire.duration_s, cause=_cause(fire))
+            cause = (
+                f"the frequency feed read {fire.hz:.3f} Hz; it crossed at "
+                f"{self._wall(fire.crossing_s)}"
+            )
+            answer = await self.fast.trigger(fire.depth_pct, fire.duration_s, cause=cause)
         except GatewayError as exc:  # tried again at the next reading, the crossing kept
             log.warning("the frequency trigger could not fire: %s", exc)
             self.state = replace(self.state, crossing_s=state.crossing_s)
@@ -150,7 +154,7 @@ class FrequencyTrigger:
             "hz": self.last_hz,
             "fault": self.fault,
             "depth_pct": self.state.depth_pct,
-            "crossing_at": _iso(crossing) if crossing is not None else None,
+            "crossing_at": self._wall(crossing) if crossing is not None else None,
             "triggers": self.triggers,
             "last_event_id": self.last_event_id,
             "delay_s": self.delay_s,
@@ -158,10 +162,8 @@ class FrequencyTrigger:
             "droop_refused": refused,
         }
 
-
-def _iso(t_s: float) -> str:
-    return datetime.fromtimestamp(t_s, UTC).isoformat()
-
-
-def _cause(fire: Fire) -> str:
-    return f"the frequency feed read {fire.hz:.3f} Hz; it crossed at {_iso(fire.crossing_s)}"
+    def _wall(self, monotonic_s: float) -> str:
+        """A time of the rule (the clock's monotonic seconds: a step of the wall clock moves
+        no limit) as the wall time it was, ISO UTC."""
+        ago = timedelta(seconds=self.clock.monotonic() - monotonic_s)
+        return (self.clock.now() - ago).isoformat()

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import struct
 import threading
 
 import pytest
 
+from gateway.agentclient.memory import InMemoryAgentClient
+from gateway.app import create_app
 from gateway.clock import SteppedClock
 from gateway.errors import MeterError
 from gateway.meter.frequency import open_frequency
@@ -204,5 +207,19 @@ def test_a_droop_within_the_bound_reports_its_phase_and_gain():
     ],
 )
 def test_frequency_settings_that_cannot_work_are_refused_naming_them(changes, words):
-    with pytest.raises(ValueError, match=words.replace("*", r"\*").replace("?", r"\?")):
+    with pytest.raises(ValueError, match=re.escape(words)):
         GatewaySettings(api_token=API_TOKEN, agent_token=AGENT_TOKEN, fast_secret=SECRET, **changes)
+
+
+def test_the_gateway_does_not_start_a_droop_beyond_the_bound(tmp_path):
+    settings = droop_settings(0.2).model_copy(
+        update={"database_url": f"sqlite:///{tmp_path / 'gateway.db'}"}
+    )
+    app = create_app(settings, agents=InMemoryAgentClient({}))
+
+    async def start() -> None:
+        async with app.router.lifespan_context(app):
+            raise AssertionError("the gateway started")
+
+    with pytest.raises(FrequencyRefusedError, match=r"FLEXGATE_FREQUENCY_TRIGGER_DELAY_S 0\.2 s"):
+        asyncio.run(start())
