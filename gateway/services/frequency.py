@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import replace
-from datetime import timedelta
 from typing import Any
 
 from flexmodel.droop import DroopRefusedError, DroopReport, droop_report
@@ -53,6 +52,7 @@ class FrequencyTrigger:
         self.fault: str | None = None  #: why the last reading could not be acted on
         self.triggers = 0
         self.last_event_id: str | None = None
+        self.crossing_at: str | None = None  #: the last excursion's crossing, ISO UTC
         self._every = Every(clock, settings.frequency_period_s, self.sample, "frequency not read")
 
     @property
@@ -113,14 +113,13 @@ class FrequencyTrigger:
         reading = hz if problem is None else None
         self.last_hz = reading if reading is not None else self.last_hz
         state, fire = step(self.rule, self.state, self.clock.monotonic(), reading)
+        if state.crossing_s is not None and state.crossing_s != self.state.crossing_s:
+            self.crossing_at = self.clock.now().isoformat()
         if fire is None:
             self.state = state
             return
         try:
-            cause = (
-                f"the frequency feed read {fire.hz:.3f} Hz; it crossed at "
-                f"{self._wall(fire.crossing_s)}"
-            )
+            cause = f"the frequency feed read {fire.hz:.3f} Hz; it crossed at {self.crossing_at}"
             answer = await self.fast.trigger(fire.depth_pct, fire.duration_s, cause=cause)
         except GatewayError as exc:  # tried again at the next reading, the crossing kept
             log.warning("the frequency trigger could not fire: %s", exc)
@@ -145,7 +144,6 @@ class FrequencyTrigger:
             refused = None
         except DroopRefusedError as exc:
             report, refused = None, str(exc)
-        crossing = self.state.crossing_s
         return {
             "enabled": self.enabled,
             "source": self.feed.source if self.feed is not None else None,
@@ -154,16 +152,10 @@ class FrequencyTrigger:
             "hz": self.last_hz,
             "fault": self.fault,
             "depth_pct": self.state.depth_pct,
-            "crossing_at": self._wall(crossing) if crossing is not None else None,
+            "crossing_at": self.crossing_at if self.state.crossing_s is not None else None,
             "triggers": self.triggers,
             "last_event_id": self.last_event_id,
             "delay_s": self.delay_s,
             "droop": dataclasses.asdict(report) if report is not None else None,
             "droop_refused": refused,
         }
-
-    def _wall(self, monotonic_s: float) -> str:
-        """A time of the rule (the clock's monotonic seconds: a step of the wall clock moves
-        no limit) as the wall time it was, ISO UTC."""
-        ago = timedelta(seconds=self.clock.monotonic() - monotonic_s)
-        return (self.clock.now() - ago).isoformat()
