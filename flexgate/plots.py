@@ -220,3 +220,22 @@ def lock_figure(runs: list[Any], threshold: float) -> Figure:
 def _save(fig: Figure, path: Path) -> None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_fast(trace: list[tuple[float, float, float]], path: Path) -> None:
+    """The fast lab: the grid's frequency and the site's summed GPU power (instant, and its
+    mean over the last second) against it."""
+    t, hz, kw = (np.array(c) for c in zip(*trace, strict=True))
+    fig, ax = plt.subplots(figsize=(10, 5.2), constrained_layout=True)
+    ax.plot(t, hz, color="tab:red", lw=1.5, label="grid frequency [Hz]")
+    ax.set(xlabel="time since the record started [s]", ylabel="frequency [Hz]")
+    power = ax.twinx()
+    mean = np.array([kw[(t > s - 1.0) & (t <= s)].mean() for s in t])
+    power.plot(t, kw, color="tab:blue", lw=0.6, alpha=0.35, label="GPU power, instant [kW]")
+    power.plot(t, mean, color="tab:blue", lw=1.8, label="GPU power, mean of the last 1 s [kW]")
+    power.set_ylabel("the site's summed GPU power [kW]")
+    lines = ax.get_lines() + power.get_lines()
+    ax.legend(lines, [str(line.get_label()) for line in lines], frameon=False, loc="lower left")
+    ax.set_title("flexgate lab: a frequency dip fires the armed fast plans")
+    ax.grid(alpha=0.3)
+    _save(fig, path)

@@ -442,6 +442,8 @@ def run_lab(args: argparse.Namespace) -> int:
     refuse_unknown_environment()
     if args.scenario == "lock":
         return _run_lock_lab(args)
+    if args.scenario == "fast":
+        return _run_fast_lab(args)
     from flexgate.lab import run_lab
 
     return run_lab(
@@ -484,6 +486,26 @@ def _run_lock_lab(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return lock_report(result, args.out, console)
+
+
+def _run_fast_lab(args: argparse.Namespace) -> int:
+    from flexgate.fastlab import fast_report, run_fast
+
+    if args.mismatch or args.openadr != "2.0b" or args.characterise:
+        raise BadInputError(
+            "--scenario fast plays a frequency dip into the gateway's frequency trigger: "
+            "--mismatch, --openadr and --characterise do not apply to it"
+        )
+    console = Console()
+    hold_s = args.duration or 4.0
+    result = run_fast(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        low_hz=49.6,
+        hold_s=hold_s,
+        say=lambda line: console.print(f"[dim]{line}[/]"),
+    )
+    return fast_report(result, hold_s, args.out, console)
 
 
 def run_mock_vtn(args: argparse.Namespace) -> int:

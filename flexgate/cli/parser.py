@@ -300,11 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lab.add_argument(
         "--scenario",
-        choices=("event", "lock"),
+        choices=("event", "lock", "fast"),
         default="event",
         help="event: the VTN's curtailment through the whole chain (default); lock: 64 jobs "
         "phase-locked by an unsafe site loop, kept apart by the default loop, unlocked by "
-        "phase scattering (docs/sync.md, 'The lock lab')",
+        "phase scattering (docs/sync.md, 'The lock lab'); fast: a frequency dip to 49.6 Hz "
+        "held --duration s (default 4) fires the armed fast plans by the droop (docs/fast.md)",
     )
     lab.add_argument(
         "--out",

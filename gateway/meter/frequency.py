@@ -71,8 +71,10 @@ class LineFrequency:
         loop = asyncio.get_running_loop()
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read_lines())
-        if self._latest is None:
-            await asyncio.sleep(min(self.timeout_s, 0.05))  # the first line of a new stream
+        waited = 0.0
+        while self._latest is None and waited < self.timeout_s:  # a new stream's first line
+            await asyncio.sleep(0.01)
+            waited += 0.01
         if self._latest is None or loop.time() - self._latest[1] > self.timeout_s:
             raise MeterError(f"{self.source}: no reading within {self.timeout_s} s ({self._error})")
         return self._latest[0]

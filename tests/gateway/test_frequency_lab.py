@@ -1,0 +1,38 @@
+"""`flexgate lab --scenario fast`: a dip to 49.6 Hz on the lab's line-stream grid fires the
+armed fast plans by the droop (10 % at the crossing, 30 % at the bottom: hand-worked below),
+the site's GPU power falls, and the plot, CSV and report are written."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+
+from flexgate.fastlab import dip_hz, fast_report, run_fast
+
+
+def test_the_dip_is_nominal_then_falls_holds_and_recovers():
+    assert [dip_hz(t, 49.6, 2.0) for t in (0.0, 3.0, 3.5, 4.0, 5.5, 6.5, 7.0, 9.0)] == [
+        50.0,
+        50.0,
+        49.8,
+        49.6,
+        49.6,
+        49.8,
+        50.0,
+        50.0,
+    ]
+
+
+def test_the_fast_lab_fires_the_droop_and_the_gpu_power_falls(tmp_path):
+    result = run_fast(nodes=2, gpus_per_node=8, low_hz=49.6, hold_s=3.0, say=lambda _: None)
+    reasons = [e["reason"] for e in sorted(result["events"], key=lambda e: e["start"])]
+    # droop: 49.985 Hz to 49.5 Hz spans 40 %; 10 % is reached at 49.864 Hz, 49.6 Hz asks 31.8 %
+    assert reasons[0].startswith("fast trigger at 10% of the site: the frequency feed read")
+    assert any(r.startswith("fast trigger at 30% of the site") for r in reasons)
+    assert all("it crossed at" in r for r in reasons)
+    assert fast_report(result, 3.0, tmp_path, Console(file=None, quiet=True)) == 0
+    doc = json.loads((tmp_path / "lab-fast-report.json").read_text())
+    assert doc["gpu_kw_held"] < doc["gpu_kw_before"]
+    assert (tmp_path / "lab-fast.png").stat().st_size > 0
+    assert (tmp_path / "lab-fast.csv").read_text().startswith("t_s,hz,gpu_kw\n0.")
