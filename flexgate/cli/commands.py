@@ -460,6 +460,14 @@ def run_lab(args: argparse.Namespace) -> int:
     )
 
 
+def _refuse_event_options(args: argparse.Namespace, scenario: str) -> None:
+    """The event lab's own options, refused (exit 2) by a scenario they do not apply to."""
+    if args.mismatch or args.openadr != "2.0b" or args.characterise:
+        raise BadInputError(
+            f"{scenario}: --mismatch, --openadr and --characterise do not apply to it"
+        )
+
+
 def _run_lock_lab(args: argparse.Namespace) -> int:
     import shutil
     import tempfile
@@ -467,11 +475,9 @@ def _run_lock_lab(args: argparse.Namespace) -> int:
     from flexgate.labreport import lock_report
     from flexgate.locklab import run_lock
 
-    if args.mismatch or args.openadr != "2.0b" or args.characterise:
-        raise BadInputError(
-            "--scenario lock runs its own 64 jobs under the gateway's loop on a simulated "
-            "clock: --mismatch, --openadr and --characterise do not apply to it"
-        )
+    _refuse_event_options(
+        args, "--scenario lock runs its own 64 jobs under the gateway's loop on a simulated clock"
+    )
     console = Console()
     lock_s = args.duration or 120.0
     folder = Path(tempfile.mkdtemp(prefix="flexgate-lock-"))
@@ -491,11 +497,9 @@ def _run_lock_lab(args: argparse.Namespace) -> int:
 def _run_fast_lab(args: argparse.Namespace) -> int:
     from flexgate.fastlab import fast_report, run_fast
 
-    if args.mismatch or args.openadr != "2.0b" or args.characterise:
-        raise BadInputError(
-            "--scenario fast plays a frequency dip into the gateway's frequency trigger: "
-            "--mismatch, --openadr and --characterise do not apply to it"
-        )
+    _refuse_event_options(
+        args, "--scenario fast plays a frequency dip into the gateway's frequency trigger"
+    )
     console = Console()
     hold_s = args.duration or 4.0
     result = run_fast(

@@ -9,6 +9,7 @@ import json
 from rich.console import Console
 
 from flexgate.fastlab import dip_hz, fast_report, run_fast
+from tests.test_cli import assert_bad_input, flexgate
 
 
 def test_the_dip_is_nominal_then_falls_holds_and_recovers():
@@ -36,3 +37,8 @@ def test_the_fast_lab_fires_the_droop_and_the_gpu_power_falls(tmp_path):
     assert doc["gpu_kw_held"] < doc["gpu_kw_before"]
     assert (tmp_path / "lab-fast.png").stat().st_size > 0
     assert (tmp_path / "lab-fast.csv").read_text().startswith("t_s,hz,gpu_kw\n0.")
+
+
+def test_the_event_labs_options_are_refused_by_the_fast_lab():
+    result = flexgate("lab", "--scenario", "fast", "--openadr", "3.1")
+    assert_bad_input(result, "--scenario fast plays a frequency dip", "--openadr")
