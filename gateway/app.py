@@ -120,6 +120,7 @@ def create_app(
         predictions = Predictions(settings, store, clock, fleet, book)
         settlement = Settlement(settings, store, clock)
         fast.register(status.registry)
+        frequency.register(status.registry)
         app.state.fast, app.state.frequency = fast, frequency
         app.state.services = Services(
             book,

@@ -21,6 +21,8 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
 from flexmodel.droop import DroopRefusedError, DroopReport, droop_report
 from flexmodel.frequencyrule import RuleState, fault, step
 from gateway.clock import Clock
@@ -54,6 +56,22 @@ class FrequencyTrigger:
         self.last_event_id: str | None = None
         self.crossing_at: str | None = None  #: the last excursion's crossing, ISO UTC
         self._every = Every(clock, settings.frequency_period_s, self.sample, "frequency not read")
+        self.hz_gauge = Gauge(
+            "flexgate_frequency_hz", "The frequency feed's last plausible reading.", registry=None
+        )
+        self.fault_gauge = Gauge(
+            "flexgate_frequency_fault", "1 while the frequency feed is at fault.", registry=None
+        )
+        self.fired = Counter(
+            "flexgate_frequency_triggers", "Fast triggers the frequency feed fired.", registry=None
+        )
+
+    def register(self, registry: CollectorRegistry) -> None:
+        """The feed's reading, fault and triggers on the gateway's `/metrics` (for watching:
+        Prometheus never fires anything)."""
+        if self.enabled:
+            for metric in (self.hz_gauge, self.fault_gauge, self.fired):
+                registry.register(metric)
 
     @property
     def enabled(self) -> bool:
@@ -112,6 +130,9 @@ class FrequencyTrigger:
         self._show(problem)
         reading = hz if problem is None else None
         self.last_hz = reading if reading is not None else self.last_hz
+        self.fault_gauge.set(0 if problem is None else 1)
+        if reading is not None:
+            self.hz_gauge.set(reading)
         state, fire = step(self.rule, self.state, self.clock.monotonic(), reading)
         if state.crossing_s is not None and state.crossing_s != self.state.crossing_s:
             self.crossing_at = self.clock.now().isoformat()
@@ -127,6 +148,7 @@ class FrequencyTrigger:
             return
         self.state = state
         self.triggers += 1
+        self.fired.inc()
         self.last_event_id = answer["event_id"]
 
     def _show(self, problem: str | None) -> None:

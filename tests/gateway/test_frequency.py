@@ -25,6 +25,7 @@ from tests.gateway.conftest import AGENT_TOKEN, API_TOKEN
 from tests.gateway.slurmcluster import free_port
 from tests.gateway.test_fast import SECRET, BrokerDown, armed_caps, fast_site
 from tests.gateway.test_meter import modbus_server
+from tests.promtext import samples
 
 
 def registers(hz: float) -> list[int]:
@@ -63,7 +64,7 @@ FEED = {
     "frequency_threshold_hz": 49.7,
     "frequency_depth_pct": 30.0,
     "frequency_retrigger_s": 1.0,
-    "frequency_hold_s": 3.0,
+    "frequency_hold_s": 60.0,  # no renewal within a test
 }
 
 
@@ -85,6 +86,10 @@ def test_a_dip_on_a_modbus_feed_puts_every_node_at_its_armed_caps(tmp_path):
             assert "the frequency feed read 49.620 Hz; it crossed at 20" in fast[0]["reason"]
             assert doc()["last_event_id"] == fast[0]["id"]
             assert doc()["depth_pct"] == 30.0
+            metrics = samples(site.api.get("/metrics").text)
+            assert metrics["flexgate_frequency_hz"] == pytest.approx(49.62, abs=1e-4)
+            assert metrics["flexgate_frequency_fault"] == 0
+            assert metrics["flexgate_frequency_triggers_total"] == 1
 
 
 def test_a_feed_reading_nonsense_is_a_fault_shown_and_never_fires(tmp_path):
@@ -104,6 +109,7 @@ def test_a_feed_reading_nonsense_is_a_fault_shown_and_never_fires(tmp_path):
             assert (doc["triggers"], doc["hz"], doc["depth_pct"]) == (0, None, 0.0)
             assert site.limits() == before
             assert all(e["source"] != "fast" for e in site.api.get("/v1/events").json()["events"])
+            assert samples(site.api.get("/metrics").text)["flexgate_frequency_fault"] == 1
 
 
 def test_a_feed_that_does_not_answer_is_a_fault_that_says_so(tmp_path):
