@@ -98,7 +98,7 @@ class LineFrequency:
                 except MeterError as exc:
                     self._error, self._latest = str(exc), None
             self._error = "the stream closed"
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a line over the reader's limit
             self._error = f"the stream failed: {exc}"
         finally:
             writer.close()
