@@ -82,6 +82,13 @@ class FrequencyTrigger:
         """The feed path's delay: a sample's period and the trigger path's [s]."""
         return self.settings.frequency_period_s + self.settings.frequency_trigger_delay_s
 
+    def measured_trigger_delay_s(self) -> float | None:
+        """The mean trigger-to-enforced time the agents reported since start (the fast path's
+        histogram), to hold against FLEXGATE_FREQUENCY_TRIGGER_DELAY_S; None before any."""
+        samples = [s for m in self.fast.latency.collect() for s in m.samples]
+        total = {s.name.rpartition("_")[2]: s.value for s in samples if not s.labels}
+        return total["sum"] / total["count"] if total.get("count") else None
+
     def droop(self) -> DroopReport | None:
         """The droop path's phase report (None outside droop mode); DroopRefusedError beyond
         the bound. Its gain: the deepest depth's planned reduction over the droop's span."""
@@ -178,6 +185,7 @@ class FrequencyTrigger:
             "triggers": self.triggers,
             "last_event_id": self.last_event_id,
             "delay_s": self.delay_s,
+            "measured_trigger_delay_s": self.measured_trigger_delay_s(),
             "droop": dataclasses.asdict(report) if report is not None else None,
             "droop_refused": refused,
         }

@@ -76,6 +76,7 @@ def test_a_dip_on_a_modbus_feed_puts_every_node_at_its_armed_caps(tmp_path):
             site.wait(lambda: doc()["hz"] == 50.0, what="the feed read")
             assert doc()["fault"] is None
             assert doc()["triggers"] == 0
+            assert doc()["measured_trigger_delay_s"] is None
             before, caps = site.limits(), armed_caps(site, 30.0)
             expected = {n: [caps[n].get(g, before[n][g]) for g in range(8)] for n in before}
             assert expected != before
@@ -86,6 +87,8 @@ def test_a_dip_on_a_modbus_feed_puts_every_node_at_its_armed_caps(tmp_path):
             assert "the frequency feed read 49.620 Hz; it crossed at 20" in fast[0]["reason"]
             assert doc()["last_event_id"] == fast[0]["id"]
             assert doc()["depth_pct"] == 30.0
+            site.wait(lambda: doc()["measured_trigger_delay_s"] is not None, what="fired reports")
+            assert doc()["measured_trigger_delay_s"] >= 0.0
             metrics = samples(site.api.get("/metrics").text)
             assert metrics["flexgate_frequency_hz"] == pytest.approx(49.62, abs=1e-4)
             assert metrics["flexgate_frequency_fault"] == 0

@@ -85,6 +85,7 @@ class FastFrequency(BaseModel):
     triggers: int  #: fired since start
     last_event_id: str | None
     delay_s: float  #: the feed path's delay: sample period and trigger path [s]
+    measured_trigger_delay_s: float | None  #: mean trigger to caps enforced, reported [s]
     droop: dict[str, Any] | None  #: the droop path's phase report (droop mode)
     droop_refused: str | None
 
