@@ -927,6 +927,10 @@ class Tracker:
             #: "gain" (a delta on the site's gain), "meter" (a delta or level at the meter)
             "basis": None if pursuit is None else "gain" if pursuit.on_gain else "meter",
             "site_gain": pursuit.gain if pursuit else self.site_gain,
+            #: facility kW per GPU kW as the meter answered the loop's moves (None: not yet),
+            #: and the answers taken on the agents' GPU power instead (a static step in them)
+            "overhead_gain": self.overhead_gains.gain,
+            "answers_replaced": self.overhead_gains.replaced,
         }
 
 
