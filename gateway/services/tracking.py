@@ -112,6 +112,9 @@ ANSWER_STRAY = 3.0
 ANSWER_FLAT = 0.02
 ANSWER_CLOSE = 0.02
 ANSWER_SIGMAS = 2.0
+#: An answer shows the site's gain when it is this many times its noise (`ANSWER_SIGMAS`
+#: standard deviations): the gain read is then within 10% of the answer's.
+ANSWER_GAIN_NOISE = 10.0
 
 
 @dataclass
@@ -537,7 +540,9 @@ class Tracker:
                     pursuit.gain,
                 )
                 answer_kw = None
-            elif abs(planned_kw) >= GAIN_MIN_SHARE * (pursuit.start_facility_kw or 0.0):
+            elif abs(planned_kw) >= GAIN_MIN_SHARE * (pursuit.start_facility_kw or 0.0) and (
+                abs(answer_kw) >= ANSWER_GAIN_NOISE * self._answer_noise_kw()
+            ):
                 if not pursuit.answers:  # its first answer: the site's gain from now on
                     self.answer_gains.append(gain)
                 pursuit.answers += 1
