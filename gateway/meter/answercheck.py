@@ -22,7 +22,7 @@ import numpy as np
 
 #: The answers' overhead gains kept, and how many are needed before any answer is checked.
 GAINS_KEPT = 9
-GAINS_NEEDED = 2
+GAINS_NEEDED = 3
 #: An answer this far (a share of the expected, beyond its noise) from the GPU power's answer
 #: times the gain carries a step of its own.
 STRAY = 0.05

@@ -161,6 +161,9 @@ class Pursuit:
     before_gpu_kw: float | None = None  #: the agents' GPU power in the same readings [kW]
     shed_kw: float = 0.0
     answers: int = 0  #: the moves' answers read (the first is the site's gain)
+    #: the meter faulted or was suspected during the event: what it settled on is not the
+    #: model's error, and the events after it do not learn from it
+    faulted: bool = False
 
 
 class Tracker:
@@ -304,7 +307,7 @@ class Tracker:
 
     def release(self) -> None:
         pursuit = self.pursuit
-        if pursuit is not None and pursuit.settled_share is not None:
+        if pursuit is not None and pursuit.settled_share is not None and not pursuit.faulted:
             self.model_errors.append(pursuit.settled_share)
             self.last_gain = pursuit.gain
             if pursuit.on_gain and pursuit.achieved_kw > 0:  # its shed over its plan, not a slope
@@ -402,6 +405,7 @@ class Tracker:
                 pursuit.answering, pursuit.before_kw = [], None
         pursuit.baseline_kw = baseline_kw
         self._watch_meter(pursuit)
+        pursuit.faulted = pursuit.faulted or self.site.meter_fault is not None
         measured = self.site.filtered_kw(self.window_s)
         reference = self._reference_kw(pursuit, mix)
         target = None if pursuit.level_kw is None else pursuit.level_kw - pursuit.margin_kw
