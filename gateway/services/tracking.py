@@ -405,7 +405,9 @@ class Tracker:
                 pursuit.answering, pursuit.before_kw = [], None
         pursuit.baseline_kw = baseline_kw
         self._watch_meter(pursuit)
-        pursuit.faulted = pursuit.faulted or self.site.meter_fault is not None
+        feed = self.site.feed
+        if feed is not None and feed.state()["fault"] is not None:
+            pursuit.faulted = True
         measured = self.site.filtered_kw(self.window_s)
         reference = self._reference_kw(pursuit, mix)
         target = None if pursuit.level_kw is None else pursuit.level_kw - pursuit.margin_kw
