@@ -382,24 +382,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 len(free), 1
             )
         out[kind] = doc
-    faulted = [r for r in runs if r["fault"]]
-    out["faulted"] = {
-        f: {
-            "events": len(rs),
-            "detected": sum(r["fault_detected_s"] is not None for r in rs),
-            "detected_p50_s": pct(
-                [r["fault_detected_s"] for r in rs if r["fault_detected_s"] is not None], 50
-            ),
-            "error_during_median": pct(
-                [abs(r["fault_error"]) for r in rs if r["fault_error"] is not None], 50
-            ),
-            "error_during_max": max(
-                (abs(r["fault_error"]) for r in rs if r["fault_error"] is not None), default=None
-            ),
-        }
-        for f in FAULTS
-        if (rs := [r for r in faulted if r["fault"] == f])
-    }
+    out["faulted"] = faults(runs)
     out["fell_short"] = [
         {
             k: r[k]
@@ -418,6 +401,50 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for r in runs
         if not r["fault"] and not r["within"]
     ]
+    return out
+
+
+def faults(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per fault: events, detected, how fast, the error while it lasted. An offset meter reads
+    like a static load step that stays: a level (held at the meter) follows it one for one,
+    so its error is set against the offset's share of the request (`offset_share_median`);
+    a delta on the site's gain reads none of it unless it lands inside an answer."""
+    import numpy as np
+
+    def pct(values: list[float], q: float) -> float | None:
+        return float(np.percentile(values, q)) if values else None
+
+    def errors(rs: list[dict[str, Any]]) -> list[float]:
+        return [abs(r["fault_error"]) for r in rs if r["fault_error"] is not None]
+
+    out: dict[str, Any] = {}
+    for f in FAULTS:
+        rs = [r for r in runs if r["fault"] == f]
+        if not rs:
+            continue
+        detected = [r["fault_detected_s"] for r in rs if r["fault_detected_s"] is not None]
+        doc: dict[str, Any] = {
+            "events": len(rs),
+            "detected": len(detected),
+            "detected_p50_s": pct(detected, 50),
+            "error_during_median": pct(errors(rs), 50),
+            "error_during_max": max(errors(rs), default=None),
+        }
+        if f == "offset":
+            levels = [r for r in rs if r["level_kw"] is not None]
+            deltas = [r for r in rs if r["level_kw"] is None]
+            # a level's site power before the event is its level plus the depth asked
+            shares = [
+                abs(r["fault_kw"]) * (r["level_kw"] + r["requested_kw"]) / r["requested_kw"]
+                for r in levels
+            ]
+            doc |= {
+                "levels_error_median": pct(errors(levels), 50),
+                "offset_share_median": pct(shares, 50),
+                "deltas_error_median": pct(errors(deltas), 50),
+                "deltas_error_max": max(errors(deltas), default=None),
+            }
+        out[f] = doc
     return out
 
 

@@ -18,9 +18,12 @@ The truth (`true_facility_kw`) is what the loop is scored on; `oracle_uncapped_k
 site would draw now without any event (every job at its uncapped mean, as drifted), the
 reference a delta target is measured against.
 
-The agents read their GPUs through an H200's power sensor (`flexmodel.sensors`: NVML's
-instant field, each reading held 100 ms, the mean of the last 100 ms: a 0.1 s lag), as real
-ones do; the meter reads the GPUs' power as it is.
+The agents' GPUs sit behind an H200's power sensor (`flexmodel.sensors`: NVML's instant field,
+each reading held 100 ms, the mean of the last 100 ms: a 0.1 s lag). The agents read their
+GPUs' power at 10 Hz and the gateway has each GPU's mean over the last 10 s (`read_power`):
+over 10 s the jobs' swings and the sensor's 0.1 s average out, so each reading is the GPU's
+mean power at its cap (`MeanReadings`; reading the waveform through the sensor made the
+campaign four times slower). The meter reads the GPUs' power as it is.
 """
 
 from __future__ import annotations
@@ -193,6 +196,20 @@ class RealisticMeter:
         return None
 
 
+class MeanReadings:
+    """A node's GPUs as its agent's power readings average them: each GPU's mean power at its
+    cap, and its limit."""
+
+    def __init__(self, backend: SimulatedBackend) -> None:
+        self.backend = backend
+
+    def power_w(self, index: int) -> float:
+        return self.backend.mean_power_w(index)
+
+    def enforced_limit_w(self, index: int) -> float:
+        return self.backend.enforced_limit_w(index)
+
+
 class RealisticSite:
     """`flexgate.simsite.SimulatedSite` with the realistic meter and a site that changes.
 
@@ -231,12 +248,15 @@ class RealisticSite:
             seed=seed,
             folder=folder,
             sensor=SENSORS["H200"],
+            read_power=True,
             **settings,
         )
         self.clock, self.book, self.tracker = self.sim.clock, self.sim.book, self.sim.tracker
         self.backends: list[SimulatedBackend] = self.sim.backends
         self.ended: dict[str, list[tuple[SimulatedBackend, int, Any]]] = {}
         self.meter = RealisticMeter(self, path, seed)
+        for node in self.sim.nodes.values():
+            node.sampler.backend = MeanReadings(node.backend)  # type: ignore[assignment]
         self.sim.meter = self.meter  # type: ignore[assignment]
         self.sim.feed.meter = self.meter
         self._uncapped_w = {  # every GPU's uncapped mean before any event

@@ -184,6 +184,7 @@ class SimulatedSite:
         waveform_meter: bool = False,
         meter_delay_s: float = 0.0,
         sample_hz: float = 0.0,
+        read_power: bool = False,
         metered: bool = True,
         sensor: SensorModel | None = None,
         start: datetime | None = None,
@@ -191,11 +192,14 @@ class SimulatedSite:
     ) -> None:
         """`settings` override the gateway's (FLEXGATE_ names without the prefix). With
         `sample_hz` the agents sample their GPUs (phases; the meter period must be a whole
-        number of samples), and reconciliation rounds run. Not `metered`, the gateway is
-        given no meter and estimates the facility from the agents' power (the loop closes on
-        that estimate); the simulated meter still reads the truth for the caller. `sensor`:
-        the GPUs' power sensor the agents read through (`flexmodel.sensors`; None: none).
-        `start`: the wall clock's first instant (default `SteppedClock`'s)."""
+        number of samples), and reconciliation rounds run. Without it, `read_power`: the
+        agents read their GPUs' power at 10 Hz all the same (their telemetry's mean is over
+        the last 10 s), but measure no phases and no rounds run (cheaper, for long runs).
+        Not `metered`, the gateway is given no meter and estimates the facility from the
+        agents' power (the loop closes on that estimate); the simulated meter still reads the
+        truth for the caller. `sensor`: the GPUs' power sensor the agents read through
+        (`flexmodel.sensors`; None: none). `start`: the wall clock's first instant (default
+        `SteppedClock`'s)."""
         self.clock = SteppedClock(start)
         self.folder = folder or Path(tempfile.mkdtemp(prefix="flexgate-simsite-"))
         mix = parse_job_mix({"jobs": truth.jobs})
@@ -220,7 +224,7 @@ class SimulatedSite:
                 jobs={j.id: j.gpus for j in b.jobs} if sample_hz else None,
                 clock=self.clock.monotonic,
                 sample_hz=sample_hz,  # sampled by `tick`: no thread
-                window_s=12.0 if sample_hz else 1.0,
+                window_s=12.0 if sample_hz or read_power else 1.0,
             )
             for b in self.backends
         }
@@ -247,7 +251,7 @@ class SimulatedSite:
             waveform=waveform_meter,
             delay_s=meter_delay_s,
         )
-        self.sample_hz = sample_hz
+        self.sample_hz, self.read_power = sample_hz, read_power
         self._next_round_s = self.clock.monotonic() + self.settings.reconcile_period_s
         settings, clock = self.settings, self.clock
         self.client = InMemoryAgentClient(self.nodes, clock)
@@ -292,9 +296,22 @@ class SimulatedSite:
         if self.sample_hz:
             await self._sample_agents()
         else:
-            self.clock.step(self.settings.meter_period_s)
+            self._read_power()
         await asyncio.sleep(0)
         return reading
+
+    def _read_power(self) -> None:
+        """One meter period; with `read_power`, the agents reading their GPUs' power at
+        10 Hz through it."""
+        period_s = self.settings.meter_period_s
+        if not self.read_power:
+            self.clock.step(period_s)
+            return
+        step_s = 0.1
+        for _ in range(max(round(period_s / step_s), 1)):
+            for node in self.nodes.values():
+                node.sampler.sample_once()
+            self.clock.step(step_s)
 
     async def _sample_agents(self) -> None:
         """The agents' samples over one meter period; a reconciliation round when one is due

@@ -58,6 +58,7 @@ from flexmodel.loops import ControlLoop, combine_delays, job_unit_coupling
 from flexmodel.meterpath import step_share
 from flexmodel.sync import ClosedLoopResponse, worst_verdict
 from gateway.clock import Clock
+from gateway.meter.answercheck import OverheadGains
 from gateway.meter.watch import MeterWatch
 from gateway.services.fleet import Fleet, job_readings
 from gateway.services.jobbook import JobBook
@@ -111,6 +112,9 @@ ANSWER_STRAY = 3.0
 ANSWER_FLAT = 0.02
 ANSWER_CLOSE = 0.02
 ANSWER_SIGMAS = 2.0
+#: An answer shows the site's gain when it is this many times its noise (`ANSWER_SIGMAS`
+#: standard deviations): the gain read is then within 10% of the answer's.
+ANSWER_GAIN_NOISE = 10.0
 
 
 @dataclass
@@ -154,8 +158,12 @@ class Pursuit:
     #: read on its own (a static load step between them is in none) [kW]
     answering: list[tuple[float, float]] = field(default_factory=list)
     before_kw: float | None = None
+    before_gpu_kw: float | None = None  #: the agents' GPU power in the same readings [kW]
     shed_kw: float = 0.0
     answers: int = 0  #: the moves' answers read (the first is the site's gain)
+    #: the meter faulted or was suspected during the event: what it settled on is not the
+    #: model's error, and the events after it do not learn from it
+    faulted: bool = False
 
 
 class Tracker:
@@ -192,6 +200,8 @@ class Tracker:
         self.last_gain = 1.0  #: the last settled event's gain at the meter, where the next starts
         #: the meter's first answer of each delta on the site's gain, per planned kW
         self.answer_gains: deque[float] = deque(maxlen=ANSWER_GAINS_KEPT)
+        #: the meter's answers checked on the agents' GPU power (a static step under one)
+        self.overhead_gains = OverheadGains()
         self.delays_s: tuple[float, ...] = (0.0,)  #: its distribution (delay_s is the mean)
         self.verdict: str | None = None
         self.reason: str | None = None  #: why the loop was adjusted, held or refused
@@ -253,6 +263,7 @@ class Tracker:
                 # From the site at rest, the meter before the event is the level the first
                 # move's answer is read against; from caps held, the model says what they shed.
                 known.before_kw = known.start_facility_kw if held_kw == 0.0 else None
+                known.before_gpu_kw = self._window_gpu_kw() if held_kw == 0.0 else None
                 known.shed_kw = known.gain * (held_kw or 0.0)
             known.correction_kw = self._opening_correction_kw(known)
             self.pursuit = known
@@ -296,7 +307,7 @@ class Tracker:
 
     def release(self) -> None:
         pursuit = self.pursuit
-        if pursuit is not None and pursuit.settled_share is not None:
+        if pursuit is not None and pursuit.settled_share is not None and not pursuit.faulted:
             self.model_errors.append(pursuit.settled_share)
             self.last_gain = pursuit.gain
             if pursuit.on_gain and pursuit.achieved_kw > 0:  # its shed over its plan, not a slope
@@ -394,6 +405,9 @@ class Tracker:
                 pursuit.answering, pursuit.before_kw = [], None
         pursuit.baseline_kw = baseline_kw
         self._watch_meter(pursuit)
+        feed = self.site.feed
+        if feed is not None and feed.state()["fault"] is not None:
+            pursuit.faulted = True
         measured = self.site.filtered_kw(self.window_s)
         reference = self._reference_kw(pursuit, mix)
         target = None if pursuit.level_kw is None else pursuit.level_kw - pursuit.margin_kw
@@ -457,8 +471,7 @@ class Tracker:
         left_kw = pursuit.reduction_kw - pursuit.shed_kw
         # What is left is judged against the noise of the answers it was read from, not of one
         # reading: 3 sigmas of one reading let a 2 kW delta on a 0.05 kW meter rest 7% off.
-        noise_kw = ANSWER_SIGMAS * self._rest_noise_kw() * math.sqrt(2.0 / self._window_readings())
-        if abs(left_kw) <= max(ANSWER_CLOSE * pursuit.reduction_kw, noise_kw):
+        if abs(left_kw) <= max(ANSWER_CLOSE * pursuit.reduction_kw, self._answer_noise_kw()):
             return
         most_kw = float((self.targets.last_plan or {}).get("max_facility_kw", math.inf))
         # The first answer, from rest, is the gain over the whole cut: caps above what a job
@@ -476,7 +489,9 @@ class Tracker:
         """The meter's level a move's answer is read against: its last window, if flat (a
         move planned while another is answered joins it: their level before stands)."""
         if not pursuit.answering:
-            pursuit.before_kw = self._flat_level_kw(self._recent_meter(), pursuit)
+            meter, gpu = self._recent_meter()
+            pursuit.before_kw = self._flat_level_kw(meter, pursuit)
+            pursuit.before_gpu_kw = float(np.mean(gpu)) if gpu.size and self._gpu_span_s() else None
 
     def _read_answer(self, pursuit: Pursuit) -> bool:
         """The meter's answer to the moves awaited, once it shows them whole for a window:
@@ -485,20 +500,31 @@ class Tracker:
         before or after, or answered implausibly. False while it is still answering."""
         moves = pursuit.answering
         planned_kw = sum(kw for _, kw in moves)
-        read_s, meter = self._meter_since(moves[0][0])
+        read_s, meter, gpu = self._meter_since(moves[0][0])
         shown = sum(
             kw * step_share(read_s - at_s - self.dead_s, 0.0, *self._path()) for at_s, kw in moves
         ) / (planned_kw or 1.0)
         plateau = meter[shown >= PLATEAU_SHARE] if planned_kw else meter
+        # The agents' power shows the moves whole once its own averaging is past them.
+        gpu_after = gpu[read_s >= moves[-1][0] + self._gpu_span_s() + self.period_s]
         wanted = self._window_readings()
+        waiting = plateau.size < wanted or (
+            pursuit.before_gpu_kw is not None and gpu_after.size < wanted
+        )
         feed = self.site.feed
-        if plateau.size < wanted and not (feed is None or feed.suspect_since_s is not None):
+        if waiting and not (feed is None or feed.suspect_since_s is not None):
             return False
         pursuit.answering = []
         after_kw = self._flat_level_kw(plateau[:wanted], pursuit)
         answer_kw = None
         if pursuit.before_kw is not None and after_kw is not None and planned_kw:
             answer_kw = pursuit.before_kw - after_kw
+            if pursuit.before_gpu_kw is not None and gpu_after.size:
+                # A static step between the meter's level before and after is not the moves'.
+                gpu_kw = pursuit.before_gpu_kw - float(np.mean(gpu_after[:wanted]))
+                answer_kw = self.overhead_gains.answer_kw(
+                    answer_kw, gpu_kw, self._answer_noise_kw()
+                )
             gain = answer_kw / planned_kw
             if gain < pursuit.gain / ANSWER_STRAY and feed is not None and feed.suspicion is None:
                 # Caps above what the jobs truly draw shed (next to) nothing: a meter its watch
@@ -520,7 +546,9 @@ class Tracker:
                     pursuit.gain,
                 )
                 answer_kw = None
-            elif abs(planned_kw) >= GAIN_MIN_SHARE * (pursuit.start_facility_kw or 0.0):
+            elif abs(planned_kw) >= GAIN_MIN_SHARE * (pursuit.start_facility_kw or 0.0) and (
+                abs(answer_kw) >= ANSWER_GAIN_NOISE * self._answer_noise_kw()
+            ):
                 if not pursuit.answers:  # its first answer: the site's gain from now on
                     self.answer_gains.append(gain)
                 pursuit.answers += 1
@@ -529,17 +557,48 @@ class Tracker:
         pursuit.settled_share = pursuit.achieved_kw / max(pursuit.reduction_kw, 1e-9) - 1.0
         return True
 
-    def _meter_since(self, since_s: float) -> tuple[np.ndarray, np.ndarray]:
-        """The meter's readings from `since_s` on: when each was read, and its kW."""
+    def _meter_since(self, since_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The meter's readings from `since_s` on: when each was read, its kW, and the
+        agents' GPU power in the same samples [kW]."""
         samples = [s for s in self.site.history if s.at_s >= since_s and s.facility_kw is not None]
         return (
             np.array([s.reading_at_s for s in samples]),
             np.array([s.facility_kw for s in samples], dtype=float),
+            np.array([s.gpu_kw for s in samples], dtype=float),
         )
 
-    def _recent_meter(self) -> np.ndarray:
-        readings = [s.facility_kw for s in self.site.history if s.facility_kw is not None]
-        return np.array(readings[-self._window_readings() :], dtype=float)
+    def _recent_meter(self) -> tuple[np.ndarray, np.ndarray]:
+        """The meter's last window of readings [kW], and the agents' GPU power in them."""
+        samples = [s for s in self.site.history if s.facility_kw is not None]
+        samples = samples[-self._window_readings() :]
+        return (
+            np.array([s.facility_kw for s in samples], dtype=float),
+            np.array([s.gpu_kw for s in samples], dtype=float),
+        )
+
+    def _window_gpu_kw(self) -> float | None:
+        """The agents' GPU power over the loop's window [kW] (None: no samples, or the agents
+        send no power readings)."""
+        window = self.site.window(self.window_s)
+        if not window or not self._gpu_span_s():
+            return None
+        return float(np.mean([s.gpu_kw for s in window]))
+
+    def _gpu_span_s(self) -> float:
+        """How long a stretch of readings the agents' GPU power is the mean of, the longest
+        [s]: 0 without readings."""
+        spans = [
+            len(gpu.power_w) * gpu.sample_interval_s
+            for node in (self.fleet.last or {}).values()
+            for gpu in node.gpus
+        ]
+        return max(spans, default=0.0)
+
+    def _answer_noise_kw(self) -> float:
+        """`ANSWER_SIGMAS` standard deviations of an answer's noise [kW]: the difference of
+        two means of a window's readings."""
+        noise_kw = self._rest_noise_kw() * math.sqrt(2.0 / self._window_readings())
+        return ANSWER_SIGMAS * noise_kw
 
     def _window_readings(self) -> int:
         return max(round(self.window_s / self.period_s), 3)
@@ -879,6 +938,10 @@ class Tracker:
             #: "gain" (a delta on the site's gain), "meter" (a delta or level at the meter)
             "basis": None if pursuit is None else "gain" if pursuit.on_gain else "meter",
             "site_gain": pursuit.gain if pursuit else self.site_gain,
+            #: facility kW per GPU kW as the meter answered the loop's moves (None: not yet),
+            #: and the answers taken on the agents' GPU power instead (a static step in them)
+            "overhead_gain": self.overhead_gains.gain,
+            "answers_replaced": self.overhead_gains.replaced,
         }
 
 

@@ -1,0 +1,44 @@
+"""What the closed site loop carries from one event to the next, on a stepped clock.
+
+The mismatched site of `test_tracking` (GPUs drawing 15% less than declared, overhead factor
+1.45 against 1.3 declared), 10 kW asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.gateway.test_tracking import REDUCTION_KW, WARM_UP_S
+from tests.gateway.test_tracking_meters import make_site
+
+
+@pytest.mark.parametrize("basis", ["gain", "meter"])
+def test_an_event_whose_meter_faulted_teaches_the_next_ones_nothing(tmp_path, basis):
+    """A meter that stops answering for a minute mid-event: what the loop settled on in that
+    event is not the model's error, and neither the next events' opening plans (the median of
+    past events' errors) nor the correction's bound learn from it. Learnt, a setpoint in the
+    campaign benchmark after a dropout opened 41% short of its level (event 13: 50 s to 90%
+    of the request on the true power)."""
+    site = make_site(tmp_path, noise_kw=0.05, meter_noise_kw=0.05, loop_delta_basis=basis)
+
+    async def run() -> None:
+        await site.start()
+        await site.run_for(WARM_UP_S)
+        await site.tracker.pursue("ev-1", REDUCTION_KW, None)
+        await site.run_for(300.0)
+        site.meter.fault = "stop"
+        await site.run_for(60.0)
+        site.meter.fault = None
+        await site.run_for(300.0)
+        assert site.tracker.pursuit.settled_share is not None  # it settled on something
+        last_gain = site.tracker.last_gain
+        site.tracker.release()
+        assert not site.tracker.model_errors
+        assert site.tracker.last_gain == last_gain
+
+    try:
+        asyncio.run(run())
+    finally:
+        site.close()
