@@ -656,6 +656,7 @@ class Tracker:
             self.verdict == "safe"
             and reference_kw is not None
             and pursuit.measured_kw is not None
+            and pursuit.achieved_kw > 0.0  # a site drawing nothing plans nothing to divide by
             and pursuit.achieved_kw >= GAIN_MIN_SHARE * reference_kw
         )
         if shows_gain:

@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from gateway.services.tracking import Pursuit
 from tests.gateway.test_tracking import REDUCTION_KW, WARM_UP_S
 from tests.gateway.test_tracking_meters import make_site
 
@@ -37,6 +38,28 @@ def test_an_event_whose_meter_faulted_teaches_the_next_ones_nothing(tmp_path, ba
         site.tracker.release()
         assert not site.tracker.model_errors
         assert site.tracker.last_gain == last_gain
+
+    try:
+        asyncio.run(run())
+    finally:
+        site.close()
+
+
+def test_a_site_that_draws_nothing_teaches_no_gain_and_raises_nothing(tmp_path):
+    """A settled sample of an event on a site at 0 kW (no GPUs drawing, no meter: the
+    OpenAPI fuzz test's gateway): the plan achieves 0 kW against a reference of 0 kW. It
+    raised ZeroDivisionError in every site sample, logged as "sampling the site failed"."""
+    site = make_site(tmp_path)
+
+    async def run() -> None:
+        await site.start()
+        await site.run_for(WARM_UP_S)
+        await site.tracker.pursue("ev-1", REDUCTION_KW, None)
+        await site.run_for(30.0)
+        assert site.tracker.verdict == "safe"  # a gain is learnt only from a safe loop
+        pursuit = Pursuit("ev-0", 1.0, None, 0.0, 0.0, 0, measured_kw=0.0)
+        site.tracker._learn(pursuit, 0.0, 0.0, short=True)
+        assert pursuit.gain == 1.0
 
     try:
         asyncio.run(run())
