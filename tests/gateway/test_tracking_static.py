@@ -21,12 +21,13 @@ AFTER_S = 600.0
 
 @pytest.mark.parametrize("share", [0.08, -0.08])
 def test_a_cooling_step_during_a_setpoint_is_fed_forward(tmp_path, share):
-    """A setpoint 10 kW under the site's draw, held 10 minutes; then the static load steps up
-    by 8% of the site. The integral alone (its gain 0.15-0.19, forced by the meter's 30 s of
-    dead time) took minutes to take the step back; the static load read as the meter less the
-    overhead gain times the agents' GPU power, aligned for the meter's dead time and lag, moves
-    the plan by the step at once, and the site is back within 5% of the request in under two
-    minutes (the meter's dead time, the step's confirmation and one answer)."""
+    """A setpoint 10 kW under the site's draw, held 10 minutes; then the static load steps by
+    8% of the site, up or down. The integral alone (its gain 0.2, forced by the meter's 30 s
+    of dead time) took it back within 5% of the request after 50 s (up) and 40 s (down). The
+    static load read as the meter less the overhead gain times the agents' GPU power, aligned
+    for the meter's path, moves the plan by the step once it has held 3 readings, and the
+    feed-forward's answer on the GPU power trims it: back within 5% in 25 s and 10 s, without
+    swinging past the request by more than 15% of it."""
     site = make_site(
         tmp_path,
         meter_period_s=5.0,
