@@ -63,6 +63,13 @@ from gateway.meter.watch import MeterWatch
 from gateway.services.fleet import Fleet, job_readings
 from gateway.services.jobbook import JobBook
 from gateway.services.site import SitePower
+from gateway.services.staticstep import (
+    AFTER_READINGS,
+    FED_ANSWER_SHARE,
+    STEP_FLOOR_SHARE,
+    shown_gpu_kw,
+    static_step_kw,
+)
 from gateway.services.targets import Targets
 from gateway.settings import GatewaySettings
 
@@ -164,6 +171,13 @@ class Pursuit:
     #: the meter faulted or was suspected during the event: what it settled on is not the
     #: model's error, and the events after it do not learn from it
     faulted: bool = False
+    #: a static load step was last fed forward then: the readings before it are not read again
+    fed_s: float = -math.inf
+    #: the agents' GPU power over the window before the event, from the site at rest [kW]
+    start_gpu_kw: float | None = None
+    #: a feed-forward's move as the agents' GPU power should show it: (the GPU power before,
+    #: after [kW], what the model planned before it [kW]); None once its answer is read
+    fed_gpu: tuple[float, float, float] | None = None
 
 
 class Tracker:
@@ -259,6 +273,7 @@ class Tracker:
             # The first plan moves the site from what is held now (another event's caps).
             known.achieved_kw = known.planned_kw = held_kw or 0.0
             known.gain = self.site_gain if known.on_gain else self.last_gain
+            known.start_gpu_kw = self._window_gpu_kw() if held_kw == 0.0 else None
             if known.on_gain:
                 # From the site at rest, the meter before the event is the level the first
                 # move's answer is read against; from caps held, the model says what they shed.
@@ -432,21 +447,15 @@ class Tracker:
             pursuit.margin_kw = self.limit_margin_kw(pursuit.level_kw)
             target = pursuit.level_kw - pursuit.margin_kw
             pursuit.target_kw = target
+        if await self._feed_forward(pursuit, plan):
+            return
         error_kw = measured + self._unseen_kw(pursuit) - target
         if abs(error_kw) < NOISE_SIGMAS * self._window_noise_kw():
             return  # within what the window's own noise makes: no phantom correction
         if (error_kw > 0 and short) or (error_kw < 0 and pursuit.planned_kw <= 0.0):
             return  # anti-windup: at the fleet's limit the correction does not grow
-        asked_kw = _asked_kw(pursuit)
-        bound_kw = self.correction_bound_kw(asked_kw)
         correction = pursuit.correction_kw + self.integral_gain_per_s * self.period_s * error_kw
-        # Bounded around what the meter asks, not around the model's reduction: for a level
-        # the model puts the site under, the correction carries all of it (bounded around 0,
-        # a site whose past events needed 16% held 2.8 of 9 kW and never reached its level).
-        centre_kw = asked_kw - pursuit.reduction_kw
-        correction = min(max(correction, centre_kw - bound_kw), centre_kw + bound_kw)
-        most_kw = float(plan.get("max_facility_kw", math.inf))
-        correction = min(correction, most_kw - pursuit.reduction_kw)
+        correction = self._bounded(pursuit, correction, plan)
         pursuit.correction_kw = correction
         now_s = self.clock.monotonic()
         pursuit.corrections.append((now_s, correction, pursuit.gain))
@@ -456,6 +465,106 @@ class Tracker:
         moved = abs(max(pursuit.reduction_kw + correction, 0.0) - pursuit.planned_kw)
         if moved > max(DEADBAND * pursuit.reduction_kw, 0.05):
             await self._plan(pursuit)
+
+    def _bounded(self, pursuit: Pursuit, correction: float, plan: dict[str, Any]) -> float:
+        """The correction within its bound and what the site can shed at most [kW]."""
+        asked_kw = _asked_kw(pursuit)
+        bound_kw = self.correction_bound_kw(asked_kw)
+        # Bounded around what the meter asks, not around the model's reduction: for a level
+        # the model puts the site under, the correction carries all of it (bounded around 0,
+        # a site whose past events needed 16% held 2.8 of 9 kW and never reached its level).
+        centre_kw = asked_kw - pursuit.reduction_kw
+        correction = min(max(correction, centre_kw - bound_kw), centre_kw + bound_kw)
+        most_kw = float(plan.get("max_facility_kw", math.inf))
+        return min(correction, most_kw - pursuit.reduction_kw)
+
+    async def _feed_forward(self, pursuit: Pursuit, plan: dict[str, Any]) -> bool:
+        """A step of the static load under a level, moved at once (`staticstep`): the
+        correction becomes what it was before the step showed plus the step, and the integral
+        keeps only the residual. True when it re-planned."""
+        if await self._fed_answer(pursuit, plan):
+            return True
+        readings = [s for s in self.site.history if s.facility_kw is not None]
+        before = self._window_readings()
+        readings = [s for s in readings[-before - AFTER_READINGS :] if s.at_s > pursuit.fed_s]
+        if pursuit.level_kw is None or len(readings) < before + AFTER_READINGS:
+            return False
+        if not self._gpu_span_s():
+            return False  # the agents send no power readings
+        path = self.site.meter_path()
+        since_s = readings[0].reading_at_s - path.dead_s - 5 * path.tau_s - path.averaging_s
+        gpus = [s for s in self.site.history if s.at_s >= since_s - self.period_s]
+        reading_s = np.array([s.reading_at_s for s in readings])
+        shown = shown_gpu_kw(
+            np.array([s.at_s for s in gpus]), np.array([s.gpu_kw for s in gpus]), reading_s, path
+        )
+        meter = np.array([s.facility_kw for s in readings], dtype=float)
+        gain = self._overhead_gain(pursuit, float(np.mean(meter[:before])), shown[:before])
+        static = meter - gain * shown
+        floors = (self.settings.meter_noise_kw, STEP_FLOOR_SHARE * _asked_kw(pursuit))
+        step_kw = static_step_kw(static, shown, before, gain, floors)
+        if step_kw == 0.0:
+            return False
+        showed_s = readings[before].at_s
+        taken = [c for at_s, c, _ in pursuit.corrections if at_s < showed_s]
+        per_kw = self._meter_per_planned(pursuit, gain, float(np.mean(shown[:before])))
+        correction = (taken[-1] if taken else pursuit.correction_kw) + step_kw / per_kw
+        pursuit.correction_kw = self._bounded(pursuit, correction, plan)
+        gpu_kw = gpus[-1].gpu_kw
+        pursuit.fed_gpu = (gpu_kw, gpu_kw - step_kw / gain, pursuit.achieved_kw)
+        pursuit.fed_s = self.clock.monotonic()
+        pursuit.corrections.append((pursuit.fed_s, pursuit.correction_kw, pursuit.gain))
+        log.info("site loop: the static load stepped %+.2f kW: fed forward", step_kw)
+        print(
+            "FF", step_kw, pursuit.gain, per_kw, taken[-1] if taken else None, pursuit.correction_kw
+        )
+        await self._plan(pursuit)
+        return True
+
+    async def _fed_answer(self, pursuit: Pursuit, plan: dict[str, Any]) -> bool:
+        """A feed-forward's answer on the agents' GPU power, once actuated (no meter dead
+        time to wait for): what it fell short of, or beyond, the GPU power it aimed at is
+        moved by the plan's own answer per planned kW, once. True when it re-planned."""
+        if pursuit.fed_gpu is None:
+            return False
+        measured = self.fleet.loop_measurements()
+        actuated_s = max(measured.actuation_s, default=0.0) + self._plan_s + self._gpu_span_s()
+        if self.clock.monotonic() - pursuit.fed_s < actuated_s + self.period_s:
+            return False
+        (from_kw, aim_kw, planned_kw), pursuit.fed_gpu = pursuit.fed_gpu, None
+        moved_kw, wanted_kw = from_kw - self.site.history[-1].gpu_kw, from_kw - aim_kw
+        planned_kw = pursuit.achieved_kw - planned_kw
+        if moved_kw * wanted_kw <= 0.0 or abs(moved_kw) < FED_ANSWER_SHARE * abs(wanted_kw):
+            return False  # not the plan's answer (a job ended, the plan was short)
+        correction = pursuit.correction_kw + (wanted_kw - moved_kw) * planned_kw / moved_kw
+        pursuit.correction_kw = self._bounded(pursuit, correction, plan)
+        pursuit.corrections.append((self.clock.monotonic(), pursuit.correction_kw, pursuit.gain))
+        await self._plan(pursuit)
+        return True
+
+    def _overhead_gain(self, pursuit: Pursuit, meter_kw: float, shown_kw: np.ndarray) -> float:
+        """Facility kW per GPU kW at the meter: as this event's shed showed it (the meter
+        before it less `meter_kw` now, per GPU kW the meter shows shed, `shown_kw`), or as
+        the deltas' answers did, or the overhead model's."""
+        fallback = self.overhead_gains.gain or self.site.overhead.current().k
+        start_kw, gpu_kw = pursuit.start_facility_kw, pursuit.start_gpu_kw
+        if start_kw is None or gpu_kw is None:
+            return fallback
+        shed_gpu_kw = gpu_kw - float(np.mean(shown_kw))
+        if shed_gpu_kw * fallback < GAIN_MIN_SHARE * start_kw:
+            return fallback
+        seen = (start_kw - meter_kw) / shed_gpu_kw
+        return seen if 0.5 * fallback <= seen <= 2.0 * fallback else fallback
+
+    @staticmethod
+    def _meter_per_planned(pursuit: Pursuit, gain: float, gpu_kw: float) -> float:
+        """The meter's kW per kW the model plans in this event: the agents' GPU power the
+        plan shed since the event began (`gpu_kw` now) times the overhead `gain`, per planned
+        kW; the predictor's gain where that is not known or out of its bounds."""
+        if pursuit.start_gpu_kw is None or pursuit.achieved_kw <= 0.0:
+            return pursuit.gain
+        per_kw = gain * (pursuit.start_gpu_kw - gpu_kw) / pursuit.achieved_kw
+        return per_kw if 0.5 <= per_kw <= 1.5 else pursuit.gain
 
     async def _hold_on_gain(self, pursuit: Pursuit) -> None:
         """A delta on the site's gain: each move of the plan is answered at the meter and read
