@@ -515,9 +515,6 @@ class Tracker:
         pursuit.fed_s = self.clock.monotonic()
         pursuit.corrections.append((pursuit.fed_s, pursuit.correction_kw, pursuit.gain))
         log.info("site loop: the static load stepped %+.2f kW: fed forward", step_kw)
-        print(
-            "FF", step_kw, pursuit.gain, per_kw, taken[-1] if taken else None, pursuit.correction_kw
-        )
         await self._plan(pursuit)
         return True
 
