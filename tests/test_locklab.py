@@ -86,6 +86,7 @@ def test_an_unsafe_loop_is_refused_outside_the_lab() -> None:
 def test_the_lock_scenario_refuses_options_that_do_not_apply() -> None:
     assert_bad_input(flexgate("lab", "--scenario", "lock", "--mismatch"), "--mismatch")
     assert_bad_input(flexgate("lab", "--scenario", "lock", "--characterise"), "--characterise")
+    assert_bad_input(flexgate("lab", "--scenario", "lock", "--fault", "meter-dropout@5"), "--fault")
 
 
 @pytest.mark.timeout(600)

@@ -462,9 +462,16 @@ def run_lab(args: argparse.Namespace) -> int:
 
 def _refuse_event_options(args: argparse.Namespace, scenario: str) -> None:
     """The event lab's own options, refused (exit 2) by a scenario they do not apply to."""
-    if args.mismatch or args.openadr != "2.0b" or args.characterise:
+    if (
+        args.mismatch
+        or args.openadr != "2.0b"
+        or args.characterise
+        or args.meter_dead_s
+        or args.fault is not None
+    ):
         raise BadInputError(
-            f"{scenario}: --mismatch, --openadr and --characterise do not apply to it"
+            f"{scenario}: --mismatch, --openadr, --characterise, --meter-dead-s and --fault "
+            "do not apply to it"
         )
 
 

@@ -42,3 +42,7 @@ def test_the_fast_lab_fires_the_droop_and_the_gpu_power_falls(tmp_path):
 def test_the_event_labs_options_are_refused_by_the_fast_lab():
     result = flexgate("lab", "--scenario", "fast", "--openadr", "3.1")
     assert_bad_input(result, "--scenario fast plays a frequency dip", "--openadr")
+    # The meter's options too: the fast lab has no facility meter (it ran, ignoring them).
+    for option in (("--fault", "meter-freeze@10"), ("--meter-dead-s", "5")):
+        result = flexgate("lab", "--scenario", "fast", *option)
+        assert_bad_input(result, "--scenario fast plays a frequency dip", option[0])
