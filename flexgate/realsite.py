@@ -23,7 +23,8 @@ each reading held 100 ms, the mean of the last 100 ms: a 0.1 s lag). The agents 
 GPUs' power at 10 Hz and the gateway has each GPU's mean over the last 10 s (`read_power`):
 over 10 s the jobs' swings and the sensor's 0.1 s average out, so each reading is the GPU's
 mean power at its cap (`MeanReadings`; reading the waveform through the sensor made the
-campaign four times slower). The meter reads the GPUs' power as it is.
+campaign four times slower). A job's drift is in what they read, as NVML would show it, and
+no GPU drifts above the limit it enforces. The meter reads the GPUs' power as it is.
 """
 
 from __future__ import annotations
@@ -196,15 +197,24 @@ class RealisticMeter:
         return None
 
 
+def drifted_w(backend: SimulatedBackend, index: int, drift: dict[str, float]) -> float:
+    """A GPU's mean power at its cap with its job's drift (a share of its power), never above
+    the limit it enforces [W]."""
+    job = backend._gpus[index].job
+    mean_w = backend.mean_power_w(index)
+    factor = 1.0 if job is None else drift.get(job.id, 1.0)
+    return min(mean_w * factor, max(backend.enforced_limit_w(index), mean_w))
+
+
 class MeanReadings:
     """A node's GPUs as its agent's power readings average them: each GPU's mean power at its
-    cap, and its limit."""
+    cap (drifted), and its limit."""
 
-    def __init__(self, backend: SimulatedBackend) -> None:
-        self.backend = backend
+    def __init__(self, backend: SimulatedBackend, drift: dict[str, float]) -> None:
+        self.backend, self.drift = backend, drift
 
     def power_w(self, index: int) -> float:
-        return self.backend.mean_power_w(index)
+        return drifted_w(self.backend, index, self.drift)
 
     def enforced_limit_w(self, index: int) -> float:
         return self.backend.enforced_limit_w(index)
@@ -256,7 +266,7 @@ class RealisticSite:
         self.ended: dict[str, list[tuple[SimulatedBackend, int, Any]]] = {}
         self.meter = RealisticMeter(self, path, seed)
         for node in self.sim.nodes.values():
-            node.sampler.backend = MeanReadings(node.backend)  # type: ignore[assignment]
+            node.sampler.backend = MeanReadings(node.backend, draw.drift)  # type: ignore[assignment]
         self.sim.meter = self.meter  # type: ignore[assignment]
         self.sim.feed.meter = self.meter
         self._uncapped_w = {  # every GPU's uncapped mean before any event
@@ -291,11 +301,12 @@ class RealisticSite:
             if job is None:
                 total_w += IDLE_W
                 continue
-            if floor:
-                w = self._floor_w[(b.node_id, i)]
-            else:
-                w = self._uncapped_w[(b.node_id, i)] if uncapped else b.mean_power_w(i)
-            total_w += w * self.draw.drift.get(job, 1.0)
+            if not (floor or uncapped):
+                total_w += drifted_w(b, i, self.draw.drift)
+                continue
+            w = self._floor_w[(b.node_id, i)] if floor else self._uncapped_w[(b.node_id, i)]
+            factor = self.draw.drift.get(job, 1.0)
+            total_w += w * (min(factor, 1.0) if floor else factor)  # at the floor: its limit
         return total_w / 1000.0
 
     def true_facility_kw(self) -> float:

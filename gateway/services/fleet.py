@@ -63,6 +63,9 @@ class FleetPower:
     span_s: float = 0.0
     #: when the telemetry round it comes from ended (monotonic) [s]: its samples end there
     at_s: float | None = None
+    #: every reporting GPU's power, placed or not: idle GPUs, and a job that started before
+    #: the scheduler reported it [kW]
+    all_gpu_kw: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -294,6 +297,12 @@ class Fleet:
                         spans_s.append(len(gpu.power_w) * gpu.sample_interval_s)
         span_s = sum(spans_s) / len(spans_s) if spans_s else 0.0
         at_s = self._last_at if telemetry is self._last else self.clock.monotonic()
+        all_w = sum(
+            sum(gpu.power_w) / len(gpu.power_w)
+            for report in telemetry.values()
+            for gpu in report.gpus
+            if gpu.power_w
+        )
         power = FleetPower(
             measured_w / 1000.0,
             baseline_w / 1000.0,
@@ -301,6 +310,7 @@ class Fleet:
             len(telemetry),
             span_s,
             at_s,
+            all_w / 1000.0,
         )
         self._power = (telemetry, mix, power)
         return power

@@ -56,6 +56,8 @@ class Sample:
     #: when what it reads was measured (monotonic) [s]: the meter's reading, or on the
     #: estimate the end of the agents' samples (their telemetry round)
     reading_at_s: float
+    #: every reporting GPU, placed or not (a job the scheduler has not reported yet) [kW]
+    all_gpu_kw: float = 0.0
 
 
 class SitePower:
@@ -137,7 +139,7 @@ class SitePower:
             self.overhead.record(gpu_kw, facility_kw, self.source)
             last = self.feed.last()
             reading_at_s = now_s if last is None else last.monotonic_s
-        sample = Sample(now_s, gpu_kw, facility_kw, reading_at_s)
+        sample = Sample(now_s, gpu_kw, facility_kw, reading_at_s, power.all_gpu_kw)
         self.history.append(sample)
         for listener in self._listeners:
             await listener()

@@ -74,5 +74,21 @@ def static_step_kw(
     return step
 
 
+def gpu_step_kw(
+    gpu_kw: np.ndarray, before: int, ramp: int, floors_kw: tuple[float, float]
+) -> float:
+    """A step of the agents' GPU power itself [kW] between `before` readings and the last
+    `AFTER_READINGS` of `gpu_kw`, the `ramp` readings between them aside (each reading is a
+    mean over seconds: those show the step in part), by the same test as the static load's
+    (0: none): a job that started, ended or drifted, where no plan moved the caps."""
+    after = AFTER_READINGS
+    if gpu_kw.size < before + ramp + after:
+        return 0.0
+    kept = np.concatenate(
+        [gpu_kw[-before - ramp - after : gpu_kw.size - ramp - after], gpu_kw[-after:]]
+    )
+    return static_step_kw(kept, np.zeros_like(kept), before, 0.0, floors_kw)
+
+
 def _flat(readings: np.ndarray, noise_kw: float) -> bool:
     return bool(np.max(np.abs(readings - np.median(readings))) <= FLAT_SIGMAS * noise_kw)

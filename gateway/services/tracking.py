@@ -67,6 +67,7 @@ from gateway.services.staticstep import (
     AFTER_READINGS,
     FED_ANSWER_SHARE,
     STEP_FLOOR_SHARE,
+    gpu_step_kw,
     shown_gpu_kw,
     static_step_kw,
 )
@@ -100,6 +101,8 @@ GAIN_WEIGHT = 0.03
 SPREAD = 0.2
 #: An error within this many standard deviations of the window's noise is not corrected.
 NOISE_SIGMAS = 2.0
+#: The agents' GPU power is taken to scatter at least this much, reading to reading [kW].
+GPU_NOISE_KW = 0.01
 _MAD_TO_SD = 1.4826
 LIMIT_MIN_SAMPLES = 30
 LIMIT_MARGIN_FLOOR = 0.005
@@ -178,6 +181,10 @@ class Pursuit:
     #: a feed-forward's move as the agents' GPU power should show it: (the GPU power before,
     #: after [kW], what the model planned before it [kW]); None once its answer is read
     fed_gpu: tuple[float, float, float] | None = None
+    #: a step of the GPU power no plan made was last fed forward then [s]; what it moved the
+    #: meter by and the correction by, summed, until the scheduler reports the job [kW]
+    gpu_fed_s: float = -math.inf
+    gpu_fed: tuple[float, float] = (0.0, 0.0)
 
 
 class Tracker:
@@ -298,6 +305,8 @@ class Tracker:
                 self._before_move(known)
             elif level_kw is None and known.level_kw is None:
                 known.correction_kw = carried_correction_kw(known, reduction_kw)
+        elif level_kw is not None and reduction_kw != known.reduction_kw:
+            self._taken_over(known, reduction_kw - known.reduction_kw)
         known.reduction_kw, known.level_kw, known.ceiling = reduction_kw, level_kw, ceiling
         margin_kw = self.limit_margin_kw(level_kw) if ceiling and level_kw else 0.0
         if known.target_since_s == self.clock.monotonic():
@@ -332,7 +341,8 @@ class Tracker:
     def _opening_correction_kw(self, pursuit: Pursuit) -> float:
         """The correction the open-loop plan starts with [kW]: what the site's past events
         needed at the meter (the median of their settled model errors, as a share of what was
-        asked; none before there are `BOUND_EVENTS`), on what this event asks at the meter: for
+        asked, once there are `BOUND_EVENTS`; before, the site's gain its deltas' first answers
+        showed, else none), on what this event asks at the meter: for
         a level, the meter before the event less the level, not the model's baseline less it
         (a model whose baseline is off would start the site that far off the level)."""
         if pursuit.on_gain:
@@ -340,7 +350,14 @@ class Tracker:
         asked_kw = pursuit.reduction_kw
         if pursuit.level_kw is not None and pursuit.start_facility_kw is not None:
             asked_kw = max(pursuit.start_facility_kw - pursuit.level_kw, 0.0)
-        share = float(np.median(self.model_errors)) if len(self.model_errors) >= BOUND_EVENTS else 0
+        if len(self.model_errors) >= BOUND_EVENTS:
+            share = float(np.median(self.model_errors))
+        elif self.answer_gains:
+            # Before three events have settled, the deltas' first answers have read the
+            # site's gain at the meter: a planned kW sheds `site_gain` there.
+            share = 1.0 / self.site_gain - 1.0
+        else:
+            share = 0.0
         return asked_kw * (1.0 + share) - pursuit.reduction_kw
 
     def correction_bound_kw(self, reduction_kw: float) -> float:
@@ -383,13 +400,14 @@ class Tracker:
 
     def _reference_kw(self, pursuit: Pursuit, mix: JobMix) -> float | None:
         """What the site would draw at the meter without the event: the meter before it,
-        moved by the model's baseline as the job mix changed."""
+        moved by the model's baseline as the job mix changed, and by the GPU power's steps
+        fed forward that the job mix does not show yet (or ever: a job's drift)."""
         if pursuit.start_facility_kw is None:
             return None
         moved_kw = self.site.facility_kw(self._uncapped_gpu_kw(pursuit, mix)) - (
             self.site.facility_kw(pursuit.start_baseline_gpu_kw)
         )
-        return pursuit.start_facility_kw + moved_kw
+        return pursuit.start_facility_kw + moved_kw + pursuit.gpu_fed[0]
 
     def _uncapped_gpu_kw(self, pursuit: Pursuit, mix: JobMix) -> float:
         """The GPUs' power without the event by the model [kW]: the placed jobs' baseline, and
@@ -414,7 +432,8 @@ class Tracker:
             pursuit.start_facility_kw = self.site.facility_kw(pursuit.start_baseline_gpu_kw)
         baseline_kw = self.site.facility_kw(self._uncapped_gpu_kw(pursuit, mix))
         if pursuit.baseline_kw is not None and baseline_kw != pursuit.baseline_kw:
-            pursuit.moves.append((self.clock.monotonic(), baseline_kw - pursuit.baseline_kw))
+            move_kw = self._reported(pursuit, baseline_kw - pursuit.baseline_kw)
+            pursuit.moves.append((self.clock.monotonic(), move_kw))
             if pursuit.on_gain:  # the meter's move is not the plan's alone: the model's
                 pursuit.shed_kw = pursuit.gain * pursuit.achieved_kw
                 pursuit.answering, pursuit.before_kw = [], None
@@ -447,7 +466,7 @@ class Tracker:
             pursuit.margin_kw = self.limit_margin_kw(pursuit.level_kw)
             target = pursuit.level_kw - pursuit.margin_kw
             pursuit.target_kw = target
-        if await self._feed_forward(pursuit, plan):
+        if await self._feed_forward(pursuit, plan) or await self._gpu_feed_forward(pursuit, plan):
             return
         error_kw = measured + self._unseen_kw(pursuit) - target
         if abs(error_kw) < NOISE_SIGMAS * self._window_noise_kw():
@@ -495,9 +514,8 @@ class Tracker:
         since_s = readings[0].reading_at_s - path.dead_s - 5 * path.tau_s - path.averaging_s
         gpus = [s for s in self.site.history if s.at_s >= since_s - self.period_s]
         reading_s = np.array([s.reading_at_s for s in readings])
-        shown = shown_gpu_kw(
-            np.array([s.at_s for s in gpus]), np.array([s.gpu_kw for s in gpus]), reading_s, path
-        )
+        gpu_s, gpu_kw = np.array([s.at_s for s in gpus]), np.array([s.all_gpu_kw for s in gpus])
+        shown = shown_gpu_kw(gpu_s, gpu_kw, reading_s, path)
         meter = np.array([s.facility_kw for s in readings], dtype=float)
         gain = self._overhead_gain(pursuit, float(np.mean(meter[:before])), shown[:before])
         static = meter - gain * shown
@@ -510,13 +528,69 @@ class Tracker:
         per_kw = self._meter_per_planned(pursuit, gain, float(np.mean(shown[:before])))
         correction = (taken[-1] if taken else pursuit.correction_kw) + step_kw / per_kw
         pursuit.correction_kw = self._bounded(pursuit, correction, plan)
-        gpu_kw = gpus[-1].gpu_kw
-        pursuit.fed_gpu = (gpu_kw, gpu_kw - step_kw / gain, pursuit.achieved_kw)
+        pursuit.fed_gpu = (gpu_kw[-1], gpu_kw[-1] - step_kw / gain, pursuit.achieved_kw)
         pursuit.fed_s = self.clock.monotonic()
         pursuit.corrections.append((pursuit.fed_s, pursuit.correction_kw, pursuit.gain))
         log.info("site loop: the static load stepped %+.2f kW: fed forward", step_kw)
         await self._plan(pursuit)
         return True
+
+    async def _gpu_feed_forward(self, pursuit: Pursuit, plan: dict[str, Any]) -> bool:
+        """A step of the agents' GPU power under a level that no plan made (a job started,
+        ended or drifted: the scheduler reports a job seconds to a minute late, and the meter
+        shows it only after its dead time), moved at once: the correction by the step at the
+        meter (the overhead gain times it) over the site's gain per planned kW, and the step
+        expected at the meter. True when it re-planned."""
+        if pursuit.level_kw is None or not self._gpu_span_s():
+            return False
+        measured = self.fleet.loop_measurements()
+        actuated_s = max(measured.actuation_s, default=0.0) + self._plan_s + self._gpu_span_s()
+        since_s = max(self.targets.planned_at_s + actuated_s + self.period_s, pursuit.gpu_fed_s)
+        samples = [s for s in self.site.history if s.at_s > since_s]
+        gpu = np.array([s.all_gpu_kw for s in samples])
+        gain = self.overhead_gains.gain or self.site.overhead.current().k
+        floors = (GPU_NOISE_KW, STEP_FLOOR_SHARE * _asked_kw(pursuit) / gain)
+        ramp = math.ceil(self._gpu_span_s() / self.period_s)
+        step_kw = gpu_step_kw(gpu[-60:], self._window_readings(), ramp, floors)
+        if step_kw == 0.0:
+            return False
+        meter_kw = gain * step_kw
+        if pursuit.reference_kw is not None:  # the site without the event moved with it
+            pursuit.reference_kw += meter_kw
+        taken_kw = pursuit.correction_kw
+        correction = pursuit.correction_kw + meter_kw / pursuit.gain
+        pursuit.correction_kw = self._bounded(pursuit, correction, plan)
+        fed_meter_kw, fed_kw = pursuit.gpu_fed
+        pursuit.gpu_fed = (fed_meter_kw + meter_kw, fed_kw + pursuit.correction_kw - taken_kw)
+        # The step is on its way to the meter: expected there from when the agents showed it.
+        pursuit.moves.append((samples[-AFTER_READINGS].at_s - self._gpu_span_s(), meter_kw))
+        pursuit.gpu_fed_s = self.clock.monotonic()
+        pursuit.corrections.append((pursuit.gpu_fed_s, pursuit.correction_kw, pursuit.gain))
+        log.info("site loop: the GPU power stepped %+.2f kW with no plan: fed forward", step_kw)
+        await self._plan(pursuit)
+        return True
+
+    @staticmethod
+    def _reported(pursuit: Pursuit, move_kw: float) -> float:
+        """The model's baseline moved by `move_kw` at the meter (the scheduler reported a job
+        that started or ended): where a GPU power step the same way was fed forward first, the
+        meter already expects it, and the site without the event moves by the model's move
+        from now on. Returns the move still to expect [kW]."""
+        fed_meter_kw, fed_kw = pursuit.gpu_fed
+        if fed_meter_kw * move_kw <= 0.0:
+            return move_kw
+        pursuit.gpu_fed = (0.0, fed_kw)
+        return 0.0
+
+    @staticmethod
+    def _taken_over(pursuit: Pursuit, moved_kw: float) -> None:
+        """A level's reduction moved by `moved_kw` with the job mix: as far as it moved the
+        way a GPU power step fed forward did, it carries that step now, not the correction."""
+        fed_meter_kw, fed_kw = pursuit.gpu_fed
+        if fed_kw * moved_kw > 0.0:
+            taken_kw = math.copysign(min(abs(fed_kw), abs(moved_kw)), fed_kw)
+            pursuit.correction_kw -= taken_kw
+        pursuit.gpu_fed = (fed_meter_kw, 0.0)
 
     async def _fed_answer(self, pursuit: Pursuit, plan: dict[str, Any]) -> bool:
         """A feed-forward's answer on the agents' GPU power, once actuated (no meter dead
@@ -529,7 +603,7 @@ class Tracker:
         if self.clock.monotonic() - pursuit.fed_s < actuated_s + self.period_s:
             return False
         (from_kw, aim_kw, planned_kw), pursuit.fed_gpu = pursuit.fed_gpu, None
-        moved_kw, wanted_kw = from_kw - self.site.history[-1].gpu_kw, from_kw - aim_kw
+        moved_kw, wanted_kw = from_kw - self.site.history[-1].all_gpu_kw, from_kw - aim_kw
         planned_kw = pursuit.achieved_kw - planned_kw
         if moved_kw * wanted_kw <= 0.0 or abs(moved_kw) < FED_ANSWER_SHARE * abs(wanted_kw):
             return False  # not the plan's answer (a job ended, the plan was short)
