@@ -33,10 +33,13 @@ DEPTHS = (10.0, 20.0, 30.0, 40.0)
 
 
 @contextlib.contextmanager
-def fast_site(tmp_path, protect: str | None = None, *, memory: bool = False, **extra):
+def fast_site(
+    tmp_path, protect: str | None = None, *, memory: bool = False, gateway_port=0, **extra
+):
     """Agents (checking triggers with the site's secret) and a gateway arming 10-40 %: over
     HTTP, or with `memory` the agents in the gateway's process (`InMemoryAgentClient`);
-    `extra`: more of the gateway's settings."""
+    `gateway_port`: the gateway's (0: any free one); `extra`: more of the gateway's
+    settings."""
     jobs, nodes, _ = start_site(tmp_path, None)
     for job in jobs:
         job["protected"] = job["id"] == protect
@@ -59,7 +62,9 @@ def fast_site(tmp_path, protect: str | None = None, *, memory: bool = False, **e
         )
         client = InMemoryAgentClient({a: nodes[n] for a, n in addresses.items()})
         with (
-            ServerThread(create_app(settings, agents=client if memory else None)) as url,
+            ServerThread(
+                create_app(settings, agents=client if memory else None), port=gateway_port
+            ) as url,
             httpx.Client(base_url=url, timeout=20) as api,
         ):
             assert api.put("/v1/jobs", json={"jobs": jobs}, headers=API).status_code == 200
