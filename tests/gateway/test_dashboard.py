@@ -598,9 +598,7 @@ def test_a_rule_without_a_baseline_shows_its_reason_and_the_other_rule_settles(t
 
 
 @pytest.mark.timeout(120)
-def test_the_fast_path_shows_its_armed_depths_the_frequency_feed_and_its_events(
-    tmp_path, browser
-):
+def test_the_fast_path_shows_its_armed_depths_the_frequency_feed_and_its_events(tmp_path, browser):
     """A site arming 10-40 % with a frequency feed (Modbus, `test_frequency`): the page shows
     each armed depth as `GET /v1/fast/armed` gives it, the feed's reading; a dip fires the
     fast path and the page lists the fast event with its depth and the time from its trigger

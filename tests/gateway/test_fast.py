@@ -214,20 +214,34 @@ def test_the_site_loop_holds_while_a_fast_event_lasts():
 def test_a_restarted_gateway_completes_the_fast_events_that_ended_and_holds_the_others(tmp_path):
     with fast_site(tmp_path) as site:
         short = trigger(site, 20.0, duration_s=0.5).json()["event_id"]
-        long = trigger(site, 30.0, duration_s=600.0).json()["event_id"]
         settings = site.settings
-    # The gateway stopped before either ended (its tasks went with it); another starts.
+    # The gateway stopped before it ended (its tasks went with it); another starts after.
     time.sleep(0.6)
     with (
         ServerThread(create_app(settings)) as url,
         httpx.Client(base_url=url, timeout=20) as api,
     ):
-        status = {e["id"]: e["status"] for e in api.get("/v1/events").json()["events"]}
         wait = Site(api, {}, settings).wait
         wait(lambda: api.get(f"/v1/events/{short}").json()["status"] == "completed", what="done")
-        assert status[long] == "triggered"
+        assert api.get("/v1/fast/armed").json()["holding"] is False
+        # A trigger now is a new event (the other is over), not a renewal.
+        answer = api.post(
+            "/v1/fast/trigger", json={"depth_pct": 30.0, "duration_s": 600.0}, headers=API
+        ).json()
+        assert answer["renewal"] is False
+        long = answer["event_id"]
+        assert long != short
+    with (
+        ServerThread(create_app(settings)) as url,
+        httpx.Client(base_url=url, timeout=20) as api,
+    ):
         assert api.get(f"/v1/events/{long}").json()["status"] == "triggered"
         assert api.get("/v1/fast/armed").json()["holding"] is True
+        # A trigger while it lasts renews it, after a restart too.
+        again = api.post(
+            "/v1/fast/trigger", json={"depth_pct": 30.0, "duration_s": 600.0}, headers=API
+        ).json()
+        assert (again["event_id"], again["renewal"]) == (long, True)
 
 
 class BrokerDown:

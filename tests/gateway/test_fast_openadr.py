@@ -13,18 +13,18 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gateway.openadr.ven31 import CALLBACK_PATH
+from flexgate.mockvtn31 import LAB_CLIENT_ID
+from flexgate.serve import free_port
 from gateway.openadr.oadr31 import Event
 from gateway.openadr.signals import SiteLoad, read_event
 from gateway.openadr.signals31 import read_event31
+from gateway.openadr.ven31 import CALLBACK_PATH
 from gateway.openadr.zeronotice import match
 from tests.gateway import oadr31_examples as ug
 from tests.gateway.test_fast import armed_caps, fast_site
 from tests.gateway.test_ven import Vtn
 from tests.gateway.test_ven31 import SECRET as VTN31_SECRET
 from tests.gateway.test_ven31 import mock_vtn
-from flexgate.mockvtn31 import LAB_CLIENT_ID
-from flexgate.serve import free_port
 
 NOW = datetime(2026, 6, 1, 12, tzinfo=UTC)
 SITE = SiteLoad(baseline_facility_kw=100.0, max_capacity_kw=120.0)
@@ -61,9 +61,7 @@ def event31(payload, values, start="0001-01-01", duration="PT1M", units=None, in
 
 
 def found(external, received=NOW, tolerance_pct=1.0):
-    out = match(
-        external, received, DEPTHS, SITE_KW, max_notice_s=2.0, tolerance_pct=tolerance_pct
-    )
+    out = match(external, received, DEPTHS, SITE_KW, max_notice_s=2.0, tolerance_pct=tolerance_pct)
     return None if out is None else (out.depth_pct, out.duration_s)
 
 
@@ -108,7 +106,8 @@ def test_a_test_event_an_opt_out_and_the_tolerance_go_the_ordinary_way():
     test.test = True
     assert found(test) is None
     more = read_event(event20("LOAD_DISPATCH", "delta", 10.0, NOW), SITE)
-    assert more.opt_out_reason and found(more) is None
+    assert more.opt_out_reason
+    assert found(more) is None
 
 
 def fast_events(site):
@@ -155,8 +154,9 @@ def test_a_zero_notice_openleadr_event_fires_the_armed_plan_and_one_with_notice_
                 "LOAD_DISPATCH", "delta", -kw, datetime.now(UTC) + timedelta(seconds=120), 20
             )
             stored = site.wait(
-                lambda: (r := site.api.get(f"/v1/events/oadr-{later}")).status_code == 200
-                and r.json(),
+                lambda: (
+                    (r := site.api.get(f"/v1/events/oadr-{later}")).status_code == 200 and r.json()
+                ),
                 what="the event with notice stored",
             )
             assert stored["status"] == "pending"
@@ -188,7 +188,9 @@ def test_a_zero_notice_31_event_fires_the_armed_plan_and_an_unarmed_depth_does_n
                 "eventName": "fast",
                 "intervalPeriod": {"start": "0001-01-01T00:00:00Z", "duration": "PT20S"},
                 "payloadDescriptors": [{"payloadType": "CONTROL_SETPOINT", "units": "PERCENT"}],
-                "intervals": [{"id": 0, "payloads": [{"type": "CONTROL_SETPOINT", "values": [-0.3]}]}],
+                "intervals": [
+                    {"id": 0, "payloads": [{"type": "CONTROL_SETPOINT", "values": [-0.3]}]}
+                ],
             }
             event = vtn.add_event(body)
             [fast] = site.wait(lambda: fast_events(site), seconds=10, what="the fast event")
@@ -200,8 +202,10 @@ def test_a_zero_notice_31_event_fires_the_armed_plan_and_an_unarmed_depth_does_n
             body["intervals"][0]["payloads"][0]["values"] = [-0.25]
             other = vtn.add_event(body)
             stored = site.wait(
-                lambda: (r := site.api.get(f"/v1/events/oadr3-{other['id']}")).status_code == 200
-                and r.json(),
+                lambda: (
+                    (r := site.api.get(f"/v1/events/oadr3-{other['id']}")).status_code == 200
+                    and r.json()
+                ),
                 seconds=10,
                 what="the unmatched event stored",
             )

@@ -13,10 +13,10 @@ import pytest
 
 from gateway.clock import SteppedClock
 from gateway.services.fast import FastPath
+from gateway.services.settlement import Settlement
 from gateway.settings import GatewaySettings
 from gateway.store import repo
 from gateway.store.db import Store
-from gateway.services.settlement import Settlement
 from tests.gateway.conftest import AGENT_TOKEN, API_TOKEN
 from tests.gateway.test_settlement import EVENT_DAY, settings_for, write_day
 from tests.gateway.test_settlement_meter import EVERY_SECOND, MINUTE_KW, START, write_samples
@@ -125,9 +125,7 @@ def test_a_renewed_fast_event_is_settled_over_its_whole_length_stretch_by_stretc
     time-weighted mean of its stretches, (50 * 25 + 10 * 50) / 60 = 29.17 kW (met by 50 kW
     delivered), its second 50 kW (not met by 40); the meter after reads at 14:02."""
     database_url = f"sqlite:///{tmp_path / 'gateway.db'}"
-    settings = settings_for(
-        database_url, fast_depths="10,20,30,40", fast_secret=SECRET
-    )
+    settings = settings_for(database_url, fast_depths="10,20,30,40", fast_secret=SECRET)
     store = Store(database_url)
     clock = SteppedClock(START)
     fast = FastPath(
