@@ -244,6 +244,20 @@ class FastPath:
         # Reports come within seconds: the triggers of the last 1,000 s are kept (seq is in µs).
         self._sent_at = {k: v for k, v in self._sent_at.items() if k >= seq - 10**9}
         self._sent_at[seq] = self.clock.monotonic()
+        # Kept before it is sent: the agents' reports may come back before the send returns.
+        sent: dict[str, Any] = {
+            "seq": seq,
+            "event_id": None,  #: known once recorded
+            "depth_pct": depth_pct,
+            "sent_at": now.isoformat(),
+            "renewal": False,
+            "reports": 0,  #: agents' reports (a process over NATS, a node otherwise)
+            "nodes_applied": 0,  #: nodes that put their armed caps on
+            "failed_gpus": 0,
+            "first_enforced_s": None,  #: trigger to the first report [s]
+            "enforced_s": None,  #: trigger to the last report so far [s]
+        }
+        self.triggers.append(sent)
         try:
             await self.transport.trigger(
                 body.encode(),
@@ -251,6 +265,7 @@ class FastPath:
                 list(self.fleet.nodes.values()),
             )
         except AgentUnreachableError as exc:
+            self.triggers.remove(sent)
             raise TriggerNotSentError(f"the trigger was not sent, nothing changed: {exc}") from exc
         running = self.current if self.holding else None
         self.until_s = self.clock.monotonic() + duration_s  # the agents hold the last trigger's
@@ -264,20 +279,7 @@ class FastPath:
             self._tasks.append(asyncio.create_task(self._complete(event.id)))
             if self.release is not None:
                 self._tasks.append(asyncio.create_task(self._ramped_release(event.id)))
-        self.triggers.append(
-            {
-                "seq": seq,
-                "event_id": event.id,
-                "depth_pct": depth_pct,
-                "sent_at": now.isoformat(),
-                "renewal": running is not None,
-                "reports": 0,  #: agents' reports (a process over NATS, a node otherwise)
-                "nodes_applied": 0,  #: nodes that put their armed caps on
-                "failed_gpus": 0,
-                "first_enforced_s": None,  #: trigger to the first report [s]
-                "enforced_s": None,  #: trigger to the last report so far [s]
-            }
-        )
+        sent["event_id"], sent["renewal"] = event.id, running is not None
         return {
             "event_id": event.id,
             "seq": seq,

@@ -138,6 +138,22 @@ def test_a_trigger_puts_every_node_at_its_armed_caps_and_the_lease_restores(tmp_
         assert site.api.get("/v1/fast/armed").json()["holding"] is True
         metrics = samples(site.api.get("/metrics").text)
         assert metrics["flexgate_fast_trigger_to_enforced_seconds_count"] >= 1
+        [sent] = site.api.get("/v1/fast/triggers").json()["triggers"]
+        assert (sent["seq"], sent["event_id"], sent["renewal"]) == (
+            body["seq"],
+            fast[0]["id"],
+            False,
+        )
+        site.wait(
+            lambda: (
+                site.api.get("/v1/fast/triggers").json()["triggers"][0]["reports"]
+                == len(site.nodes)
+            ),
+            what="every node's report",
+        )
+        sent = site.api.get("/v1/fast/triggers").json()["triggers"][0]
+        assert sent["nodes_applied"] == len(site.nodes)
+        assert 0.0 <= sent["first_enforced_s"] <= sent["enforced_s"]
         site.wait(lambda: site.limits() == before, what="the originals back at the lease's end")
         site.wait(
             lambda: site.api.get(f"/v1/events/{body['event_id']}").json()["status"] == "completed",

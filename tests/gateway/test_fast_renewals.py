@@ -98,6 +98,10 @@ def test_renewals_and_a_deeper_trigger_extend_and_deepen_one_event(fast):
         ]
         assert [i["reduction_kw"] for i in event.intervals] == [25.0, 50.0, 12.0]
         assert len(fast.transport.bodies) == 4  # every trigger reached the agents
+        sent = list(fast.triggers)  # as GET /v1/fast/triggers lists them
+        assert [t["event_id"] for t in sent] == [first["event_id"]] * 4
+        assert [t["renewal"] for t in sent] == [False, True, True, True]
+        assert [t["depth_pct"] for t in sent] == [20.0, 20.0, 40.0, 10.0]
         assert fast.holding
         # It completes at the last trigger's end, not the first's.
         await asyncio.sleep(0)

@@ -62,7 +62,7 @@ class FastArmed(BaseModel):
 
 class FastTriggerSent(BaseModel):
     seq: int
-    event_id: str  #: the fast event it started or renewed
+    event_id: str | None  #: the fast event it started or renewed (null while being sent)
     depth_pct: float
     sent_at: str  #: ISO UTC
     renewal: bool
