@@ -83,6 +83,7 @@ class FastPath:
         self.release = release if settings.ramp_up_kw_per_min is not None else None
         self.depth_pct: float | None = None  #: the depth of the last trigger
         self.duration_s = 0.0  #: the last trigger's length [s]
+        self.depth_kw = 0.0  #: the last trigger's planned reduction at the meter [kW]
         self.depths = settings.fast_depths_pct
         self.sent: dict[str, Armed] = {}  #: what each node acknowledged armed
         self.expected_kw: dict[float, float] = {}  #: depth -> its planned facility reduction
@@ -270,6 +271,7 @@ class FastPath:
         running = self.current if self.holding else None
         self.until_s = self.clock.monotonic() + duration_s  # the agents hold the last trigger's
         self.depth_pct, self.duration_s = depth_pct, duration_s
+        self.depth_kw = self.expected_kw.get(depth_pct, 0.0)
         if running is not None:
             event = self._renew(running, seq, depth_pct, duration_s)
         else:
@@ -372,7 +374,12 @@ class FastPath:
             if left_s > 0.0 and left_s > (self.until_s or 0.0) - self.clock.monotonic():
                 self.until_s = self.clock.monotonic() + left_s
                 self.current = event.id
+                last = event.intervals[-1]
+                self.depth_pct, self.duration_s = last.get("depth_pct"), left_s
+                self.depth_kw = float(last["reduction_kw"])
             self._tasks.append(asyncio.create_task(self._complete(event.id)))
+        if self.current is not None and self.release is not None:
+            self._tasks.append(asyncio.create_task(self._ramped_release(self.current)))
 
     async def _complete(self, event_id: str) -> None:
         """Completed at its end; renewals move the end on, so it is read again on waking."""
@@ -405,7 +412,7 @@ class FastPath:
                 lead_s = min(RELEASE_LEAD_S, self.duration_s / 2.0)
                 if left_s <= 0.0:
                     break
-                kw = self.expected_kw.get(self.depth_pct or 0.0, 0.0)
+                kw = self.depth_kw
                 if taken_kw is None or kw > taken_kw:
                     if left_s > lead_s:
                         await self.clock.sleep(left_s - lead_s)

@@ -29,9 +29,12 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def run(tmp_path, up_kw_per_min: float | None) -> tuple[list[float], float, FastPath, str]:
+def run(
+    tmp_path, up_kw_per_min: float | None, restart_at_s: float | None = None
+) -> tuple[list[float], float, FastPath, str]:
     """The site's shed (its uncapped facility power less its power now) every period from the
-    trigger, the depth's planned reduction, the fast path and the event's id."""
+    trigger, the depth's planned reduction, the fast path and the event's id. `restart_at_s`:
+    the gateway's fast path stops then, and a new one starts on the same store."""
     declared = site_jobs()
     truth = Truth(copy.deepcopy(declared), overhead_factor=1.3, static_kw=0.0)
     site = SimulatedSite(
@@ -46,38 +49,49 @@ def run(tmp_path, up_kw_per_min: float | None) -> tuple[list[float], float, Fast
         fast_secret=SECRET,
         ramp_up_kw_per_min=up_kw_per_min,
     )
-    fast = FastPath(
-        site.settings,
-        site.store,
-        site.clock,
-        site.fleet,
-        site.book,
-        MemoryFast(site.client, site.clock),
-        release=site.targets,
-    )
+    def fast_path() -> FastPath:
+        return FastPath(
+            site.settings,
+            site.store,
+            site.clock,
+            site.fleet,
+            site.book,
+            MemoryFast(site.client, site.clock),
+            release=site.targets,
+        )
 
-    async def go() -> tuple[list[float], str]:
+    fast = fast_path()
+
+    async def go() -> tuple[list[float], str, float]:
+        nonlocal fast
         await site.start()
         assert await fast.rearm() == len(site.nodes)
         await site.run_for(3 * PERIOD_S)
         uncapped_kw = site.meter.true_facility_kw()
         answer = await fast.trigger(DEPTH, DURATION_S)
+        expected_kw = fast.expected_kw[DEPTH]
         sheds = []
-        for _ in range(round(600.0 / PERIOD_S)):
+        for k in range(round(600.0 / PERIOD_S)):
+            if restart_at_s is not None and k * PERIOD_S == restart_at_s:
+                fast.stop()
+                fast = fast_path()
+                await fast.start()
+                assert fast.holding
+                fast.expected_kw = {}  # not armed again yet: the release reads the record
             sheds.append(uncapped_kw - site.meter.true_facility_kw())
             await site.tick()
             for node in site.nodes.values():  # the agents' lease watcher
                 node.controller.expire()
             await settle()
-        return sheds, answer["event_id"]
+        return sheds, answer["event_id"], expected_kw
 
     try:
-        sheds, event_id = asyncio.run(go())
+        sheds, event_id, expected_kw = asyncio.run(go())
     finally:
         fast.stop()
         site.targets.stop()
         site.close()
-    return sheds, fast.expected_kw[DEPTH], fast, event_id
+    return sheds, expected_kw, fast, event_id
 
 
 def steepest_rise_kw_per_min(sheds: list[float]) -> float:
@@ -109,3 +123,15 @@ def test_the_end_of_a_fast_event_releases_along_the_ramp_up_limit(tmp_path):
     report = fast.release.ramp.reports[event_id].doc()
     assert report["steepest_up_kw_per_min"] <= up + 1e-6
     assert report["steepest_up_kw_per_min"] > 0.8 * up
+
+
+def test_a_gateway_restarted_during_a_fast_event_still_releases_it_along_the_limit(tmp_path):
+    """The fast path started again 30 s into the 60 s event: it holds the event from the
+    store and releases it along the limit, from the depth its record planned."""
+    _, depth_kw, _, _ = run(tmp_path / "free", None)
+    up = depth_kw / 3.0
+    sheds, _, _, _ = run(tmp_path / "restarted", up, restart_at_s=30.0)
+    end = round(DURATION_S / PERIOD_S)
+    assert sheds[end - 1] == pytest.approx(depth_kw, rel=0.1)
+    assert steepest_rise_kw_per_min(sheds[end - 2 :]) <= 1.05 * up
+    assert abs(sheds[-1]) < 0.05 * depth_kw
