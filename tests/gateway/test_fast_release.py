@@ -49,6 +49,7 @@ def run(
         fast_secret=SECRET,
         ramp_up_kw_per_min=up_kw_per_min,
     )
+
     def fast_path() -> FastPath:
         return FastPath(
             site.settings,
