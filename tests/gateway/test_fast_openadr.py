@@ -1,8 +1,9 @@
 """An OpenADR event with zero notice as a fast trigger (issue 39, item 2(c); docs/fast.md,
 "OpenADR events with zero notice"): which events match an armed depth (`zeronotice.match`,
 on events read by both VENs' own readers), then end to end: openleadr's real VTN (2.0b) and
-the project's 3.1 mock VTN (its events read by the VEN's 3.1 models; the Alliance's reference
-VTN is not beside this clone) send events to a gateway whose agents check signed triggers.
+the project's 3.1 mock VTN (checking the VEN's messages against the specification's schema;
+the Alliance's reference VTN: tests/interop/test_reference_vtn31.py) send events to a gateway
+whose agents check signed triggers.
 A matching event becomes a fast event naming it and every node at its armed caps; anything
 else goes the ordinary way."""
 
