@@ -414,7 +414,7 @@ class FastPath:
                     break
                 kw = self.depth_kw
                 if taken_kw is None or kw > taken_kw:
-                    if left_s > lead_s:
+                    if left_s > lead_s + 1e-6:  # (not woken again by a rounding's worth)
                         await self.clock.sleep(left_s - lead_s)
                         continue  # read again: a renewal may have moved the end
                     if await self.release.take_over(kw, event_id):
