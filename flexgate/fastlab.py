@@ -184,6 +184,12 @@ def fast_report(result: dict[str, Any], hold_s: float, out: Path, console: Conso
     events = sorted(result["events"], key=lambda e: e["start"])
     for event in events:
         console.print(f"{event['start']}: {event['reason']}")
+        for stretch in event["intervals"]:  # its renewals and changes of depth
+            renewals = len(stretch.get("triggers", [])) - 1
+            console.print(
+                f"  from {stretch['start']}: {stretch.get('depth_pct', 0):g}% "
+                f"({renewals} renewal{'' if renewals == 1 else 's'})"
+            )
     droop = result["frequency"]["droop"]
     console.print(
         f"GPU power: {before:.1f} kW before the dip, {held:.1f} kW while it held "

@@ -99,7 +99,9 @@ def create_app(
         history = MeterHistory(settings, store, clock, power)
         if settings.meter_history:
             power.subscribe(history.on_sample)
-        fast = FastPath(settings, store, clock, fleet, book, fast_transport(client, clock))
+        fast = FastPath(
+            settings, store, clock, fleet, book, fast_transport(client, clock), release=targets
+        )
         power.subscribe(fast.hold(tracker.step))  # the loop holds while a fast event lasts
         hz_feed = open_frequency(settings.frequency_url, timeout_s=settings.frequency_timeout_s)
         frequency = FrequencyTrigger(settings, clock, fast, hz_feed)
@@ -154,7 +156,7 @@ def create_app(
         if ven is not None:
             rule = settings.report_baseline
             await ven.start(
-                events, power, ProgramBaseline(rule, settlement, history) if rule else None
+                events, power, ProgramBaseline(rule, settlement, history) if rule else None, fast
             )
         try:
             yield

@@ -254,6 +254,12 @@ class GatewaySettings(BaseSettings):
     fast_depths: str = ""
     fast_secret: SecretStr | None = None  #: signs fast triggers; the agents' FAST_SECRET
     fast_rearm_s: float = Field(default=10.0, gt=0.0, le=3600.0)  #: how often plans are checked
+    #: an OpenADR event with zero notice whose reduction matches an armed depth fires the fast
+    #: path (gateway/openadr/zeronotice.py); its notice at most this [s], its reduction within
+    #: this many percentage points of the depth
+    fast_openadr: bool = True
+    fast_openadr_max_notice_s: float = Field(default=2.0, ge=0.0, le=60.0)
+    fast_openadr_depth_tolerance_pct: float = Field(default=1.0, ge=0.0, le=50.0)
     #: the frequency trigger's feed (modbus://... or tcp://host:port); empty: off (docs/fast.md)
     frequency_url: str = ""
     frequency_mode: Literal["threshold", "droop"] = "threshold"

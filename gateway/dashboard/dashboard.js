@@ -582,6 +582,7 @@ async function fast() {
   drawSite();
   drawActiveEvent();
   drawEvents();
+  await readFast(); // fast.js: armed depths, frequency feed, fast events
   return activePlanId() !== previousPlan;
 }
 

@@ -32,8 +32,10 @@ from gateway.openadr.programbaseline import ProgramBaseline
 from gateway.openadr.settled20 import BUFFER, SETTLED_ID, SETTLED_VALUES, SettledUsage
 from gateway.openadr.signals import Party, SiteLoad, read_event
 from gateway.openadr.xml import harden_parser
+from gateway.openadr.zeronotice import ZeroNotice
 from gateway.retries import VTN_BACKOFF
 from gateway.services.events import Events
+from gateway.services.fast import FastPath
 from gateway.services.site import SitePower
 from gateway.settings import GatewaySettings
 from gateway.store.models import EventRow
@@ -151,6 +153,7 @@ class Ven:
         self._rng = random.Random()
         self._events: Events | None = None
         self._power: SitePower | None = None
+        self._zero_notice: ZeroNotice | None = None
 
     def _offer_settled(self) -> None:
         """The settlement report (`settled20`): measured by the meter, or estimated without."""
@@ -179,12 +182,18 @@ class Ven:
         return "registered" if self.registered else "registering"
 
     async def start(
-        self, events: Events, power: SitePower, baseline: ProgramBaseline | None = None
+        self,
+        events: Events,
+        power: SitePower,
+        baseline: ProgramBaseline | None = None,
+        fast: FastPath | None = None,
     ) -> None:
-        """Register and poll from now on, feeding `events`; `power` answers the usage report,
-        the program's rule (`baseline`) the settlement report."""
+        """Register and poll from now on, feeding `events` (zero-notice events matching an
+        armed depth: `fast`, through `ZeroNotice`); `power` answers the usage report, the
+        program's rule (`baseline`) the settlement report."""
         harden_parser()
         self._events, self._power = events, power
+        self._zero_notice = ZeroNotice(self.settings, self.clock, events, fast)
         if baseline is not None:
             self._settled = SettledUsage(baseline, events, self.id_prefix)
         self._task = asyncio.create_task(self._register())
@@ -265,12 +274,13 @@ class Ven:
             assert self._power is not None
             baseline, maximum = self._power.envelope()
             site = SiteLoad(baseline_facility_kw=baseline, max_capacity_kw=maximum)
-            opt, reason = await self.events.accept(
+            assert self._zero_notice is not None
+            answer = await self._zero_notice.accept(
                 read_event(event, site, self._rng, self._party())
             )
-            if reason:
-                log.info("event %s: opt %s (%s)", event_id, opt, reason)
-            return "optIn" if opt == "in" else "optOut"
+            if answer.reason:
+                log.info("event %s: opt %s (%s)", event_id, answer.opt, answer.reason)
+            return "optIn" if answer.opt == "in" else "optOut"
         except Exception as exc:  # the one place that catches everything
             log.exception("event %s could not be handled", event_id)
             self.events.refuse(event_id, f"{type(exc).__name__}: {exc}")

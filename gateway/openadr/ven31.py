@@ -77,8 +77,10 @@ from gateway.openadr.signals31 import (
     read_event31,
 )
 from gateway.openadr.vtn31 import VtnClient, VtnError, valid
+from gateway.openadr.zeronotice import ZeroNotice
 from gateway.retries import SUBSCRIBE_BACKOFF, VTN_BACKOFF
 from gateway.services.events import Events
+from gateway.services.fast import FastPath
 from gateway.services.site import SitePower
 from gateway.settings import GatewaySettings
 from gateway.store.models import EventRow, as_utc
@@ -141,6 +143,7 @@ class Ven31:
         self._rng = random.Random()
         self._events: Events | None = None
         self._power: SitePower | None = None
+        self._zero_notice: ZeroNotice | None = None
         self._lock = asyncio.Lock()
         self._poll_now = asyncio.Event()  #: set: poll without waiting FLEXGATE_VTN_POLL_S
 
@@ -172,10 +175,16 @@ class Ven31:
         return self._events
 
     async def start(
-        self, events: Events, power: SitePower, baseline: ProgramBaseline | None = None
+        self,
+        events: Events,
+        power: SitePower,
+        baseline: ProgramBaseline | None = None,
+        fast: FastPath | None = None,
     ) -> None:
-        """Run, feeding `events`; `power` and the program's rule (`baseline`) answer reports."""
+        """Run, feeding `events` (zero-notice events matching an armed depth: `fast`, through
+        `ZeroNotice`); `power` and the program's rule (`baseline`) answer reports."""
         self._events, self._power = events, power
+        self._zero_notice = ZeroNotice(self.settings, self.clock, events, fast)
         self.reports.baseline = baseline
         self._task = asyncio.create_task(self._run())
         self._inbox_task = asyncio.create_task(self._work_inbox())
@@ -432,9 +441,15 @@ class Ven31:
             await self._refuse(event.id, str(exc))
             self._handled[event.id] = modification
             return
-        opt, reason = await self.events.accept(external)
+        assert self._zero_notice is not None
+        answer = await self._zero_notice.accept(external)
+        opt, reason = answer.opt, answer.reason
         self._handled[event.id] = modification  # stored: only a new modification is read again
         self._read_at[event.id] = self.clock.monotonic()
+        if answer.fast_event_id is not None:  # its reports settle the fast event
+            log.info("event %s: fired through the fast path", event.id)
+            self.reports.schedule(event, 0.0, self._power, answer.fast_event_id)
+            return
         if opt == "out":
             log.info("event %s: not acted on (%s)", event.id, reason)
             self.reports.stop(event.id)

@@ -116,6 +116,24 @@ class Targets:
             self.probe_id = None
             await self._plan_and_send(facility_kw, event_id, tracking)
 
+    async def take_over(self, facility_kw: float, event_id: str) -> bool:
+        """A shed the fast path holds (`gateway.services.fast`), handed to the ordinary path
+        before its caps' lease ends: planned and sent at once (the site is there already, so
+        the ramp limit counts it as held), renewed like any plan, and stepped back along the
+        up limit by `release`. False, sending nothing, while an event's target is held (its
+        plan is in force under the fast caps) or a probe runs."""
+        if self._target is not None and self._target[1] not in (None, event_id):
+            return False
+        if self.probe_id is not None:
+            return False
+        if self._ramp is not None:
+            self._ramp.cancel()
+            self._ramp = None
+        async with self._lock:
+            self.ramp.held_kw, self.ramp.held_at_s = facility_kw, self.clock.monotonic()
+            await self._plan_and_send(facility_kw, event_id)
+        return True
+
     @property
     def busy(self) -> str | None:
         """Why no probe may start now (a target is held, caps step back), or None."""

@@ -143,6 +143,7 @@ def test_the_page_and_its_assets_are_served_locally(tmp_path):
         for asset, kind in (
             ("dashboard.js", "text/javascript"),
             ("settlement.js", "text/javascript"),
+            ("fast.js", "text/javascript"),
             ("dashboard.css", "text/css"),
         ):
             assert f"/dashboard/{asset}" in page.text
@@ -594,3 +595,61 @@ def test_a_rule_without_a_baseline_shows_its_reason_and_the_other_rule_settles(t
         assert css_text(browser, f"{same} dd.compliance") == "75 % (3 of 4 intervals met)"
         assert css_text(browser, f"{same} p.reason") is None
         assert console_errors(browser) == []
+
+
+@pytest.mark.timeout(120)
+def test_the_fast_path_shows_its_armed_depths_the_frequency_feed_and_its_events(tmp_path, browser):
+    """A site arming 10-40 % with a frequency feed (Modbus, `test_frequency`): the page shows
+    each armed depth as `GET /v1/fast/armed` gives it, the feed's reading; a dip fires the
+    fast path and the page lists the fast event with its depth and the time from its trigger
+    to the agents' caps enforced; a deeper trigger on the API deepens the same event."""
+    from tests.gateway.test_fast import fast_site
+    from tests.gateway.test_frequency import FEED, grid, registers
+
+    with grid(50.0) as (where, holding):
+        url = f"modbus://{where}?register=0&type=float32"
+        with fast_site(tmp_path, memory=True, frequency_url=url, **FEED) as site:
+            armed = site.api.get("/v1/fast/armed").json()
+            browser.get(str(site.api.base_url))
+            assert shown(browser, "fast-state", "the fast path's state") == "armed"
+            for depth in armed["depths_pct"]:
+                row = f'#fast-depths-rows tr[data-depth="{depth:g}"]'
+                key = f"{depth:g}"
+                assert css_text(browser, f"{row} td.kw") == (
+                    f"{armed['expected_reduction_kw'][key]:.1f}"
+                )
+                assert css_text(browser, f"{row} td.nodes") == str(armed["armed_nodes"][key])
+            assert text(browser, "fast-generation") == str(armed["generation"])
+            assert shown(browser, "freq-hz", "the frequency") == "50.000"
+            assert text(browser, "freq-fault") == "none"
+
+            holding[:] = registers(49.62)  # below the 49.7 Hz threshold: 30 %
+            [event] = site.wait(
+                lambda: [
+                    e for e in site.api.get("/v1/events").json()["events"] if e["source"] == "fast"
+                ],
+                what="the fast event",
+            )
+            row = f'#fast-events-rows tr[data-event-id="{event["id"]}"]'
+            wait_for(
+                lambda: css_text(browser, f"{row} td.latency") not in (None, "–"),
+                "the fast event's trigger-to-enforced time",
+                ONE_UPDATE_S,
+            )
+            [sent] = site.api.get("/v1/fast/triggers").json()["triggers"]
+            assert css_text(browser, f"{row} td.latency") == f"{sent['enforced_s'] * 1000:.0f}"
+            assert css_text(browser, f"{row} td.depths") == "30 %"
+            assert text(browser, "fast-state") == "triggered"
+            assert text(browser, "freq-depth") == "30 %"
+
+            answer = site.api.post(
+                "/v1/fast/trigger", json={"depth_pct": 40, "duration_s": 60}, headers=API
+            )
+            assert answer.json()["event_id"] == event["id"]  # a renewal, deeper
+            wait_for(
+                lambda: css_text(browser, f"{row} td.depths") == "30 % → 40 %",
+                "the event deepened",
+                ONE_UPDATE_S,
+            )
+            assert css_text(browser, f"{row} td.renewals") == "1"
+            assert console_errors(browser) == []

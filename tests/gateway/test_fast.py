@@ -33,10 +33,13 @@ DEPTHS = (10.0, 20.0, 30.0, 40.0)
 
 
 @contextlib.contextmanager
-def fast_site(tmp_path, protect: str | None = None, *, memory: bool = False, **extra):
+def fast_site(
+    tmp_path, protect: str | None = None, *, memory: bool = False, gateway_port=0, **extra
+):
     """Agents (checking triggers with the site's secret) and a gateway arming 10-40 %: over
     HTTP, or with `memory` the agents in the gateway's process (`InMemoryAgentClient`);
-    `extra`: more of the gateway's settings."""
+    `gateway_port`: the gateway's (0: any free one); `extra`: more of the gateway's
+    settings."""
     jobs, nodes, _ = start_site(tmp_path, None)
     for job in jobs:
         job["protected"] = job["id"] == protect
@@ -59,7 +62,9 @@ def fast_site(tmp_path, protect: str | None = None, *, memory: bool = False, **e
         )
         client = InMemoryAgentClient({a: nodes[n] for a, n in addresses.items()})
         with (
-            ServerThread(create_app(settings, agents=client if memory else None)) as url,
+            ServerThread(
+                create_app(settings, agents=client if memory else None), port=gateway_port
+            ) as url,
             httpx.Client(base_url=url, timeout=20) as api,
         ):
             assert api.put("/v1/jobs", json={"jobs": jobs}, headers=API).status_code == 200
@@ -133,6 +138,22 @@ def test_a_trigger_puts_every_node_at_its_armed_caps_and_the_lease_restores(tmp_
         assert site.api.get("/v1/fast/armed").json()["holding"] is True
         metrics = samples(site.api.get("/metrics").text)
         assert metrics["flexgate_fast_trigger_to_enforced_seconds_count"] >= 1
+        [sent] = site.api.get("/v1/fast/triggers").json()["triggers"]
+        assert (sent["seq"], sent["event_id"], sent["renewal"]) == (
+            body["seq"],
+            fast[0]["id"],
+            False,
+        )
+        site.wait(
+            lambda: (
+                site.api.get("/v1/fast/triggers").json()["triggers"][0]["reports"]
+                == len(site.nodes)
+            ),
+            what="every node's report",
+        )
+        sent = site.api.get("/v1/fast/triggers").json()["triggers"][0]
+        assert sent["nodes_applied"] == len(site.nodes)
+        assert 0.0 <= sent["first_enforced_s"] <= sent["enforced_s"]
         site.wait(lambda: site.limits() == before, what="the originals back at the lease's end")
         site.wait(
             lambda: site.api.get(f"/v1/events/{body['event_id']}").json()["status"] == "completed",
@@ -209,20 +230,34 @@ def test_the_site_loop_holds_while_a_fast_event_lasts():
 def test_a_restarted_gateway_completes_the_fast_events_that_ended_and_holds_the_others(tmp_path):
     with fast_site(tmp_path) as site:
         short = trigger(site, 20.0, duration_s=0.5).json()["event_id"]
-        long = trigger(site, 30.0, duration_s=600.0).json()["event_id"]
         settings = site.settings
-    # The gateway stopped before either ended (its tasks went with it); another starts.
+    # The gateway stopped before it ended (its tasks went with it); another starts after.
     time.sleep(0.6)
     with (
         ServerThread(create_app(settings)) as url,
         httpx.Client(base_url=url, timeout=20) as api,
     ):
-        status = {e["id"]: e["status"] for e in api.get("/v1/events").json()["events"]}
         wait = Site(api, {}, settings).wait
         wait(lambda: api.get(f"/v1/events/{short}").json()["status"] == "completed", what="done")
-        assert status[long] == "triggered"
+        assert api.get("/v1/fast/armed").json()["holding"] is False
+        # A trigger now is a new event (the other is over), not a renewal.
+        answer = api.post(
+            "/v1/fast/trigger", json={"depth_pct": 30.0, "duration_s": 600.0}, headers=API
+        ).json()
+        assert answer["renewal"] is False
+        long = answer["event_id"]
+        assert long != short
+    with (
+        ServerThread(create_app(settings)) as url,
+        httpx.Client(base_url=url, timeout=20) as api,
+    ):
         assert api.get(f"/v1/events/{long}").json()["status"] == "triggered"
         assert api.get("/v1/fast/armed").json()["holding"] is True
+        # A trigger while it lasts renews it, after a restart too.
+        again = api.post(
+            "/v1/fast/trigger", json={"depth_pct": 30.0, "duration_s": 600.0}, headers=API
+        ).json()
+        assert (again["event_id"], again["renewal"]) == (long, True)
 
 
 class BrokerDown:

@@ -209,3 +209,59 @@ _STAMPS = ("id", "objectType", "createdDateTime", "modificationDateTime")
 def _a_second_later(event) -> bool:
     stamp = datetime.fromisoformat(event["modificationDateTime"]).replace(tzinfo=UTC)
     return datetime.now(UTC) - stamp > timedelta(seconds=1.1)
+
+
+def test_a_zero_notice_event_fires_the_armed_plans_through_the_fast_path(
+    tmp_path, vtn, program, logs
+):
+    """A CONTROL_SETPOINT of -30 % starting now, issued by the utility's business logic: the
+    VEN fires the site's armed 30 % caps through one signed trigger (docs/fast.md, "OpenADR
+    events with zero notice") and stores no ordinary event; with notice, the ordinary way."""
+    from tests.gateway.test_fast import fast_site
+    from tests.gateway.test_fast_openadr import at_armed, fast_events
+
+    port = free_port()
+    settings = {
+        "openadr": "3.1",
+        "vtn_url": vtn.url,
+        "vtn_client_id": refvtn.VEN_CLIENT,
+        "vtn_client_secret": refvtn.VEN_SECRET,
+        "vtn_allow_http": True,
+        "vtn_poll_s": POLL_S,
+        "ven_callback_url": f"http://127.0.0.1:{port}{CALLBACK_PATH}",
+        "ven_name": VEN_NAME,
+        "ven_resources": "site-a",
+    }
+    setpoint = [
+        {
+            "objectType": "EVENT_PAYLOAD_DESCRIPTOR",
+            "payloadType": "CONTROL_SETPOINT",
+            "units": "PERCENT",
+        }
+    ]
+    with fast_site(tmp_path, gateway_port=port, **settings) as site:
+        site.wait(
+            lambda: site.api.get("/health").json()["ven"] == "registered",
+            seconds=20,
+            what="the VEN's registration with the reference VTN",
+        )
+        body = event_body(program, "CONTROL_SETPOINT", [-0.3], payloadDescriptors=setpoint)
+        body["intervalPeriod"] = {"start": "0001-01-01T00:00:00Z", "duration": "PT30S"}
+        event = vtn.post("/events", body)
+        [fast] = site.wait(lambda: fast_events(site), seconds=POLL_S + 10, what="the fast event")
+        assert fast["external_id"] == event["id"]
+        assert fast["intervals"][0]["depth_pct"] == 30.0
+        site.wait(lambda: at_armed(site, 30.0), what="every node at its armed caps")
+        assert stored(site, event["id"]) is None
+        later = vtn.post(
+            "/events",
+            event_body(
+                program, "CONTROL_SETPOINT", [-0.3], start_s=300.0, payloadDescriptors=setpoint
+            ),
+        )
+        site.wait(
+            lambda: status(site, later["id"]) == "pending",
+            seconds=POLL_S + 10,
+            what="the event with notice stored",
+        )
+        assert len(fast_events(site)) == 1

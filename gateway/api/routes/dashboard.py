@@ -1,4 +1,4 @@
-"""`/`: the operator's dashboard, a static page and its two assets, served from
+"""`/`: the operator's dashboard, a static page and its assets, served from
 `gateway/dashboard/`. The page holds no data: it reads the JSON API like any client, with the
 token the operator types (kept in the browser's session storage only), so it needs no token to
 load and shows nothing without one when `FLEXGATE_READ_TOKEN` is set."""
@@ -19,6 +19,7 @@ MEDIA_TYPES = {
     "index.html": "text/html; charset=utf-8",
     "dashboard.js": "text/javascript; charset=utf-8",
     "settlement.js": "text/javascript; charset=utf-8",
+    "fast.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
 }
 HEADERS = {

@@ -45,6 +45,7 @@ class FastTriggered(BaseModel):
     duration_s: float
     expected_reduction_kw: float  #: the depth's planned reduction at the facility meter [kW]
     armed_nodes: int  #: nodes holding caps armed at that depth
+    renewal: bool = False  #: it renewed the fast event in force (no new event)
 
 
 class FastArmed(BaseModel):
@@ -54,8 +55,26 @@ class FastArmed(BaseModel):
     expected_reduction_kw: dict[str, float]  #: per depth [kW]
     armed_nodes: dict[str, int]  #: per depth, the nodes holding caps for it
     nodes_sent: int  #: armed states sent since start (only the nodes whose caps moved)
+    last_rearm_at: str | None = None  #: when plans were last sent (ISO UTC; null: never)
     settled: bool  #: every node holds the plans of the mix and fleet in force
     holding: bool  #: a fast event lasts now
+
+
+class FastTriggerSent(BaseModel):
+    seq: int
+    event_id: str | None  #: the fast event it started or renewed (null while being sent)
+    depth_pct: float
+    sent_at: str  #: ISO UTC
+    renewal: bool
+    reports: int  #: agents' reports so far (one per agent process over NATS, per node else)
+    nodes_applied: int  #: nodes whose armed caps were enforced (read back)
+    failed_gpus: int  #: GPUs whose cap did not read back
+    first_enforced_s: float | None  #: trigger to the first report [s]
+    enforced_s: float | None  #: trigger to the last report so far [s]
+
+
+class FastTriggers(BaseModel):
+    triggers: list[FastTriggerSent]  #: the last 100 since start, newest last
 
 
 @router.post(
@@ -71,6 +90,13 @@ async def trigger(body: FastTriggerCreate, fast: FastDep, actor: Writer) -> dict
 @router.get("/fast/armed", response_model=FastArmed)
 async def armed(fast: FastDep) -> dict[str, Any]:
     return fast.doc()
+
+
+@router.get("/fast/triggers", response_model=FastTriggers)
+async def triggers(fast: FastDep) -> dict[str, Any]:
+    """The last triggers sent since start, each with its agents' reports: trigger to caps
+    enforced, as the `flexgate_fast_trigger_to_enforced_seconds` histogram counts it."""
+    return {"triggers": list(fast.triggers)}
 
 
 class FastFrequency(BaseModel):
