@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -161,7 +162,7 @@ def uniform(times: np.ndarray, trace: np.ndarray, dt_s: float) -> np.ndarray:
     if ok.sum() < 2:
         return np.full(count, np.nan)
     taken, values = times[ok], trace[ok]
-    out = np.interp(grid, taken, values)
+    out: np.ndarray = np.interp(grid, taken, values)
     after = np.clip(np.searchsorted(taken, grid), 1, taken.size - 1)
     nearest = np.minimum(np.abs(grid - taken[after - 1]), np.abs(taken[after] - grid))
     out[nearest > 1.5 * dt_s] = np.nan
@@ -175,7 +176,7 @@ def measure(trace: np.ndarray, dt_s: float, cap_w: float) -> tuple[CapPoint, flo
     if ok.sum() < 16:
         return None
     span_s = trace.size * dt_s
-    base = {"cap_w": cap_w, "samples": int(ok.sum()), "span_s": span_s}
+    base: dict[str, Any] = {"cap_w": cap_w, "samples": int(ok.sum()), "span_s": span_s}
     try:
         found = estimate_waveform(trace, dt_s, max_period_s=max(span_s / MIN_PERIODS, 0.5))
     except FlexModelError as exc:

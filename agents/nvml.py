@@ -79,7 +79,9 @@ class NvmlBackend:
         return Constraints(min_w=low / 1000.0, max_w=high / 1000.0, default_w=default / 1000.0)
 
     def enforced_limit_w(self, index: int) -> float:
-        return self._call(self._nvml.nvmlDeviceGetEnforcedPowerLimit, self._handle(index)) / 1000.0
+        h = self._handle(index)
+        milliwatts: int = self._call(self._nvml.nvmlDeviceGetEnforcedPowerLimit, h)
+        return milliwatts / 1000.0
 
     def set_limit_w(self, index: int, watts: float) -> None:
         milliwatts = round(watts * 1000.0)
@@ -91,11 +93,12 @@ class NvmlBackend:
             instant = self._instant_mw(h)
             if instant is not None:
                 return instant / 1000.0
-        return self._call(self._nvml.nvmlDeviceGetPowerUsage, h) / 1000.0
+        milliwatts: int = self._call(self._nvml.nvmlDeviceGetPowerUsage, h)
+        return milliwatts / 1000.0
 
     def energy_j(self, index: int) -> float | None:
         try:
-            millijoules = self._call(
+            millijoules: int = self._call(
                 self._nvml.nvmlDeviceGetTotalEnergyConsumption, self._handle(index)
             )
         except NotSupportedError:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import hmac
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -332,7 +332,7 @@ class Health(BaseModel):
     )
 
 
-def validation_detail(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def validation_detail(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """A request's validation errors for a 422 answer: where and what, never the input itself
     (a NaN there would not even serialise)."""
     return [
@@ -341,7 +341,7 @@ def validation_detail(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def validation_status(errors: list[dict[str, Any]]) -> int:
+def validation_status(errors: Sequence[Mapping[str, Any]]) -> int:
     """The status of a refused body: 400 when it is not JSON at all, else 422."""
     return 400 if any(e["type"] == "json_invalid" for e in errors) else 422
 

@@ -41,6 +41,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -252,7 +253,8 @@ class SimulatedBackend:
         if cap not in job.readings:
             if len(job.readings) >= READINGS_KEPT:
                 job.readings.clear()
-            job.readings[cap] = tuple(float(v[0]) for v in operating_point(job.curve, cap))
+            reading = tuple(float(v[0]) for v in operating_point(job.curve, cap))
+            job.readings[cap] = cast("tuple[float, float, float]", reading)  # mean, thr, period
         mean, thr, period = job.readings[cap]
         job.mean_w = mean
         job.compute_s = period - (1.0 - job.duty) * job.period_s
