@@ -112,8 +112,9 @@ REFERENCE_EVERY = 2
 #: Corrections of a plan's target towards the same true shed at most (the shed is nearly
 #: proportional to the target: a few suffice).
 SHED_CORRECTIONS = 8
-#: What the planner is told of a job before it is measured.
-UNKNOWN = ("pfi", "pfi_grid_w", "sweep")
+#: What the planner is told of a job before it is measured (its static share and exponent are
+#: its GPUs' physics: the simulated GPUs report the SM clock they imply).
+UNKNOWN = ("pfi", "pfi_grid_w", "sweep", "static_share", "exponent")
 
 
 def draw_jobs(count: int, seed: int = 11) -> list[dict]:
@@ -136,7 +137,9 @@ def draw_jobs(count: int, seed: int = 11) -> list[dict]:
             "comm_power_fraction": float(rng.uniform(*COMM_POWER_FRACTION)),
         }
         shape = (float(rng.uniform(*STATIC_SHARE)), float(rng.uniform(*EXPONENT)))
-        jobs.append(job | {"sweep": true_sweep(job, *shape)})
+        jobs.append(
+            job | {"sweep": true_sweep(job, *shape), "static_share": shape[0], "exponent": shape[1]}
+        )
     return jobs
 
 
@@ -213,6 +216,8 @@ def probe_once(truth: dict, periods: float, seed: int, references: bool = True) 
         "good": verdict(fit, GOOD_STDERR) is None,
         "sweep": fit["sweep"],
         "drift": fit.get("drift"),
+        "shape": fit.get("shape"),
+        "true_shape": {"static_share": truth["static_share"], "exponent": truth["exponent"]},
     }
     return out
 
@@ -254,7 +259,8 @@ def beliefs(jobs: list[dict], rows: list[dict], seed: int = 5) -> dict[str, list
         "default": declared,
         "predicted": predicted,
         "measured": measured(),
-        "measured_at_eq_1": measured(eq_1=True),
+        "measured_fleet_shape": measured(own_shape=False),
+        "measured_at_eq_1": measured(eq_1=True, own_shape=False),
         "measured_points": measured(shape="points"),
         "measured_linear": measured(shape="points", interpolation="linear"),
         "measured_within_range": measured(shape="points", extension="none"),
@@ -359,7 +365,53 @@ def summarise(rows: list[dict], periods: float) -> dict:
     }
 
 
+def plans_only(seed: int) -> None:
+    """One draw's plans only, probed at P = 20 (`--plans-only SEED`: the gap target's cells
+    without the PFI-error table, for a machine too busy for the whole bench); written to
+    `results/pfi_plans_SEED.json`, merged into `pfi.json` by `--merge-plans`."""
+    drawn = draw_jobs(JOBS, seed=seed)
+    started = time.perf_counter()
+    probed = [probe_once(job, PLANNED_PERIODS, seed=i) for i, job in enumerate(drawn)]
+    doc = {
+        "seed": seed,
+        "plans": compare_plans(drawn, probed),
+        "shapes": [r["fit"]["shape"] | r["fit"]["true_shape"] for r in probed if r["fit"]],
+        "wall_s": time.perf_counter() - started,
+    }
+    (RESULTS / f"pfi_plans_{seed}.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def merge_plans() -> None:
+    """The three draws' plans (`--plans-only`) into `pfi.json`, its PFI-error table kept."""
+    path = RESULTS / "pfi.json"
+    doc = json.loads(path.read_text())
+    draws = {
+        s: json.loads((RESULTS / f"pfi_plans_{s}.json").read_text()) for s in (11, *OTHER_DRAWS)
+    }
+    doc["plans"] = draws[11]["plans"]
+    doc["plans_other_draws"] = {str(s): draws[s]["plans"] for s in OTHER_DRAWS}
+    doc["plans_rerun"] = (
+        "plans and plans_other_draws re-run with --plans-only (SM clock shapes); results, "
+        "without_references and plans_without_references are the previous full run's"
+    )
+    doc["gap_target_met"] = all(
+        r["gap_closed"]["measured"] >= GAP_TARGET for d in draws.values() for r in d["plans"]
+    )
+    doc["shapes"] = {str(s): d["shapes"] for s, d in draws.items()}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    for s, d in draws.items():
+        for name in ("measured", "measured_fleet_shape"):
+            closed = ", ".join(f"{100 * r['gap_closed'][name]:.1f}%" for r in d["plans"])
+            print(f"draw {s}: {name} closes {closed}")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--plans-only"]:
+        plans_only(int(sys.argv[2]))
+        return
+    if sys.argv[1:2] == ["--merge-plans"]:
+        merge_plans()
+        return
     jobs = draw_jobs(JOBS)
     started = time.perf_counter()
     results, detail = [], {}
