@@ -204,6 +204,8 @@ class SimulatedBackend:
         self._firmware_s = firmware_s
         self._irregular = irregularity if irregularity and not irregularity.regular else None
         self._rng = np.random.default_rng(seed)
+        #: the clock's noise apart, so reading the clock leaves the power's draws as they were
+        self._clock_rng = np.random.default_rng([seed, 1])
         self._lock = threading.Lock()
         self.node_id = node_id
         self._gpus = [_Gpu() for _ in range(gpus)]
@@ -392,7 +394,7 @@ class SimulatedBackend:
             if true >= MAX_CLOCK_MHZ:  # not held back: the boost clock itself
                 return MAX_CLOCK_MHZ
             # Held back, the firmware dithers about the clock the cap allows.
-            read = true + float(self._rng.normal(0.0, CLOCK_NOISE_MHZ))
+            read = true + float(self._clock_rng.normal(0.0, CLOCK_NOISE_MHZ))
             return min(round(read / CLOCK_STEP_MHZ) * CLOCK_STEP_MHZ, MAX_CLOCK_MHZ)
 
     def _clock_mhz(self, index: int, now: float) -> float:

@@ -7,6 +7,9 @@ simulated GPUs with noise: 5 W per sample, iterations jittering by 2%, a slow dr
 Each job's true curve is not the planner's fleet family: its static share and exponent are
 drawn from the workload model's ranges too (`flexmodel.workload`), and the simulated GPUs run
 it as a dense sweep, so a belief built on the fleet family is wrong in shape as well as PFI.
+The simulated GPUs report the SM clock that shape implies (DVFS physics with each job's own
+static share and exponent, noise and 15 MHz steps: `agents.simulated`), and the gateway fits
+each job's shape from the clock at its levels (`fit.shape`, `flexmodel.dvfs`).
 The gateway knows none of their PFIs: each job is probed as `flexgate characterise` would, from
 its declared curve (the fleet default), its uncapped level and three caps down to its probe
 floor (65% of its throughput by that curve), with the uncapped level again after the second
@@ -39,8 +42,11 @@ plans on (`gateway.services.curves.fields_in_force`): a fit whose PFI's standard
 most 0.15 or below its prediction's is the job's curve, the fleet family on its grid through
 its uncapped level nearest its levels in least squares (`FLEXGATE_CURVE_SHAPE=family`,
 `sweep_interpolation: family`, `flexmodel.pfi.fitted_family_pfi`); a fit not good enough for
-that is weighed with the prediction on the job's own grid. `measured_at_eq_1` is the family
-at the fit's Eq. 1 PFI instead (before). `measured_points` plans on the measured points instead
+that is weighed with the prediction on the job's own grid. The curve in force takes the
+job's own static share and exponent where the SM clock identified them;
+`measured_fleet_shape` is the same on the fleet's shape (before issue 34's clock).
+`measured_at_eq_1` is the fleet's family at the fit's Eq. 1 PFI instead (before).
+`measured_points` plans on the measured points instead
 (`FLEXGATE_CURVE_SHAPE=points`, before: a monotone cubic between the levels,
 `sweep_interpolation: pchip`, and the fleet family at its PFI below them,
 `sweep_extension: family`); `measured_linear` and `measured_within_range` are those points
@@ -50,6 +56,8 @@ plans are compared on two further draws of 60 jobs too (`plans_other_draws`); th
 holds only if it holds on all three.
 
     python bench/pfi_bench.py            # writes bench/results/pfi.json
+    python bench/pfi_bench.py --plans-only SEED   # one draw's plans (11, 12, 13) at P = 20
+    python bench/pfi_bench.py --merge-plans       # those three into pfi.json
 """
 
 from __future__ import annotations
