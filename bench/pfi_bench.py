@@ -383,7 +383,11 @@ def plans_only(seed: int) -> None:
     doc = {
         "seed": seed,
         "plans": compare_plans(drawn, probed),
-        "shapes": [r["fit"]["shape"] | r["fit"]["true_shape"] for r in probed if r["fit"]],
+        "shapes": [
+            r["fit"]["shape"] | {f"true_{k}": v for k, v in r["fit"]["true_shape"].items()}
+            for r in probed
+            if r["fit"]
+        ],
         "wall_s": time.perf_counter() - started,
     }
     (RESULTS / f"pfi_plans_{seed}.json").write_text(json.dumps(doc, indent=1) + "\n")
@@ -405,7 +409,11 @@ def merge_plans() -> None:
     doc["gap_target_met"] = all(
         r["gap_closed"]["measured"] >= GAP_TARGET for d in draws.values() for r in d["plans"]
     )
-    doc["shapes"] = {str(s): d["shapes"] for s, d in draws.items()}
+    doc["shapes"] = {  # each job's fitted shape beside its truth
+        str(s): d["shapes"]
+        for s, d in draws.items()
+        if all("true_static_share" in x for x in d["shapes"])
+    }
     path.write_text(json.dumps(doc, indent=1) + "\n")
     for s, d in draws.items():
         for name in ("measured", "measured_fleet_shape"):
