@@ -15,6 +15,11 @@ Every stretch is kept too, the last `MAX_STRETCHES` of them, each with when it w
 capped ones, and the gateway measures the job's drift from those repeats (`stretches`).
 A run at one cap longer than the sample window stays one stretch as the window slides.
 
+Each stretch gives the job's SM clock too, where the GPUs' clocks were read: its mean over the
+whole periods and its mean in the compute phase (`compute_sm_clock_mhz`: the samples above the
+midpoint of the two power levels, less one sample either side of each edge, where a reading
+may straddle the phases), the clock a cap lowers.
+
 Errors: the mean power's from the spread of per-period means; the period's from the two
 halves of the stretch measured apart (half their difference), at least the resolution of the
 sampling over the stretch (twice that when the stretch is too short to halve); the relative
@@ -66,9 +71,16 @@ class CapLevels:
         self._stretches: dict[str, dict[float, _Level]] = {}
 
     def update(
-        self, job_id: str, times: np.ndarray, trace: np.ndarray, caps: np.ndarray, dt_s: float
+        self,
+        job_id: str,
+        times: np.ndarray,
+        trace: np.ndarray,
+        caps: np.ndarray,
+        dt_s: float,
+        clock: np.ndarray | None = None,
     ) -> None:
-        """Measure the stretches at one cap in this window (`caps` NaN where unknown)."""
+        """Measure the stretches at one cap in this window (`caps` NaN where unknown; `clock`
+        the job's SM clock at each sample [MHz], NaN or None where not read)."""
         levels = self._levels.setdefault(job_id, {})
         runs = self._stretches.setdefault(job_id, {})
         for start, stop, cap in _stretches(times, caps):
@@ -78,7 +90,13 @@ class CapLevels:
             growing = stop == times.size  # the stretch under way now
             if seen is not None and (seen.end == t1 or (growing and t1 - seen.end < REMEASURE_S)):
                 continue  # measured already, or grown too little to measure again
-            found = measure(uniform(times[start:stop], trace[start:stop], dt_s), dt_s, cap)
+            span = times[start:stop]
+            found = measure(
+                uniform(span, trace[start:stop], dt_s),
+                dt_s,
+                cap,
+                None if clock is None else uniform(span, clock[start:stop], dt_s),
+            )
             if found is None:
                 continue
             point, periods = found
@@ -169,9 +187,11 @@ def uniform(times: np.ndarray, trace: np.ndarray, dt_s: float) -> np.ndarray:
     return out
 
 
-def measure(trace: np.ndarray, dt_s: float, cap_w: float) -> tuple[CapPoint, float] | None:
+def measure(
+    trace: np.ndarray, dt_s: float, cap_w: float, clock: np.ndarray | None = None
+) -> tuple[CapPoint, float] | None:
     """The point one stretch at `cap_w` gives, and the periods it covered; None when too few
-    samples are finite."""
+    samples are finite. `clock`: the SM clock at the same samples [MHz] (NaN where not read)."""
     ok = np.isfinite(trace)
     if ok.sum() < 16:
         return None
@@ -192,6 +212,7 @@ def measure(trace: np.ndarray, dt_s: float, cap_w: float) -> tuple[CapPoint, flo
     blocks = trace[: (whole // width) * width].reshape(-1, width)
     means = np.array([np.nanmean(b) for b in blocks if np.isfinite(b).sum() >= width / 2])
     power_se = float(means.std(ddof=1) / math.sqrt(means.size)) if means.size >= 2 else None
+    clocks = _clocks(trace, clock, whole, width, 0.5 * (found.compute_w + found.comm_w))
     return (
         CapPoint(
             **base,
@@ -203,9 +224,36 @@ def measure(trace: np.ndarray, dt_s: float, cap_w: float) -> tuple[CapPoint, flo
             compute_w=found.compute_w,
             comm_w=found.comm_w,
             periods=periods,
+            **clocks,
         ),
         periods,
     )
+
+
+def _clocks(
+    trace: np.ndarray, clock: np.ndarray | None, whole: int, width: int, midpoint_w: float
+) -> dict[str, float | None]:
+    """The stretch's mean SM clock over its whole periods and in its compute phase, with the
+    latter's error from the spread of its per-period means [MHz]; none where not read."""
+    if clock is None or not np.isfinite(clock[:whole]).any():
+        return {}
+    part, power = clock[:whole], trace[:whole]
+    high = np.nan_to_num(power, nan=-np.inf) > midpoint_w
+    # A sample next to an edge may read the other phase's clock: left out.
+    inner = high & np.roll(high, 1) & np.roll(high, -1)
+    inner[[0, -1]] = high[[0, -1]]
+    ok = inner & np.isfinite(part)
+    out: dict[str, float | None] = {"sm_clock_mhz": float(np.nanmean(part))}
+    if ok.sum() < 2:
+        return out
+    out["compute_sm_clock_mhz"] = float(part[ok].mean())
+    blocks = [
+        part[i : i + width][ok[i : i + width]] for i in range(0, (whole // width) * width, width)
+    ]
+    means = np.array([b.mean() for b in blocks if b.size])
+    if means.size >= 2:
+        out["compute_sm_clock_stderr_mhz"] = float(means.std(ddof=1) / math.sqrt(means.size))
+    return out
 
 
 def _period_error(trace: np.ndarray, dt_s: float, period_s: float, periods: float) -> float:

@@ -11,6 +11,9 @@ offers it, else from `nvmlDeviceGetPowerUsage`, a 1 s average on Hopper (`averag
 which, so phase estimation can refuse periods it cannot resolve). Persistence mode is reported:
 without it a driver reload forgets the limits. Memory utilisation (`nvmlDeviceGetUtilizationRates`,
 percent) becomes a fraction here: one factor of the DRAM copy product (`agents.features`).
+The SM clock (`nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)`, MHz, the clock now) is read with
+the power: under a cap it shows how far the firmware lowered the clock, which gives the job's
+power-to-clock shape (`flexmodel.dvfs`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from agents.errors import BackendError, GpuLostError, NoPermissionError, NotSupp
 T = TypeVar("T")
 INSTANT_FIELD = 186  # NVML_FI_DEV_POWER_INSTANT, when the module lacks the name
 SW_POWER_CAP = 0x4  # nvmlClocksEventReasonSwPowerCap
+CLOCK_SM = 1  # NVML_CLOCK_SM, when the module lacks the name
 
 
 class NvmlBackend:
@@ -104,6 +108,13 @@ class NvmlBackend:
         except NotSupportedError:
             return None
         return millijoules / 1000.0
+
+    def sm_clock_mhz(self, index: int) -> float | None:
+        kind = getattr(self._nvml, "NVML_CLOCK_SM", CLOCK_SM)
+        try:
+            return float(self._call(self._nvml.nvmlDeviceGetClockInfo, self._handle(index), kind))
+        except NotSupportedError:
+            return None
 
     def power_capped(self, index: int) -> bool | None:
         reasons = getattr(self._nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(

@@ -206,6 +206,8 @@ class GpuPower(BaseModel):
     index: int
     power_w: list[float]  #: recent samples, oldest first
     sample_interval_s: float
+    #: the mean SM clock over those samples [MHz] (NVML_CLOCK_SM); None where not read
+    sm_clock_mhz: float | None = None
 
 
 class CapPoint(BaseModel):
@@ -225,6 +227,12 @@ class CapPoint(BaseModel):
     #: null without a period. A cap at or below `comm_w` clips both flat: no period shows.
     compute_w: float | None = None
     comm_w: float | None = None
+    #: the mean SM clock over the stretch's whole periods, and over its compute phase (the
+    #: samples above the midpoint of the two levels: what a cap slows) with its standard
+    #: error [MHz]; None where the GPUs' clocks were not read
+    sm_clock_mhz: float | None = None
+    compute_sm_clock_mhz: float | None = None
+    compute_sm_clock_stderr_mhz: float | None = None
     relative_throughput: float | None = None
     relative_throughput_stderr: float | None = None
     periods: float = 0.0  #: iteration periods the stretch covered
@@ -244,6 +252,8 @@ class JobTelemetry(BaseModel):
     phase_rad: float | None  #: None when the reading is too coarse for the period
     phase_at: float | None  #: agent monotonic time [s] of that phase
     power_w: float | None  #: mean power per GPU over the window
+    #: the mean SM clock of the job's GPUs over the window [MHz]; None where not read
+    sm_clock_mhz: float | None = None
     period_confidence: float | None = None  #: the autocorrelation at the period (1: alike)
     no_period_reason: str | None = None  #: why `period_s` is null, when a trace was read
     cap_w: float | None = None  #: the lowest enforced limit of the job's GPUs now [W]

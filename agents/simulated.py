@@ -27,6 +27,15 @@ of the feature model (`flexmodel.predictor.dram_copy_product`, with its scatter 
 drawn from the job's id, so every node agrees), split into memory copy utilisation (what NVML
 reads) and DRAM activity (what DCGM reads, `read_dram_active`), constant while the job runs.
 
+Each GPU reports its SM clock (`sm_clock_mhz`) from the DVFS physics of its job, not from
+the curve a fit assumes: the compute phase runs at the clock fraction `f` at which its power
+fraction `q = s + (1 - s) f^a` (the job's own static share and exponent, the fleet family's
+when the job mix gives none) equals what the cap leaves of its compute level; the
+communication phase, below the cap, runs at the full clock. A clock held back by the cap
+carries noise (the firmware dithers about it) and comes in `CLOCK_STEP_MHZ` steps, as NVML's
+do; the full clock reads as it is. The throughput a clock gives is the job's curve's (its
+clock-insensitive share): the clock says nothing of it.
+
 `irregularity` (`agents.irregularity.Irregularity`, off by default) gives the jobs real jobs'
 iteration jitter, periodic pauses and slow drift of power and of pace, for testing what reads
 their power; the
@@ -48,7 +57,14 @@ import numpy as np
 from agents.backend import Constraints
 from agents.errors import BackendError, InvalidSetupError
 from agents.irregularity import Irregularity
-from flexmodel.curves import Curves, operating_point, waveform_levels
+from flexmodel.curves import (
+    EXPONENT,
+    STATIC_SHARE,
+    Curves,
+    clock_fraction,
+    operating_point,
+    waveform_levels,
+)
 from flexmodel.errors import FlexModelError
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.jobs import Job, JobMix
@@ -60,6 +76,13 @@ IDLE_W = 80.0
 FIRMWARE_S = 0.03
 #: Curve readings kept per job (`_Job.readings`) before they are cleared
 READINGS_KEPT = 64
+#: The simulated GPU's highest SM clock [MHz] (an H200's boost clock), the steps its clock
+#: takes and the noise of one reading (before the steps) [MHz].
+MAX_CLOCK_MHZ = 1980.0
+CLOCK_STEP_MHZ = 15.0
+CLOCK_NOISE_MHZ = 10.0
+#: An idle GPU's SM clock [MHz].
+IDLE_CLOCK_MHZ = 345.0
 #: The job a node runs when the mix places none on it.
 DEFAULT_JOB = {
     "id": "default",
@@ -129,6 +152,8 @@ class _Job:
     compute_share: float = 0.0  #: of the iteration's time
     scale: float = 1.0
     throughput: float = 0.0
+    static_share: float = STATIC_SHARE  #: the job's DVFS physics (`sm_clock_mhz`)
+    exponent: float = EXPONENT
     mem_copy_util: float = 0.0  #: telemetry features (`job_features`)
     dram_active: float = 0.0
     stale: bool = True  #: the caps changed since the pace was computed
@@ -180,6 +205,8 @@ class SimulatedBackend:
         self._firmware_s = firmware_s
         self._irregular = irregularity if irregularity and not irregularity.regular else None
         self._rng = np.random.default_rng(seed)
+        #: the clock's noise apart, so reading the clock leaves the power's draws as they were
+        self._clock_rng = np.random.default_rng([seed, 1])
         self._lock = threading.Lock()
         self.node_id = node_id
         self._gpus = [_Gpu() for _ in range(gpus)]
@@ -223,6 +250,8 @@ class SimulatedBackend:
                 duty=job.duty,
                 compute_w=float(compute),
                 comm_w=float(comm),
+                static_share=STATIC_SHARE if job.static_share is None else job.static_share,
+                exponent=EXPONENT if job.exponent is None else job.exponent,
             )
             sim.mem_copy_util, sim.dram_active = job_features(
                 job.id, _true_pfi(job), self._feature_noise
@@ -358,6 +387,35 @@ class SimulatedBackend:
 
     def energy_j(self, index: int) -> float | None:
         return None
+
+    def sm_clock_mhz(self, index: int) -> float | None:
+        """The SM clock now [MHz], as NVML's `nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)` reads it."""
+        with self._lock:
+            gpu = self._gpu(index)
+            true = IDLE_CLOCK_MHZ if gpu.job is None else self._clock_mhz(index, self._clock())
+            if true >= MAX_CLOCK_MHZ:  # not held back: the boost clock itself
+                return MAX_CLOCK_MHZ
+            # Held back, the firmware dithers about the clock the cap allows.
+            read = true + float(self._clock_rng.normal(0.0, CLOCK_NOISE_MHZ))
+            return min(round(read / CLOCK_STEP_MHZ) * CLOCK_STEP_MHZ, MAX_CLOCK_MHZ)
+
+    def _clock_mhz(self, index: int, now: float) -> float:
+        """The clock the cap leaves the job's present phase: the compute phase's from its
+        power fraction under the cap (DVFS), the communication phase's full where the cap
+        does not clip it."""
+        gpu = self._gpus[index]
+        job = self._pace(gpu.job) if gpu.job is not None else None
+        if job is None:
+            return IDLE_CLOCK_MHZ
+        lag = math.exp(-(now - gpu.changed_at) / self._firmware_s) if self._firmware_s else 0.0
+        clip = gpu.limit_w + (gpu.previous_w - gpu.limit_w) * lag
+        cycle = self._phase(job, now) % 1.0
+        level = job.compute_w if cycle < job.duty else job.comm_w
+        if level <= clip:
+            return MAX_CLOCK_MHZ
+        # The phase's power at full clock is its level; the cap leaves `clip / level` of it.
+        f = clock_fraction(clip / level, job.static_share, job.exponent)
+        return MAX_CLOCK_MHZ * float(f)
 
     def power_capped(self, index: int) -> bool | None:
         gpu = self._gpu(index)

@@ -7,10 +7,15 @@ phase (`estimate_phase`). The phase is null when the backend's reading averages 
 for the job's period (NVML's 1 s average for periods under about 3 s). The enforced limits are
 sampled with the power, so each job's points per cap level (`agents.levels.CapLevels`) come from
 the same trace: the sweep a probe or an event leaves, measured without touching the job.
+Each GPU's SM clock is sampled with its power (where the backend reads it): each GPU's recent
+mean and the job's mean are reported, and each stretch at one cap gives the job's mean clock
+and its clock in the compute phase (`agents.levels.measure`), from which the gateway fits the
+job's power-to-clock shape (`flexmodel.dvfs`).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +53,11 @@ class Sampler:
         size = max(int(window_s * sample_hz), 16)
         self._power = np.full((backend.count(), size), np.nan)
         self._limits = np.full((backend.count(), size), np.nan)
+        self._clocks = np.full((backend.count(), size), np.nan)
+        #: the backend's SM clock reading, where it has one
+        self._read_clock: Callable[[int], float | None] | None = getattr(
+            backend, "sm_clock_mhz", None
+        )
         self.levels = CapLevels()
         #: The power sensor read (FLEXGATE_AGENT_SENSOR_LAG_S, else by the GPU model): the
         #: phases are corrected by its lag, so GPUs of different models compare.
@@ -71,18 +81,32 @@ class Sampler:
     def sample_once(self) -> None:
         row = np.full(self._power.shape[0], np.nan)
         limits = np.full(row.size, np.nan)
+        clocks = np.full(row.size, np.nan)
         for index in range(row.size):
             try:
                 row[index] = self.backend.power_w(index)
                 limits[index] = self.backend.enforced_limit_w(index)
             except AgentError:
                 self.read_errors += 1
+            clocks[index] = self._clock_of(index)
         with self._lock:
             self._power[:, self._next] = row
             self._limits[:, self._next] = limits
+            self._clocks[:, self._next] = clocks
             self._times[self._next] = self.clock()
             self._next = (self._next + 1) % self._times.size
             self._filled = min(self._filled + 1, self._times.size)
+
+    def _clock_of(self, index: int) -> float:
+        """GPU `index`'s SM clock now [MHz], NaN where the backend does not read it (a clock
+        missing is no power reading missing: not counted in `read_errors`)."""
+        if self._read_clock is None:
+            return math.nan
+        try:
+            value = self._read_clock(index)
+        except AgentError:
+            return math.nan
+        return math.nan if value is None else float(value)
 
     def _run(self) -> None:
         deadline = time.monotonic()
@@ -107,38 +131,48 @@ class Sampler:
 
     def window_with_limits(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(times (S,), power (G, S), enforced limits (G, S)), oldest first."""
+        times, power, limits, _ = self.window_with_clocks()
+        return times, power, limits
+
+    def window_with_clocks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(times (S,), power (G, S), enforced limits (G, S), SM clocks (G, S) [MHz], NaN
+        where not read), oldest first."""
         with self._lock:
             order = np.roll(np.arange(self._times.size), -self._next)[-self._filled :]
             return (
                 self._times[order].copy(),
                 self._power[:, order].copy(),
                 self._limits[:, order].copy(),
+                self._clocks[:, order].copy(),
             )
 
     def gpu_power(self, last: int = 100) -> list[GpuPower]:
-        _, power = self.window()
+        _, power, _, clocks = self.window_with_clocks()
         return [
             GpuPower(
                 index=i,
                 power_w=[float(v) for v in power[i, -last:] if np.isfinite(v)],
                 sample_interval_s=self.interval_s,
+                sm_clock_mhz=_mean_or_none(clocks[i, -last:]),
             )
             for i in range(power.shape[0])
         ]
 
     def job_telemetry(self) -> list[JobTelemetry]:
-        times, power, limits = self.window_with_limits()
+        times, power, limits, clocks = self.window_with_clocks()
         out = []
         for job_id, gpus in self.jobs.items():
             trace = _mean_over_gpus(power[gpus])
             found = self._estimate(job_id, times, trace)
             if times.size:
                 caps = _lowest(limits[gpus])
-                self.levels.update(job_id, times, trace, caps, self.interval_s)
+                clock = _mean_over_gpus(clocks[gpus])
+                self.levels.update(job_id, times, trace, caps, self.interval_s, clock)
                 reference, points = self.levels.points(job_id)
                 now = float(caps[-1]) if np.isfinite(caps[-1]) else None
                 found = found.model_copy(
                     update={
+                        "sm_clock_mhz": _mean_or_none(clock),
                         "cap_w": now,
                         "reference_cap_w": reference,
                         "points": points,
@@ -178,6 +212,12 @@ class Sampler:
             power_w=mean,
             period_confidence=found.confidence,
         )
+
+
+def _mean_or_none(values: np.ndarray) -> float | None:
+    """The mean of the finite values, None when there are none."""
+    ok = np.isfinite(values)
+    return float(values[ok].mean()) if ok.any() else None
 
 
 def _lowest(limits: np.ndarray) -> np.ndarray:

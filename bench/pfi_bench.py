@@ -7,6 +7,9 @@ simulated GPUs with noise: 5 W per sample, iterations jittering by 2%, a slow dr
 Each job's true curve is not the planner's fleet family: its static share and exponent are
 drawn from the workload model's ranges too (`flexmodel.workload`), and the simulated GPUs run
 it as a dense sweep, so a belief built on the fleet family is wrong in shape as well as PFI.
+The simulated GPUs report the SM clock that shape implies (DVFS physics with each job's own
+static share and exponent, noise and 15 MHz steps: `agents.simulated`), and the gateway fits
+each job's shape from the clock at its levels (`fit.shape`, `flexmodel.dvfs`).
 The gateway knows none of their PFIs: each job is probed as `flexgate characterise` would, from
 its declared curve (the fleet default), its uncapped level and three caps down to its probe
 floor (65% of its throughput by that curve), with the uncapped level again after the second
@@ -39,8 +42,11 @@ plans on (`gateway.services.curves.fields_in_force`): a fit whose PFI's standard
 most 0.15 or below its prediction's is the job's curve, the fleet family on its grid through
 its uncapped level nearest its levels in least squares (`FLEXGATE_CURVE_SHAPE=family`,
 `sweep_interpolation: family`, `flexmodel.pfi.fitted_family_pfi`); a fit not good enough for
-that is weighed with the prediction on the job's own grid. `measured_at_eq_1` is the family
-at the fit's Eq. 1 PFI instead (before). `measured_points` plans on the measured points instead
+that is weighed with the prediction on the job's own grid. The curve in force takes the
+job's own static share and exponent where the SM clock identified them;
+`measured_fleet_shape` is the same on the fleet's shape (before issue 34's clock).
+`measured_at_eq_1` is the fleet's family at the fit's Eq. 1 PFI instead (before).
+`measured_points` plans on the measured points instead
 (`FLEXGATE_CURVE_SHAPE=points`, before: a monotone cubic between the levels,
 `sweep_interpolation: pchip`, and the fleet family at its PFI below them,
 `sweep_extension: family`); `measured_linear` and `measured_within_range` are those points
@@ -50,6 +56,8 @@ plans are compared on two further draws of 60 jobs too (`plans_other_draws`); th
 holds only if it holds on all three.
 
     python bench/pfi_bench.py            # writes bench/results/pfi.json
+    python bench/pfi_bench.py --plans-only SEED   # one draw's plans (11, 12, 13) at P = 20
+    python bench/pfi_bench.py --merge-plans       # those three into pfi.json
 """
 
 from __future__ import annotations
@@ -112,8 +120,9 @@ REFERENCE_EVERY = 2
 #: Corrections of a plan's target towards the same true shed at most (the shed is nearly
 #: proportional to the target: a few suffice).
 SHED_CORRECTIONS = 8
-#: What the planner is told of a job before it is measured.
-UNKNOWN = ("pfi", "pfi_grid_w", "sweep")
+#: What the planner is told of a job before it is measured (its static share and exponent are
+#: its GPUs' physics: the simulated GPUs report the SM clock they imply).
+UNKNOWN = ("pfi", "pfi_grid_w", "sweep", "static_share", "exponent")
 
 
 def draw_jobs(count: int, seed: int = 11) -> list[dict]:
@@ -136,7 +145,9 @@ def draw_jobs(count: int, seed: int = 11) -> list[dict]:
             "comm_power_fraction": float(rng.uniform(*COMM_POWER_FRACTION)),
         }
         shape = (float(rng.uniform(*STATIC_SHARE)), float(rng.uniform(*EXPONENT)))
-        jobs.append(job | {"sweep": true_sweep(job, *shape)})
+        jobs.append(
+            job | {"sweep": true_sweep(job, *shape), "static_share": shape[0], "exponent": shape[1]}
+        )
     return jobs
 
 
@@ -213,6 +224,8 @@ def probe_once(truth: dict, periods: float, seed: int, references: bool = True) 
         "good": verdict(fit, GOOD_STDERR) is None,
         "sweep": fit["sweep"],
         "drift": fit.get("drift"),
+        "shape": fit.get("shape"),
+        "true_shape": {"static_share": truth["static_share"], "exponent": truth["exponent"]},
     }
     return out
 
@@ -254,7 +267,8 @@ def beliefs(jobs: list[dict], rows: list[dict], seed: int = 5) -> dict[str, list
         "default": declared,
         "predicted": predicted,
         "measured": measured(),
-        "measured_at_eq_1": measured(eq_1=True),
+        "measured_fleet_shape": measured(own_shape=False),
+        "measured_at_eq_1": measured(eq_1=True, own_shape=False),
         "measured_points": measured(shape="points"),
         "measured_linear": measured(shape="points", interpolation="linear"),
         "measured_within_range": measured(shape="points", extension="none"),
@@ -359,7 +373,61 @@ def summarise(rows: list[dict], periods: float) -> dict:
     }
 
 
+def plans_only(seed: int) -> None:
+    """One draw's plans only, probed at P = 20 (`--plans-only SEED`: the gap target's cells
+    without the PFI-error table, for a machine too busy for the whole bench); written to
+    `results/pfi_plans_SEED.json`, merged into `pfi.json` by `--merge-plans`."""
+    drawn = draw_jobs(JOBS, seed=seed)
+    started = time.perf_counter()
+    probed = [probe_once(job, PLANNED_PERIODS, seed=i) for i, job in enumerate(drawn)]
+    doc = {
+        "seed": seed,
+        "plans": compare_plans(drawn, probed),
+        "shapes": [
+            r["fit"]["shape"] | {f"true_{k}": v for k, v in r["fit"]["true_shape"].items()}
+            for r in probed
+            if r["fit"]
+        ],
+        "wall_s": time.perf_counter() - started,
+    }
+    (RESULTS / f"pfi_plans_{seed}.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def merge_plans() -> None:
+    """The three draws' plans (`--plans-only`) into `pfi.json`, its PFI-error table kept."""
+    path = RESULTS / "pfi.json"
+    doc = json.loads(path.read_text())
+    draws = {
+        s: json.loads((RESULTS / f"pfi_plans_{s}.json").read_text()) for s in (11, *OTHER_DRAWS)
+    }
+    doc["plans"] = draws[11]["plans"]
+    doc["plans_other_draws"] = {str(s): draws[s]["plans"] for s in OTHER_DRAWS}
+    doc["plans_rerun"] = (
+        "plans and plans_other_draws re-run with --plans-only (SM clock shapes); results, "
+        "without_references and plans_without_references are the previous full run's"
+    )
+    doc["gap_target_met"] = all(
+        r["gap_closed"]["measured"] >= GAP_TARGET for d in draws.values() for r in d["plans"]
+    )
+    doc["shapes"] = {  # each job's fitted shape beside its truth
+        str(s): d["shapes"]
+        for s, d in draws.items()
+        if all("true_static_share" in x for x in d["shapes"])
+    }
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    for s, d in draws.items():
+        for name in ("measured", "measured_fleet_shape"):
+            closed = ", ".join(f"{100 * r['gap_closed'][name]:.1f}%" for r in d["plans"])
+            print(f"draw {s}: {name} closes {closed}")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--plans-only"]:
+        plans_only(int(sys.argv[2]))
+        return
+    if sys.argv[1:2] == ["--merge-plans"]:
+        merge_plans()
+        return
     jobs = draw_jobs(JOBS)
     started = time.perf_counter()
     results, detail = [], {}

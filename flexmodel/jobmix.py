@@ -49,6 +49,10 @@ OVERHEAD_FACTOR_RANGE = (1.0, 3.0)
 STATIC_LOAD_RANGE_KW = (0.0, 1_000_000.0)
 #: What a sweep's curve is below its lowest cap (`flexmodel.jobs.Job.sweep_extension`).
 SWEEP_EXTENSIONS = ("none", "family")
+#: A job's own power-to-clock shape (`flexmodel.dvfs`): static share below the lowest cap's
+#: power fraction, exponent from constant voltage to well past voltage proportional to clock.
+STATIC_SHARE_RANGE = (0.0, 0.6)
+EXPONENT_RANGE = (0.5, 5.0)
 #: How a sweep's curve joins its points (`flexmodel.jobs.Job.sweep_interpolation`).
 SWEEP_INTERPOLATIONS = ("linear", "pchip", "family")
 
@@ -188,6 +192,8 @@ def parse_job(doc: Any, index: int = 0, tiers: TierTable = DEFAULT_TIERS) -> Job
         ),
         placement=_placement(doc.get("placement"), where, gpus),
         model_family=_model_family(doc.get("model_family"), where),
+        static_share=_optional(doc, "static_share", where, within=STATIC_SHARE_RANGE),
+        exponent=_optional(doc, "exponent", where, within=EXPONENT_RANGE),
     )
     if job.sweep is not None:
         _check_sweep(job, where)

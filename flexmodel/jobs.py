@@ -15,7 +15,16 @@ from functools import cached_property
 import numpy as np
 from numpy.typing import ArrayLike
 
-from flexmodel.curves import Array, Curves, FamilyShape, extend_below, family_curves, stack
+from flexmodel.curves import (
+    EXPONENT,
+    STATIC_SHARE,
+    Array,
+    Curves,
+    FamilyShape,
+    extend_below,
+    family_curves,
+    stack,
+)
 from flexmodel.errors import InvalidSweepError
 from flexmodel.pfi import (
     DEFAULT_PFI,
@@ -82,6 +91,10 @@ class Job:
     #: standard error of `power_w` when it was measured [W]; None: declared, and a quote gives
     #: it the site's declared-power uncertainty (flexmodel.quote)
     power_stderr_w: float | None = None
+    #: the job's own power-to-clock shape, `s` and `a` of q(f) (docs/model.md, section 1), as
+    #: a probe measures it from the SM clock (`flexmodel.dvfs`); None: the fleet family's
+    static_share: float | None = None
+    exponent: float | None = None
 
     @property
     def curve_source(self) -> str:
@@ -296,12 +309,15 @@ def _sweep_family_table(job: Job, sweep: MeasuredSweep) -> Curves:
 
 
 def _family_shape(jobs: list[Job]) -> FamilyShape:
+    """The jobs' family shape: each job's own static share and exponent where it has them."""
     return FamilyShape.of(
         power_w=field_array(jobs, "power_w"),
         duty=field_array(jobs, "duty"),
         comm_power_fraction=field_array(jobs, "comm_power_fraction"),
         min_cap_w=field_array(jobs, "min_cap_w"),
         max_cap_w=field_array(jobs, "max_cap_w"),
+        static_share=[STATIC_SHARE if j.static_share is None else j.static_share for j in jobs],
+        exponent=[EXPONENT if j.exponent is None else j.exponent for j in jobs],
     )
 
 

@@ -36,11 +36,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from dataclasses import replace
 from typing import Any
 
 from agents.protocol import JobTelemetry
-from flexmodel.curves import FamilyShape
+from flexmodel.curves import EXPONENT, STATIC_SHARE, FamilyShape
 from flexmodel.drift import ProbeLevel, fit_probe
+from flexmodel.dvfs import ClockShape, family_shape, fit_clock_shape
 from flexmodel.errors import FlexModelError
 from flexmodel.jobmix import PFI_RANGE
 from flexmodel.jobs import CARRY_SHAPE_REL, Job, pfi_on_own_grid
@@ -107,6 +109,7 @@ def fit_probe_levels(
     except FlexModelError as exc:
         return [], {"error": str(exc), "pfi": None}
     sweep = drift.sweep
+    shape = clock_shape_of(timed, uncapped, drift.power_drift_per_s)
     ref_power_se = [lv["power_stderr_w"] for lv in refs if lv["power_stderr_w"]]
     power_se = None if not ref_power_se else max(ref_power_se) / len(refs) ** 0.5
     fit = _fit_doc(sweep, power_se) | {
@@ -118,6 +121,7 @@ def fit_probe_levels(
             "pfi_stderr": drift.pfi_drift_stderr,
             "references": drift.references,
         },
+        "shape": shape.as_doc(),
         "levels": levels,
     }
     by_cap: dict[float, list[dict[str, Any]]] = {}
@@ -141,6 +145,54 @@ def fit_probe_levels(
         for c, p, t in zip(sweep.cap_w, sweep.power_w, sweep.throughput, strict=True)
     ]
     return points, fit
+
+
+def clock_shape_of(
+    levels: list[dict[str, Any]], uncapped_w: float, power_drift_per_s: float
+) -> ClockShape:
+    """The job's power-to-clock shape from a probe's stretches (`flexmodel.dvfs`): at each
+    capped level the compute phase's power and SM clock relative to the uncapped references'
+    means (their compute level corrected for the drift they measured, as the PFI's points
+    are). A capped level's compute power is its cap: the firmware holds the compute phase at
+    the cap and lowers the clock until it does, so a reading below the cap is the job's own
+    drift or the sensor's noise, not the clock's doing. Errors: the clock's from its stated
+    error, the power's from the references' scatter (at least `flexmodel.dvfs.NOISE_FLOOR`).
+    The family's shape, and why, where the clock or the levels are missing."""
+    read = [
+        lv
+        for lv in levels
+        if lv.get("compute_w") and lv.get("compute_sm_clock_mhz") and lv.get("start_s") is not None
+    ]
+    refs = [lv for lv in read if lv["cap_w"] == uncapped_w]
+    capped = [lv for lv in read if lv["cap_w"] < uncapped_w]
+    if not refs or not capped:
+        return family_shape("no SM clock was read at the uncapped and a capped level")
+    mid = sum(_middle(lv) for lv in refs) / len(refs)
+
+    def compute_w(lv: dict[str, Any]) -> float:
+        return float(lv["compute_w"]) / (1.0 + power_drift_per_s * (_middle(lv) - mid))
+
+    ref_w = [compute_w(lv) for lv in refs]
+    ref_power = sum(ref_w) / len(ref_w)
+    ref_clock = sum(lv["compute_sm_clock_mhz"] for lv in refs) / len(refs)
+    scatter = 0.0
+    if len(ref_w) >= 2:
+        scatter = (sum((w - ref_power) ** 2 for w in ref_w) / (len(ref_w) - 1)) ** 0.5 / ref_power
+    ref_clock_se = math.hypot(*(lv.get("compute_sm_clock_stderr_mhz") or 0.0 for lv in refs))
+    ref_clock_rel = ref_clock_se / len(refs) / ref_clock
+    return fit_clock_shape(
+        [min(lv["cap_w"], ref_power) / ref_power for lv in capped],
+        [lv["compute_sm_clock_mhz"] / ref_clock for lv in capped],
+        power_noise=scatter,
+        clock_noise=[
+            math.hypot((lv.get("compute_sm_clock_stderr_mhz") or 0.0) / ref_clock, ref_clock_rel)
+            for lv in capped
+        ],
+    )
+
+
+def _middle(level: dict[str, Any]) -> float:
+    return 0.5 * (level["start_s"] + level["end_s"])
 
 
 def _fit_doc(sweep: MeasuredSweep, power_stderr_w: float | None) -> dict[str, Any]:
@@ -201,6 +253,7 @@ def fields_in_force(
     combine: bool = True,
     carry_shape_rel: float = CARRY_SHAPE_REL,
     shape: str = "family",
+    own_shape: bool = True,
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The job-mix fields a fit sets over the job `job` (as declared, with its prediction),
     and why the measured curve itself is not in force (None when it is).
@@ -214,7 +267,9 @@ def fields_in_force(
     PFI it would replace (a prediction, a declaration with its error, the default) by their
     precisions. A declared sweep, or a PFI declared without an error, is kept as it is.
     `carry_shape_rel`: the family shape's own relative error in that carrying (0 where the
-    family is known to be the job's shape, as in tests of family jobs).
+    family is known to be the job's shape, as in tests of family jobs). `own_shape`: with
+    `shape="family"`, the job's own static share and exponent where the probe's SM clock
+    identified them (`fit["shape"]`, `flexmodel.dvfs`), else (and with False) the fleet's.
     """
     replaced = 0.0 if job.sweep is not None else job.pfi_error
     why = verdict(fit, max_stderr, replaced)
@@ -230,8 +285,9 @@ def fields_in_force(
             "sweep_interpolation": interpolation,
         }
         if shape == "family":  # the PFI is on the measured grid: the family is read there
-            fields |= {
-                "pfi": family_through_levels(job, fit),
+            own = measured_shape(fit) if own_shape else {}
+            fields |= own | {
+                "pfi": family_through_levels(replace(job, **own), fit),
                 "sweep_interpolation": "family",
                 "pfi_grid_w": list(fit["grid_w"]),
             }
@@ -246,6 +302,15 @@ def fields_in_force(
         return None, why
     pfi, stderr = combined_estimate((job.pfi_value, replaced), measured)
     return {"pfi": min(max(pfi, PFI_RANGE[0]), PFI_RANGE[1]), "pfi_stderr": stderr}, why
+
+
+def measured_shape(fit: dict[str, Any]) -> dict[str, float]:
+    """The job-mix fields of the job's own static share and exponent where the fit's SM clock
+    identified them (`fit["shape"]`), else none (the fleet family's)."""
+    found = fit.get("shape") or {}
+    if found.get("source") != "sm_clock":
+        return {}
+    return {"static_share": found["static_share"], "exponent": found["exponent"]}
 
 
 def family_through_levels(job: Job, fit: dict[str, Any]) -> float:
@@ -264,6 +329,8 @@ def family_through_levels(job: Job, fit: dict[str, Any]) -> float:
         comm_power_fraction=job.comm_power_fraction,
         min_cap_w=job.min_cap_w,
         max_cap_w=job.max_cap_w,
+        static_share=STATIC_SHARE if job.static_share is None else job.static_share,
+        exponent=EXPONENT if job.exponent is None else job.exponent,
     )
     nearest = fitted_family_pfi(
         shape,

@@ -105,6 +105,9 @@ def record_stretch(
             "period_s",
             "period_stderr_s",
             "periods",
+            "compute_w",
+            "compute_sm_clock_mhz",
+            "compute_sm_clock_stderr_mhz",
         }
     )
     if taken and taken[-1]["start_s"] == doc["start_s"]:

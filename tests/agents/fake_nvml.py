@@ -19,6 +19,11 @@ NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_FI_DEV_POWER_INSTANT = 186
+# pynvml's clock types (nvmlClockType_t)
+NVML_CLOCK_GRAPHICS = 0
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+NVML_CLOCK_VIDEO = 3
 NVML_VALUE_TYPE_UNSIGNED_INT = 1
 nvmlClocksEventReasonSwPowerCap = 4
 
@@ -76,6 +81,10 @@ class FakeNvml:
     NVMLError_GpuIsLost = NVMLError_GpuIsLost
     NVML_SUCCESS = NVML_SUCCESS
     NVML_FI_DEV_POWER_INSTANT = NVML_FI_DEV_POWER_INSTANT
+    NVML_CLOCK_GRAPHICS = NVML_CLOCK_GRAPHICS
+    NVML_CLOCK_SM = NVML_CLOCK_SM
+    NVML_CLOCK_MEM = NVML_CLOCK_MEM
+    NVML_CLOCK_VIDEO = NVML_CLOCK_VIDEO
     nvmlClocksEventReasonSwPowerCap = nvmlClocksEventReasonSwPowerCap
 
     def __init__(
@@ -91,6 +100,7 @@ class FakeNvml:
         root: bool = True,
         state_file: Path | None = None,
         memory_util_pct: list[int] | None = None,
+        sm_clock_mhz: list[int] | None = None,
     ) -> None:
         self.min_mw, self.max_mw, self.default_mw = min_mw, max_mw, default_mw
         self.draw_mw = draw_mw
@@ -101,6 +111,10 @@ class FakeNvml:
         #: call is not supported
         self.memory_util_pct = memory_util_pct if memory_util_pct is not None else [35] * gpus
         self.utilisation_supported = True
+        #: per GPU, what `nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)` answers [MHz] (an H200's
+        #: boost clock by default); `clocks_supported` False: the call is not supported
+        self.sm_clock_mhz = sm_clock_mhz if sm_clock_mhz is not None else [1980] * gpus
+        self.clocks_supported = True
         self.lost: set[int] = set()
         self.readback_offset_mw: dict[int, int] = {}
         self.initialised = False
@@ -209,6 +223,17 @@ class FakeNvml:
         if not self.utilisation_supported:
             raise NVMLError_NotSupported()
         return SimpleNamespace(gpu=90, memory=int(self.memory_util_pct[index]))
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:
+        """Like pynvml's: the clock of `clock_type` now, integer MHz."""
+        index = self._index(handle)
+        if clock_type not in (NVML_CLOCK_GRAPHICS, NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_CLOCK_VIDEO):
+            raise NVMLError_InvalidArgument()
+        if not self.clocks_supported:
+            raise NVMLError_NotSupported()
+        if clock_type == NVML_CLOCK_MEM:
+            return 3201
+        return int(self.sm_clock_mhz[index])
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
         self._index(handle)

@@ -63,3 +63,23 @@ def test_not_supported_is_reported_not_raised_where_optional():
 def test_an_unknown_index_is_an_error():
     with pytest.raises(BackendError, match="no GPU 5"):
         NvmlBackend(nvml=FakeNvml(gpus=2)).enforced_limit_w(5)
+
+
+def test_the_sm_clock_is_read_in_mhz_and_none_where_unsupported():
+    fake = FakeNvml(gpus=2, sm_clock_mhz=[1980, 1410])
+    gpu = NvmlBackend(nvml=fake)
+    assert gpu.sm_clock_mhz(1) == 1410.0
+    handle = fake.nvmlDeviceGetHandleByIndex(0)
+    assert fake.nvmlDeviceGetClockInfo(handle, fake.NVML_CLOCK_MEM) == 3201  # not the SM's
+    fake.clocks_supported = False
+    assert gpu.sm_clock_mhz(0) is None
+
+
+def test_a_clock_read_fails_as_pynvml_fails():
+    fake = FakeNvml(gpus=1)
+    with pytest.raises(fake.NVMLError_InvalidArgument):  # an unknown clock type
+        fake.nvmlDeviceGetClockInfo(fake.nvmlDeviceGetHandleByIndex(0), 99)
+    gpu = NvmlBackend(nvml=fake)
+    fake.lost.add(0)
+    with pytest.raises(GpuLostError):
+        gpu.sm_clock_mhz(0)

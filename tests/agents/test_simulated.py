@@ -5,9 +5,9 @@ import pytest
 
 from agents.errors import InvalidSetupError
 from agents.irregularity import Irregularity
-from agents.simulated import SimulatedBackend
+from agents.simulated import CLOCK_STEP_MHZ, MAX_CLOCK_MHZ, SimulatedBackend
 from agents.telemetry import Sampler
-from flexmodel.curves import operating_point
+from flexmodel.curves import EXPONENT, STATIC_SHARE, clock_fraction, operating_point
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.phases import estimate_waveform
 from flexmodel.sensors import SENSORS, SensorModel
@@ -350,3 +350,82 @@ def test_a_drifting_pace_changes_throughput_by_its_rate_capped_or_not():
     want = (irregular.job_time(clock.now) - irregular.job_time(start)) / 500.0
     assert ratio == pytest.approx(want, rel=5e-3)
     assert want > 1.03
+
+
+def shaped_mix(static_share: float | None, exponent: float | None):
+    doc = {
+        "id": "shaped",
+        "gpus": 2,
+        "power_w": 600.0,
+        "throughput": 10000.0,
+        "pfi": 1.5,
+        "period_s": 2.0,
+        "duty": 0.8,
+        "comm_power_fraction": 0.5,
+        "placement": [{"node": "n1", "gpus": [0, 1]}],
+    }
+    if static_share is not None:
+        doc |= {"static_share": static_share, "exponent": exponent}
+    return parse_job_mix({"jobs": [doc]})
+
+
+def compute_clocks(backend, clock, seconds=6.0, dt=0.01):
+    """The SM clock readings of GPU 0 while its job computes (power at the compute level)."""
+    job = backend.jobs[0]
+    out = []
+    for _ in range(int(seconds / dt)):
+        clock.now += dt
+        if backend.job_phases()[job.id] % 1.0 < job.duty - 0.02:
+            out.append(backend.sm_clock_mhz(0))
+    return np.array(out)
+
+
+@pytest.mark.parametrize(("static_share", "exponent"), [(0.08, 1.3), (0.22, 2.0), (None, None)])
+def test_the_sm_clock_follows_the_job_s_own_dvfs_physics_in_steps(static_share, exponent):
+    """Uncapped, the GPU runs at its boost clock; capped, the compute phase runs at the clock
+    whose power fraction `s + (1 - s) f^a` of the job's own shape (the family's where it gives
+    none) is what the cap leaves of its compute level, read in 15 MHz steps with noise."""
+    clock = Clock()
+    backend = SimulatedBackend(2, mix=shaped_mix(static_share, exponent), node_id="n1", clock=clock)
+    assert set(compute_clocks(backend, clock, 2.0)) == {MAX_CLOCK_MHZ}
+    job = backend.jobs[0]
+    cap = 0.7 * job.compute_w
+    backend.set_limit_w(0, cap)
+    clock.now += 1.0
+    read = compute_clocks(backend, clock)
+    s = STATIC_SHARE if static_share is None else static_share
+    a = EXPONENT if exponent is None else exponent
+    expected = MAX_CLOCK_MHZ * float(clock_fraction(0.7, s, a))
+    assert np.all(read % CLOCK_STEP_MHZ == 0)
+    assert read.mean() == pytest.approx(expected, abs=3.0)
+    assert 0 < read.std() < 20.0
+    assert backend.sm_clock_mhz(1) == MAX_CLOCK_MHZ  # its limit unchanged: not held back
+
+
+def test_the_agent_reports_each_gpu_s_clock_and_each_level_s_compute_clock():
+    """Telemetry carries the SM clock: each GPU's recent mean, the job's mean, and per cap
+    level the mean in the compute phase, which is the clock the cap left (within a few MHz)."""
+    clock = Clock()
+    backend = SimulatedBackend(2, mix=shaped_mix(0.1, 1.8), node_id="n1", clock=clock, seed=4)
+    sampler = Sampler(backend, {"shaped": [0, 1]}, sample_hz=20.0, window_s=120.0, clock=clock)
+    cap = 0.75 * backend.jobs[0].compute_w
+    for seconds, limit in ((30.0, 700.0), (30.0, cap)):
+        for g in (0, 1):
+            backend.set_limit_w(g, limit)
+        for _ in range(int(seconds * 20)):
+            clock.now += 0.05
+            sampler.sample_once()
+    reading = sampler.job_telemetry()[0]
+    capped = next(p for p in reading.points if p.cap_w == cap)
+    uncapped = next(p for p in reading.points if p.cap_w == 700.0)
+    assert uncapped.compute_sm_clock_mhz == MAX_CLOCK_MHZ
+    assert capped.compute_sm_clock_mhz == pytest.approx(
+        MAX_CLOCK_MHZ * float(clock_fraction(0.75, 0.1, 1.8)), abs=4.0
+    )
+    assert capped.compute_sm_clock_stderr_mhz is not None
+    # The mean over the whole level mixes in the communication phase at the full clock.
+    assert capped.compute_sm_clock_mhz < capped.sm_clock_mhz < MAX_CLOCK_MHZ
+    assert reading.sm_clock_mhz is not None
+    assert reading.sm_clock_mhz < MAX_CLOCK_MHZ
+    gpus = sampler.gpu_power(last=20)
+    assert all(g.sm_clock_mhz is not None for g in gpus)

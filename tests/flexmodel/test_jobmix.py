@@ -61,6 +61,8 @@ def _mix(**changes):
         (_mix(remaining_s=-1.0), "'remaining_s' must be at least 0 s, got -1"),
         (_mix(pfi=135.0), "'pfi' must be from 0.5 to 10, got 135"),
         (_mix(pfi=0.2), "'pfi' must be from 0.5 to 10, got 0.2"),
+        (_mix(static_share=15.0), "'static_share' must be from 0 to 0.6, got 15"),
+        (_mix(exponent=0.1), "'exponent' must be from 0.5 to 5, got 0.1"),
         (_mix(pfi_grid_w=[0.2, 0.7]), "'pfi_grid_w' must be from 50 to 2000 W, got 0.2"),
         (
             _mix(sweep=[{"cap_w": 0.3, "power_w": 290.0, "throughput": 15000.0}]),
@@ -87,6 +89,8 @@ def test_implausible_magnitudes_are_refused_with_the_unit(doc, message):
         {"duty": 1.0, "comm_power_fraction": 0.0, "min_throughput_fraction": 1.0},
         {"pfi": 0.6},
         {"pfi": 10.0},
+        {"static_share": 0.0, "exponent": 0.5},
+        {"static_share": 0.6, "exponent": 5.0},
     ],
 )
 def test_values_at_the_edges_of_the_ranges_are_accepted(changes):

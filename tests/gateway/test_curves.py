@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from agents.irregularity import Irregularity
 from flexgate.probesim import run_probe
 from flexmodel.allocate import allocate_mix
-from flexmodel.curves import FamilyShape, family_point, operating_point
+from flexmodel.curves import FamilyShape, family_point, operating_point, throughput_at_power
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.jobs import pfi_on_own_grid
 from flexmodel.pfi import grid_matrix, pfi_of_sweep, solve_insensitive_share
@@ -439,3 +439,47 @@ def test_a_level_measured_longer_replaces_the_one_kept():
     other = short | {"cap_w": 500.0}
     assert merged([short], [long, other]) == [other, long]
     assert merged([long], [short]) == [long]
+
+
+def test_a_probe_s_sm_clocks_give_the_job_s_own_shape_and_its_curve_in_force():
+    """A job whose GPUs' power-to-clock shape is far from the fleet family's (static share
+    0.08, exponent 2.0 against 0.15, 1.6), probed as the gateway probes: the SM clock at each
+    level gives its static share and exponent within their stated errors, the curve in force
+    takes them, and that curve is nearer the job's true curve over the probed range than the
+    fleet family's through the same levels. The same levels without clocks give the family's
+    shape and say why."""
+    truth = job_doc("j", 1.8, 1.5) | {"static_share": 0.08, "exponent": 2.0}
+    declared = {k: v for k, v in truth.items() if k not in ("pfi", "static_share", "exponent")}
+    truth_mix = parse_job_mix({"jobs": [truth]})
+    caps = probe_caps(truth_mix, 0, 0.65, 3)
+    run = run_probe(truth, caps, periods=20.0, seed=5, reference_every=2)
+    found = fit_probe_levels(run.measured, 20000.0, name="j", at="now", probe_id="p")
+    assert found is not None
+    _, fit = found
+    shape = fit["shape"]
+    assert shape["source"] == "sm_clock", shape["reason"]
+    assert abs(shape["static_share"] - 0.08) <= 2.5 * shape["static_share_stderr"] + 0.01
+    assert abs(shape["exponent"] - 2.0) <= 2.5 * shape["exponent_stderr"] + 0.03
+    job = parse_job_mix({"jobs": [declared]}).jobs[0]
+    rule = {"max_stderr": 0.3, "extension": "family", "interpolation": "pchip"}
+    own, why = fields_in_force(job, fit, **rule)
+    assert why is None
+    assert (own["static_share"], own["exponent"]) == (shape["static_share"], shape["exponent"])
+    fleet, _ = fields_in_force(job, fit, **rule, own_shape=False)
+    assert "static_share" not in fleet
+    powers = np.linspace(min(run.truth[c][0] for c in run.truth), 0.99 * 640.0, 30)
+
+    def error(fields: dict) -> float:
+        planned = parse_job_mix({"jobs": [declared | fields]}).curves
+        diff = [
+            throughput_at_power(planned, [p])[0] - throughput_at_power(truth_mix.curves, [p])[0]
+            for p in powers
+        ]
+        return float(np.abs(diff).mean())
+
+    assert error(own) < 0.6 * error(fleet)
+    blind = [{k: v for k, v in lv.items() if "clock" not in k} for lv in run.measured]
+    _, no_clock = fit_probe_levels(blind, 20000.0, name="j", at="now", probe_id="p")
+    assert no_clock["shape"]["source"] == "family"
+    assert "no SM clock" in no_clock["shape"]["reason"]
+    assert "static_share" not in fields_in_force(job, no_clock, **rule)[0]
