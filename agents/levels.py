@@ -224,7 +224,9 @@ def measure(
             compute_w=found.compute_w,
             comm_w=found.comm_w,
             periods=periods,
-            **clocks,
+            sm_clock_mhz=clocks.get("sm_clock_mhz"),
+            compute_sm_clock_mhz=clocks.get("compute_sm_clock_mhz"),
+            compute_sm_clock_stderr_mhz=clocks.get("compute_sm_clock_stderr_mhz"),
         ),
         periods,
     )
