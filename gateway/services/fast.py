@@ -16,7 +16,9 @@
 - **Combined.** On the agents the deeper cap wins per GPU (`agents.armed`). The site loop
   holds its correction while a fast event lasts (`holding`: its steps are skipped).
 - **Measured.** Each agent's report that its caps are enforced (`FastFired`) is timed from the
-  trigger into the `flexgate_fast_trigger_to_enforced_seconds` histogram.
+  trigger into the `flexgate_fast_trigger_to_enforced_seconds` histogram, and for a trigger
+  given the time its cause began (the frequency's crossing), from then into
+  `flexgate_fast_crossing_to_enforced_seconds`.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class FastPath:
         self.last_seq = 0
         self.until_s: float | None = None  #: the fast events in force end (monotonic) [s]
         self._sent_at: dict[int, float] = {}  #: trigger seq -> when it was sent (monotonic)
+        self._since: dict[int, float] = {}  #: trigger seq -> when its cause began (monotonic)
         self._key: tuple[Any, ...] | None = None  #: what the plans armed were worked out on
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
@@ -88,14 +91,22 @@ class FastPath:
             buckets=LATENCY_BUCKETS,
             registry=None,
         )
+        self.latency_from_crossing = Histogram(
+            "flexgate_fast_crossing_to_enforced_seconds",
+            "The frequency's crossing to an agent's caps enforced (per agent report, for the "
+            "first trigger of each excursion).",
+            buckets=LATENCY_BUCKETS,
+            registry=None,
+        )
 
     @property
     def enabled(self) -> bool:
         return bool(self.depths) and self.transport is not None
 
     def register(self, registry: CollectorRegistry) -> None:
-        """The latency histogram on the gateway's `/metrics`."""
+        """The latency histograms on the gateway's `/metrics`."""
         registry.register(self.latency)
+        registry.register(self.latency_from_crossing)
 
     async def start(self) -> None:
         self._resume()
@@ -199,10 +210,15 @@ class FastPath:
     # --- triggers --------------------------------------------------------------------------
 
     async def trigger(
-        self, depth_pct: float, duration_s: float, cause: str | None = None
+        self,
+        depth_pct: float,
+        duration_s: float,
+        cause: str | None = None,
+        since_s: float | None = None,
     ) -> dict[str, Any]:
         """Every node to its caps armed at `depth_pct` for `duration_s`, now; `cause` (what
-        fired it, when not the API) goes in the event's reason."""
+        fired it, when not the API) goes in the event's reason; `since_s` (monotonic), when the
+        cause began (the frequency's crossing): the agents' reports are timed from it too."""
         self._check(depth_pct)
         assert self.transport is not None
         assert self.settings.fast_secret is not None
@@ -214,6 +230,9 @@ class FastPath:
         # Reports come within seconds: the triggers of the last 1,000 s are kept (seq is in µs).
         self._sent_at = {k: v for k, v in self._sent_at.items() if k >= seq - 10**9}
         self._sent_at[seq] = self.clock.monotonic()
+        self._since = {k: v for k, v in self._since.items() if k >= seq - 10**9}
+        if since_s is not None:
+            self._since[seq] = since_s
         try:
             await self.transport.trigger(
                 body.encode(),
@@ -291,6 +310,9 @@ class FastPath:
         sent_s = self._sent_at.get(report.seq)
         if sent_s is not None:
             self.latency.observe(max(arrived_s - sent_s, 0.0))
+        since_s = self._since.get(report.seq)
+        if since_s is not None:
+            self.latency_from_crossing.observe(max(arrived_s - since_s, 0.0))
 
     def doc(self) -> dict[str, Any]:
         """The armed plans as `/v1/fast/armed` shows them."""
