@@ -62,6 +62,7 @@ from flexmodel.sensors import SensorModel
 
 MIN_W, MAX_W, DEFAULT_W = 200.0, 700.0, 700.0
 IDLE_W = 80.0
+CONSTRAINTS = Constraints(min_w=MIN_W, max_w=MAX_W, default_w=DEFAULT_W)  #: every GPU's
 FIRMWARE_S = 0.03
 #: Curve readings kept per job (`_Job.readings`) before they are cleared
 READINGS_KEPT = 64
@@ -327,7 +328,7 @@ class SimulatedBackend:
 
     def constraints(self, index: int) -> Constraints:
         self._gpu(index)
-        return Constraints(min_w=MIN_W, max_w=MAX_W, default_w=DEFAULT_W)
+        return CONSTRAINTS
 
     def enforced_limit_w(self, index: int) -> float:
         return self._gpu(index).limit_w
