@@ -30,6 +30,9 @@ FLEXGATE_FAST_DEPTHS=10,20,30,40.
   caps as the warm triggers: the difference is the feed's sampling and the gateway's path.
   The gateway's own `flexgate_fast_crossing_to_enforced_seconds` (counted from the reading
   that crossed) is read back from `/metrics` for comparison.
+- **the power model alone** (no farm, no trigger path): 200 of the same nodes on a stepped
+  clock, each put at its caps for 30% at one instant, for several controller time constants
+  (the one figure assumed): when the sensed and the average sums reach 90% of the step.
 - **the ordinary path**, in the same run for comparison: three events (30%, 31%, 32%), event
   start to every node's answer (docs/benchmarks.md's other figures come from other runs).
 
@@ -56,7 +59,7 @@ from typing import Any
 import httpx
 import nats
 import numpy as np
-from farm import Farm, node_name
+from farm import Farm, node_mixes, node_name
 from gateway_bench import API_TOKEN, TOKEN, gateway_env, serve_gateway
 from nats_bench import (
     NATS_TOKEN,
@@ -64,13 +67,16 @@ from nats_bench import (
     event_to_acked,
     metric,
     one_job_per_node,
+    planned_caps,
     rss_mib,
     start_nats,
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.enforcement import H200
+from agents.enforcement import H200, Enforcement
 from agents.protocol_fast import FAST_FIRED_SUBJECT, FAST_TRIGGER_SUBJECT, FastFired, FastTrigger
+from agents.simulated import SimulatedBackend
+from flexmodel.jobmix import parse_job_mix
 from flexmodel.sensors import SENSORS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,6 +245,61 @@ def step_response(farm: Farm, sent_at: float) -> dict[str, float]:
             float(reached[0] * POWER_STEP_S) if len(reached) else float("inf")
         )
         out[f"{name}_delivered_at_1s"] = float(delivered[at_1s])
+    return out
+
+
+class SteppedTime:
+    """A clock the power model reads, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def model_alone(nodes: int = 200, controllers_s: tuple[float, ...] = (0.03, 0.1, 0.25, 0.5)):
+    """The sum of GPU power of `nodes` nodes put at their 30% caps all at once (t = 0), for
+    each controller time constant: when the sensed and the average sums first reach 90% of
+    the step [s]."""
+    mix_doc = one_job_per_node(nodes)
+    mixes = node_mixes(parse_job_mix(mix_doc))
+    caps = planned_caps(mix_doc, 0.30)
+    times = 10.0 + np.arange(0.0, POWER_SPAN_S, POWER_STEP_S)
+    out = []
+    for controller_s in controllers_s:
+        clock = SteppedTime()
+        enforcement = Enforcement(controller_s, H200.overshoot, H200.fluctuation_s)
+        sims = [
+            SimulatedBackend(
+                8,
+                mix=mixes.get(node_name(i)),
+                node_id=node_name(i),
+                clock=clock,
+                noise_w=0.0,
+                sensor=SENSORS["H200"],
+                sensor_offset_s=0.1 * ((i * 0.618034) % 1.0),
+                enforcement=enforcement,
+            )
+            for i in range(nodes)
+        ]
+        clock.now = 10.0
+        for i, sim in enumerate(sims):
+            for cap in caps.get(node_name(i), []):
+                sim.set_limit_w(cap.gpu, min(max(cap.cap_w, 200.0), 700.0))
+        sensed, average = np.zeros(len(times)), np.zeros(len(times))
+        settled = 0.0
+        for sim in sims:
+            node_sensed, node_average = sim.site_power(times)
+            sensed += node_sensed
+            average += node_average
+            settled += float(sim.site_power(np.array([10.0 + POWER_SETTLED_S]))[1][0])
+        step = average[0] - settled
+        row: dict[str, float] = {"controller_s": controller_s, "step_kw": step / 1000}
+        for name, series in (("sensed", sensed), ("average", average)):
+            reached = np.flatnonzero((average[0] - series) / step >= 0.9)
+            row[f"{name}_to_90pct_s"] = float(reached[0] * POWER_STEP_S)
+        out.append(row)
     return out
 
 
@@ -459,6 +520,8 @@ def main() -> None:
     parser.add_argument("--quiet-s", type=float, default=60.0, help="CPU measured over [s]")
     args = parser.parse_args()
     results = []
+    alone = model_alone()
+    print(json.dumps(alone), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for nodes in (int(s) for s in args.sizes.split(",")):
             load = os.getloadavg()[0]
@@ -474,6 +537,7 @@ def main() -> None:
                     "p99_at_10000_s": 0.5,
                     "gpu_power_90pct_s": 1.0,
                 },
+                "power_model_alone": alone,
                 "sizes": results,
             }
             RESULTS.mkdir(parents=True, exist_ok=True)
