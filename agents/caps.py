@@ -71,16 +71,15 @@ class CapController:
                     f"({self.generation}); nothing changed"
                 )
             wanted = self._validate(command)
-            before = {gpu: self._enforced_or_none(gpu) for gpu in range(self.backend.count())}
-            self._save_originals(sorted(wanted))
-            results = [self._set(gpu, cap, received_at) for gpu, cap in sorted(wanted.items())]
-            saved = self.originals.saved()
+            count = self.backend.count()
+            before = {gpu: self._enforced_or_none(gpu) for gpu in range(count)}
+            uuids = self._save_originals(sorted(wanted))
+            results = [
+                self._set(gpu, cap, received_at, uuids.get(gpu))
+                for gpu, cap in sorted(wanted.items())
+            ]
             results += self._restore_all(
-                [
-                    gpu
-                    for gpu in range(self.backend.count())
-                    if gpu not in wanted and self._uuid_or_none(gpu) in saved
-                ],
+                [gpu for gpu in range(count) if gpu not in wanted and self._was_changed(gpu)],
                 received_at,
             )
             self.generation = command.generation
@@ -211,17 +210,19 @@ class CapController:
         except AgentError:
             return None
 
-    def _uuid_or_none(self, index: int) -> str | None:
+    def _was_changed(self, index: int) -> bool:
+        """Whether flexgate changed this GPU's limit (its original is saved)."""
         try:
-            return self.backend.identity(index)[0]
+            return self.originals.original_w(self.backend.identity(index)[0]) is not None
         except AgentError:
-            return None
+            return False
 
-    def _save_originals(self, indices: list[int]) -> None:
+    def _save_originals(self, indices: list[int]) -> dict[int, str]:
         """The original limits of the GPUs about to be capped for the first time, saved in one
-        write before any changes (a GPU that cannot be read is left to `_set`, which reports
-        it and saves its original itself before changing it)."""
-        limits = []
+        write before any changes; the uuid of every GPU whose original is now saved (a GPU
+        that cannot be read is left to `_set`, which reports it and saves its original itself
+        before changing it)."""
+        limits, uuids = [], {}
         for index in indices:
             try:
                 uuid, _ = self.backend.identity(index)
@@ -229,17 +230,24 @@ class CapController:
                     limits.append((uuid, index, self.backend.enforced_limit_w(index)))
             except AgentError:
                 continue
+            uuids[index] = uuid
         self.originals.remember_all(limits)
+        return uuids
 
-    def _set(self, index: int, requested_w: float, received_at: float) -> CapResult:
+    def _set(
+        self, index: int, requested_w: float, received_at: float, saved_uuid: str | None = None
+    ) -> CapResult:
+        """One GPU to `requested_w` (within its constraints) and read back; `saved_uuid`: its
+        uuid, its original known to be saved (else both are read here first)."""
         clamped = False
         try:
-            uuid, _ = self.backend.identity(index)
             limits = self.backend.constraints(index)
             target = min(max(requested_w, limits.min_w), limits.max_w)
             clamped = target != requested_w
-            if self.originals.original_w(uuid) is None:
-                self.originals.remember(uuid, index, self.backend.enforced_limit_w(index))
+            if saved_uuid is None:
+                uuid, _ = self.backend.identity(index)
+                if self.originals.original_w(uuid) is None:
+                    self.originals.remember(uuid, index, self.backend.enforced_limit_w(index))
             self._set_limit(index, target)
             enforced = self.backend.enforced_limit_w(index)
         except AgentError as exc:

@@ -18,9 +18,14 @@ shared power couples jobs here: from the physics, not from a flag.
 A job on several GPUs of the node runs at the pace of its most constrained GPU (synchronous
 training). The firmware holds a new cap within tens of milliseconds: the clip level moves to
 it with a first-order lag (`firmware_s`, 30 ms). Power readings are instantaneous, with
-Gaussian noise. GPUs with no job draw `IDLE_W`. The clock is passed in (monotonic seconds), so
-tests can drive time. A job's phase is one across the nodes it spans (`job_phase`), as the GPUs
-of one synchronous job iterate together.
+Gaussian noise, unless a sensor model is given (`sensor`, `flexmodel.sensors`). An
+enforcement model (`enforcement`, `agents.enforcement`) gives the GPUs a real board's way of
+holding a limit instead: its average reaches a new limit over the controller's time constant
+(which replaces `firmware_s`), and while the limit binds the instants swing above and below it
+(`average_power_w` is the average held; `site_power` sums a node's GPUs over time for the
+fast path's benchmark). GPUs with no job draw `IDLE_W`. The clock is passed in (monotonic
+seconds), so tests can drive time. A job's phase is one across the nodes it spans
+(`job_phase`), as the GPUs of one synchronous job iterate together.
 
 Each job shows the telemetry features of its true PFI (`job_features`): the DRAM copy product
 of the feature model (`flexmodel.predictor.dram_copy_product`, with its scatter `feature_noise`
@@ -55,6 +60,7 @@ from typing import cast
 import numpy as np
 
 from agents.backend import Constraints
+from agents.enforcement import Enforcement
 from agents.errors import BackendError, InvalidSetupError
 from agents.irregularity import Irregularity
 from flexmodel.curves import (
@@ -73,6 +79,7 @@ from flexmodel.sensors import SensorModel
 
 MIN_W, MAX_W, DEFAULT_W = 200.0, 700.0, 700.0
 IDLE_W = 80.0
+CONSTRAINTS = Constraints(min_w=MIN_W, max_w=MAX_W, default_w=DEFAULT_W)  #: every GPU's
 FIRMWARE_S = 0.03
 #: Curve readings kept per job (`_Job.readings`) before they are cleared
 READINGS_KEPT = 64
@@ -192,17 +199,23 @@ class SimulatedBackend:
         irregularity: Irregularity | None = None,
         feature_noise: float = DRAM_NOISE,
         sensor: SensorModel | None = None,
+        sensor_offset_s: float = 0.0,
+        enforcement: Enforcement | None = None,
     ) -> None:
         """`sensor`: what its power readings go through (`flexmodel.sensors`: each reading
         held `update_s`, the mean of the last `average_s`), as a real GPU's do; None: the
-        power as it is."""
+        power as it is. `sensor_offset_s`: when its updates fall (at this offset plus whole
+        `update_s`: real GPUs' sensors keep no common time). `enforcement`: how the board holds
+        a limit (`agents.enforcement`); None: within `firmware_s`, never above it."""
         if gpus < 1:
             raise InvalidSetupError("a simulated node needs at least one GPU")
         #: the agent reads it (`agents.telemetry`) and corrects its phases by it
         self.sensor = sensor or SensorModel("instant", 0.0, 0.0)
         self._clock = clock
         self._noise_w = noise_w
-        self._firmware_s = firmware_s
+        self.enforcement = enforcement or Enforcement(controller_s=firmware_s)
+        self._firmware_s = self.enforcement.controller_s
+        self._sensor_offset_s = sensor_offset_s
         self._irregular = irregularity if irregularity and not irregularity.regular else None
         self._rng = np.random.default_rng(seed)
         #: the clock's noise apart, so reading the clock leaves the power's draws as they were
@@ -325,8 +338,10 @@ class SimulatedBackend:
             level = job.comm_w if pause_w is None else pause_w
         else:
             level = job.compute_w if cycle < job.duty else job.comm_w
-        # the firmware never lets it past the cap
-        return min(min(clip, level) * job.scale + drift, clip)
+        held = min(min(clip, level) * job.scale + drift, clip)
+        if level >= clip:  # the limit binds: the instants swing around the average it holds
+            return held * self.enforcement.fluctuation(job.id, now)
+        return held
 
     # --- GpuBackend ------------------------------------------------------------------------
 
@@ -344,7 +359,7 @@ class SimulatedBackend:
 
     def constraints(self, index: int) -> Constraints:
         self._gpu(index)
-        return Constraints(min_w=MIN_W, max_w=MAX_W, default_w=DEFAULT_W)
+        return CONSTRAINTS
 
     def enforced_limit_w(self, index: int) -> float:
         return self._gpu(index).limit_w
@@ -379,7 +394,16 @@ class SimulatedBackend:
         update_s, average_s = self.sensor.update_s, self.sensor.average_s
         if update_s <= 0.0 and average_s <= 0.0:
             return self._power(index, now)
-        made = math.floor(now / update_s) * update_s if update_s > 0.0 else now
+        return self._reading_made(index, self._made(now))
+
+    def _made(self, now: float) -> float:
+        """When the reading the sensor shows at `now` was made."""
+        update_s, offset = self.sensor.update_s, self._sensor_offset_s
+        return math.floor((now - offset) / update_s) * update_s + offset if update_s > 0 else now
+
+    def _reading_made(self, index: int, made: float) -> float:
+        """The reading made at `made`: the mean of the power over the averaging before."""
+        average_s = self.sensor.average_s
         gpu = self._gpus[index]
         earliest = max(gpu.changed_at, gpu.job.t0 if gpu.job is not None else -math.inf)
         offsets = average_s * (np.arange(SENSOR_POINTS) + 0.5) / SENSOR_POINTS
@@ -437,6 +461,62 @@ class SimulatedBackend:
     def read_dram_active(self) -> dict[int, float]:
         """Each GPU's DRAM activity [0-1], as DCGM's DCGM_FI_PROF_DRAM_ACTIVE would read it."""
         return {i: 0.0 if g.job is None else g.job.dram_active for i, g in enumerate(self._gpus)}
+
+    # --- for the lab, the benchmarks and tests ----------------------------------------------
+
+    def average_power_w(self, index: int, now: float | None = None) -> float:
+        """The power the GPU's controller holds at `now` (default: now), without the waveform,
+        the swing or the noise [W]: its job's mean over an iteration at its limit, reached
+        from the mean at the limit before along the controller's approach."""
+        with self._lock:
+            return self._average(index, self._clock() if now is None else now)
+
+    def _average(self, index: int, now: float) -> float:
+        return float(self._averages(index, np.array([now]))[0])
+
+    def _averages(self, index: int, times: np.ndarray) -> np.ndarray:
+        gpu = self._gpu(index)
+        job = gpu.job
+        if job is None:
+            return np.full(len(times), IDLE_W)
+        held = self._pace(job).mean_w
+        if gpu.changed_at == -math.inf:
+            return np.full(len(times), held)
+        before = self._mean_at(job, gpu.previous_w)
+        return held + (before - held) * self.enforcement.remaining(times - gpu.changed_at)
+
+    def _mean_at(self, job: _Job, cap: float) -> float:
+        if cap not in job.readings:
+            if len(job.readings) >= READINGS_KEPT:
+                job.readings.clear()
+            mean, throughput, period = (float(v[0]) for v in operating_point(job.curve, cap))
+            job.readings[cap] = (mean, throughput, period)
+        return job.readings[cap][0]
+
+    def site_power(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """This node's GPU power summed at each of `times` (monotonic s, ascending), without
+        the noise: (as the sensors read it, as the controllers hold it on average) [W]. GPUs
+        of one job at one limit draw alike (a command sets them microseconds apart): one
+        stands for them. Times before a GPU's last change read as at that moment."""
+        times = np.asarray(times, dtype=float)
+        sensed = np.zeros(len(times))
+        average = np.zeros(len(times))
+        with self._lock:
+            groups: dict[tuple[str, float, float], list[int]] = {}
+            for i, gpu in enumerate(self._gpus):
+                key = (gpu.job.id if gpu.job else "", gpu.limit_w, round(gpu.previous_w, 6))
+                groups.setdefault(key, []).append(i)
+            for members in groups.values():
+                first, count = members[0], len(members)
+                if self.sensor.update_s <= 0.0 and self.sensor.average_s <= 0.0:
+                    sensed += count * np.array([self._power(first, t) for t in times])
+                else:
+                    made = np.array([self._made(t) for t in times])
+                    unique, where = np.unique(made, return_inverse=True)
+                    readings = np.array([self._reading_made(first, m) for m in unique])
+                    sensed += count * readings[where]
+                average += count * self._averages(first, times)
+        return sensed, average
 
     # --- for the lab and tests -------------------------------------------------------------
 

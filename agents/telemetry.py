@@ -54,10 +54,6 @@ class Sampler:
         self._power = np.full((backend.count(), size), np.nan)
         self._limits = np.full((backend.count(), size), np.nan)
         self._clocks = np.full((backend.count(), size), np.nan)
-        #: the backend's SM clock reading, where it has one
-        self._read_clock: Callable[[int], float | None] | None = getattr(
-            backend, "sm_clock_mhz", None
-        )
         self.levels = CapLevels()
         #: The power sensor read (FLEXGATE_AGENT_SENSOR_LAG_S, else by the GPU model): the
         #: phases are corrected by its lag, so GPUs of different models compare.
@@ -100,10 +96,13 @@ class Sampler:
     def _clock_of(self, index: int) -> float:
         """GPU `index`'s SM clock now [MHz], NaN where the backend does not read it (a clock
         missing is no power reading missing: not counted in `read_errors`)."""
-        if self._read_clock is None:
+        read_clock: Callable[[int], float | None] | None = getattr(
+            self.backend, "sm_clock_mhz", None
+        )
+        if read_clock is None:  # the backend reads none
             return math.nan
         try:
-            value = self._read_clock(index)
+            value = read_clock(index)
         except AgentError:
             return math.nan
         return math.nan if value is None else float(value)

@@ -203,6 +203,8 @@ def drifted_w(backend: SimulatedBackend, index: int, drift: dict[str, float]) ->
     job = backend._gpus[index].job
     mean_w = backend.mean_power_w(index)
     factor = 1.0 if job is None else drift.get(job.id, 1.0)
+    if factor <= 1.0:
+        return mean_w * factor
     return min(mean_w * factor, max(backend.enforced_limit_w(index), mean_w))
 
 

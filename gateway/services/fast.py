@@ -16,7 +16,9 @@
 - **Combined.** On the agents the deeper cap wins per GPU (`agents.armed`). The site loop
   holds its correction while a fast event lasts (`holding`: its steps are skipped).
 - **Measured.** Each agent's report that its caps are enforced (`FastFired`) is timed from the
-  trigger into the `flexgate_fast_trigger_to_enforced_seconds` histogram.
+  trigger into the `flexgate_fast_trigger_to_enforced_seconds` histogram, and for a trigger
+  given the time its cause began (the frequency's crossing), from then into
+  `flexgate_fast_crossing_to_enforced_seconds`.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class FastPath:
         #: the last TRIGGERS_KEPT triggers with their agents' reports (`GET /v1/fast/triggers`)
         self.triggers: deque[dict[str, Any]] = deque(maxlen=TRIGGERS_KEPT)
         self.last_rearm_at: str | None = None  #: when plans were last sent, ISO UTC
+        self._since: dict[int, float] = {}  #: trigger seq -> when its cause began (monotonic)
         self._key: tuple[Any, ...] | None = None  #: what the plans armed were worked out on
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
@@ -107,14 +110,22 @@ class FastPath:
             buckets=LATENCY_BUCKETS,
             registry=None,
         )
+        self.latency_from_crossing = Histogram(
+            "flexgate_fast_crossing_to_enforced_seconds",
+            "The frequency's crossing to an agent's caps enforced (per agent report, for the "
+            "first trigger of each excursion).",
+            buckets=LATENCY_BUCKETS,
+            registry=None,
+        )
 
     @property
     def enabled(self) -> bool:
         return bool(self.depths) and self.transport is not None
 
     def register(self, registry: CollectorRegistry) -> None:
-        """The latency histogram on the gateway's `/metrics`."""
+        """The latency histograms on the gateway's `/metrics`."""
         registry.register(self.latency)
+        registry.register(self.latency_from_crossing)
 
     async def start(self) -> None:
         self._resume()
@@ -229,11 +240,13 @@ class FastPath:
         duration_s: float,
         cause: str | None = None,
         external_id: str | None = None,
+        since_s: float | None = None,
     ) -> dict[str, Any]:
         """Every node to its caps armed at `depth_pct` for `duration_s`, now; `cause` (what
         fired it, when not the API) goes in the event's reason, `external_id` (the grid
-        protocol's event it answers) on its record. While a fast event lasts the trigger
-        renews it (`_renew`): no new event."""
+        protocol's event it answers) on its record; `since_s` (monotonic), when the cause
+        began (the frequency's crossing): the agents' reports are timed from it too. While a
+        fast event lasts the trigger renews it (`_renew`): no new event."""
         self._check(depth_pct)
         assert self.transport is not None
         assert self.settings.fast_secret is not None
@@ -259,6 +272,9 @@ class FastPath:
             "enforced_s": None,  #: trigger to the last report so far [s]
         }
         self.triggers.append(sent)
+        self._since = {k: v for k, v in self._since.items() if k >= seq - 10**9}
+        if since_s is not None:
+            self._since[seq] = since_s
         try:
             await self.transport.trigger(
                 body.encode(),
@@ -431,6 +447,9 @@ class FastPath:
     def fired(self, report: FastFired, arrived_s: float) -> None:
         """An agent's report of caps enforced, timed from its trigger."""
         sent_s = self._sent_at.get(report.seq)
+        since_s = self._since.get(report.seq)
+        if since_s is not None:
+            self.latency_from_crossing.observe(max(arrived_s - since_s, 0.0))
         if sent_s is None:
             return
         elapsed_s = max(arrived_s - sent_s, 0.0)

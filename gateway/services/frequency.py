@@ -11,7 +11,8 @@ frequency, sampled every FLEXGATE_FREQUENCY_PERIOD_S, through the rule
   period plus FLEXGATE_FREQUENCY_TRIGGER_DELAY_S) and refused beyond
   FLEXGATE_FREQUENCY_PHASE_BOUND_DEG: the gateway does not start.
 - **Recorded.** The fast event's reason says the frequency feed fired it, the reading and when
-  the frequency crossed.
+  the frequency crossed; the agents' reports on an excursion's first trigger are timed from
+  the reading that crossed (`flexgate_fast_crossing_to_enforced_seconds`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class FrequencyTrigger:
         self.triggers = 0
         self.last_event_id: str | None = None
         self.crossing_at: str | None = None  #: the last excursion's crossing, ISO UTC
+        self._counted_s: float | None = None  #: the crossing whose first trigger was sent
         self._every = Every(clock, settings.frequency_period_s, self.sample, "frequency not read")
         self.hz_gauge = Gauge(
             "flexgate_frequency_hz", "The frequency feed's last plausible reading.", registry=None
@@ -148,12 +150,19 @@ class FrequencyTrigger:
             return
         try:
             cause = f"the frequency feed read {fire.hz:.3f} Hz; it crossed at {self.crossing_at}"
-            answer = await self.fast.trigger(fire.depth_pct, fire.duration_s, cause=cause)
+            first = state.crossing_s is not None and state.crossing_s != self._counted_s
+            answer = await self.fast.trigger(
+                fire.depth_pct,
+                fire.duration_s,
+                cause=cause,
+                since_s=state.crossing_s if first else None,
+            )
         except GatewayError as exc:  # tried again at the next reading, the crossing kept
             log.warning("the frequency trigger could not fire: %s", exc)
             self.state = replace(self.state, crossing_s=state.crossing_s)
             return
         self.state = state
+        self._counted_s = state.crossing_s
         self.triggers += 1
         self.fired.inc()
         self.last_event_id = answer["event_id"]
