@@ -433,11 +433,14 @@ class FastPath:
                     if left_s > lead_s + 1e-6:  # (not woken again by a rounding's worth)
                         await self.clock.sleep(left_s - lead_s)
                         continue  # read again: a renewal may have moved the end
-                    if await self.release.take_over(kw, event_id):
-                        taken_kw = kw
-                    else:
+                    taken = await self.release.take_over(kw, event_id)
+                    if taken is None:
                         log.info("fast event %s ends into the event in force", event_id)
                         return
+                    if taken != event_id:
+                        log.info("fast event %s ends into event %s along the ramp", event_id, taken)
+                        return
+                    taken_kw = kw
                 await self.clock.sleep(left_s)
             if taken_kw is not None:
                 self.release.release()

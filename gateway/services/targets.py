@@ -116,23 +116,33 @@ class Targets:
             self.probe_id = None
             await self._plan_and_send(facility_kw, event_id, tracking)
 
-    async def take_over(self, facility_kw: float, event_id: str) -> bool:
+    async def take_over(self, facility_kw: float, event_id: str) -> str | None:
         """A shed the fast path holds (`gateway.services.fast`), handed to the ordinary path
-        before its caps' lease ends: planned and sent at once (the site is there already, so
-        the ramp limit counts it as held), renewed like any plan, and stepped back along the
-        up limit by `release`. False, sending nothing, while an event's target is held (its
-        plan is in force under the fast caps) or a probe runs."""
-        if self._target is not None and self._target[1] not in (None, event_id):
-            return False
+        before its caps' lease ends (the site is there already, so the ramp limit counts it
+        as held). With no event's target held: planned and sent at once, renewed like any
+        plan, and stepped back along the up limit by `release`; returns `event_id`. With an
+        event's target held that sheds less: that target planned again from the fast shed,
+        stepped towards along the up limit as any plan the limit holds back; returns that
+        event's id (the fast event ends into it: nothing to release). None, sending nothing,
+        while a probe runs or the event in force sheds as much."""
         if self.probe_id is not None:
-            return False
+            return None
+        held = self._target
+        if held is not None and held[1] not in (None, event_id):
+            target_kw, in_force, tracking = held
+            if target_kw >= facility_kw:
+                return None
+            async with self._lock:
+                self.ramp.held_kw, self.ramp.held_at_s = facility_kw, self.clock.monotonic()
+                await self._plan_and_send(target_kw, in_force, tracking)
+            return in_force
         if self._ramp is not None:
             self._ramp.cancel()
             self._ramp = None
         async with self._lock:
             self.ramp.held_kw, self.ramp.held_at_s = facility_kw, self.clock.monotonic()
             await self._plan_and_send(facility_kw, event_id)
-        return True
+        return event_id
 
     @property
     def busy(self) -> str | None:

@@ -30,11 +30,15 @@ async def settle() -> None:
 
 
 def run(
-    tmp_path, up_kw_per_min: float | None, restart_at_s: float | None = None
+    tmp_path,
+    up_kw_per_min: float | None,
+    restart_at_s: float | None = None,
+    ordinary_kw: float | None = None,
 ) -> tuple[list[float], float, FastPath, str]:
     """The site's shed (its uncapped facility power less its power now) every period from the
     trigger, the depth's planned reduction, the fast path and the event's id. `restart_at_s`:
-    the gateway's fast path stops then, and a new one starts on the same store."""
+    the gateway's fast path stops then, and a new one starts on the same store.
+    `ordinary_kw`: an ordinary event's target held from before the trigger to the end."""
     declared = site_jobs()
     truth = Truth(copy.deepcopy(declared), overhead_factor=1.3, static_kw=0.0)
     site = SimulatedSite(
@@ -69,6 +73,9 @@ def run(
         assert await fast.rearm() == len(site.nodes)
         await site.run_for(3 * PERIOD_S)
         uncapped_kw = site.meter.true_facility_kw()
+        if ordinary_kw is not None:
+            await site.targets.hold(ordinary_kw, "ev-ordinary")
+            await site.run_for(6 * PERIOD_S)
         answer = await fast.trigger(DEPTH, DURATION_S)
         expected_kw = fast.expected_kw[DEPTH]
         sheds = []
@@ -136,3 +143,22 @@ def test_a_gateway_restarted_during_a_fast_event_still_releases_it_along_the_lim
     assert sheds[end - 1] == pytest.approx(depth_kw, rel=0.1)
     assert steepest_rise_kw_per_min(sheds[end - 2 :]) <= 1.05 * up
     assert abs(sheds[-1]) < 0.05 * depth_kw
+
+
+def test_a_fast_event_over_an_ordinary_one_ends_into_it_along_the_limit(tmp_path):
+    """An ordinary event holds a quarter of the fast depth when the 40% trigger comes: at
+    the fast event's end the site goes back to the ordinary event's shed, not at once (it
+    did: the fast caps' lease ended under a plan of the ordinary shed) but along the up
+    limit, down to that event's shed."""
+    _, depth_kw, _, _ = run(tmp_path / "free", None)
+    up = depth_kw / 3.0
+    ordinary_kw = depth_kw / 4.0
+    sheds, _, _, _ = run(tmp_path / "over", up, ordinary_kw=ordinary_kw)
+    end = round(DURATION_S / PERIOD_S)
+    assert sheds[end - 1] == pytest.approx(depth_kw, rel=0.1)
+    assert steepest_rise_kw_per_min(sheds[end - 2 :]) <= 1.05 * up
+    assert sheds[end + 1] >= sheds[end - 1] - up * 2 * PERIOD_S / 60.0 - 0.02 * depth_kw
+    # The ordinary event's shed once the limit has had its time (2.25 minutes for the 3/4 of
+    # the depth), before its plan's lease would need a renewal (no events service here).
+    settled = sheds[end + round(150.0 / PERIOD_S)]
+    assert settled == pytest.approx(ordinary_kw, abs=0.05 * depth_kw)

@@ -46,6 +46,21 @@ def gateway(tmp_path, vtn, ven_name, port=None):
     port = port or free_port()
     database_url = f"sqlite:///{tmp_path / 'gateway.db'}"
     settings = {
+        **ven_settings(vtn, port, ven_name),
+        "recovery_ramp_s": 0.2,
+        "recovery_steps": 1,
+        # SIMPLE level 3 (40%) is more than the example site can promise with the declared
+        # jobs' common-mode power error: these tests read the VEN, so the promise is the model's.
+        "declared_power_uncertainty": 0.0,
+    }
+    with running_site(tmp_path, database_url, gateway_port=port, **settings) as site:
+        wait_registered(site)
+        yield site
+
+
+def ven_settings(vtn, port, ven_name):
+    """The gateway's 3.1 VEN on the reference VTN, its callbacks on `port`."""
+    return {
         "openadr": "3.1",
         "vtn_url": vtn.url,
         "vtn_client_id": refvtn.VEN_CLIENT,
@@ -55,19 +70,15 @@ def gateway(tmp_path, vtn, ven_name, port=None):
         "ven_callback_url": f"http://127.0.0.1:{port}{CALLBACK_PATH}",
         "ven_name": ven_name,
         "ven_resources": "site-a",
-        "recovery_ramp_s": 0.2,
-        "recovery_steps": 1,
-        # SIMPLE level 3 (40%) is more than the example site can promise with the declared
-        # jobs' common-mode power error: these tests read the VEN, so the promise is the model's.
-        "declared_power_uncertainty": 0.0,
     }
-    with running_site(tmp_path, database_url, gateway_port=port, **settings) as site:
-        site.wait(
-            lambda: site.api.get("/health").json()["ven"] == "registered",
-            seconds=20,
-            what="the VEN's registration with the reference VTN",
-        )
-        yield site
+
+
+def wait_registered(site):
+    site.wait(
+        lambda: site.api.get("/health").json()["ven"] == "registered",
+        seconds=20,
+        what="the VEN's registration with the reference VTN",
+    )
 
 
 def event_body(program, payload, values, start_s=1.0, interval_s=60.0, **extra):
@@ -221,17 +232,7 @@ def test_a_zero_notice_event_fires_the_armed_plans_through_the_fast_path(
     from tests.gateway.test_fast_openadr import at_armed, fast_events
 
     port = free_port()
-    settings = {
-        "openadr": "3.1",
-        "vtn_url": vtn.url,
-        "vtn_client_id": refvtn.VEN_CLIENT,
-        "vtn_client_secret": refvtn.VEN_SECRET,
-        "vtn_allow_http": True,
-        "vtn_poll_s": POLL_S,
-        "ven_callback_url": f"http://127.0.0.1:{port}{CALLBACK_PATH}",
-        "ven_name": VEN_NAME,
-        "ven_resources": "site-a",
-    }
+    settings = ven_settings(vtn, port, VEN_NAME)
     setpoint = [
         {
             "objectType": "EVENT_PAYLOAD_DESCRIPTOR",
@@ -240,11 +241,7 @@ def test_a_zero_notice_event_fires_the_armed_plans_through_the_fast_path(
         }
     ]
     with fast_site(tmp_path, gateway_port=port, **settings) as site:
-        site.wait(
-            lambda: site.api.get("/health").json()["ven"] == "registered",
-            seconds=20,
-            what="the VEN's registration with the reference VTN",
-        )
+        wait_registered(site)
         body = event_body(program, "CONTROL_SETPOINT", [-0.3], payloadDescriptors=setpoint)
         body["intervalPeriod"] = {"start": "0001-01-01T00:00:00Z", "duration": "PT30S"}
         event = vtn.post("/events", body)
