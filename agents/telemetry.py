@@ -78,13 +78,19 @@ class Sampler:
         row = np.full(self._power.shape[0], np.nan)
         limits = np.full(row.size, np.nan)
         clocks = np.full(row.size, np.nan)
+        # The backend as it is now reads a clock or not (a clock missing is no power reading
+        # missing: not counted in `read_errors`).
+        read_clock: Callable[[int], float | None] | None = getattr(
+            self.backend, "sm_clock_mhz", None
+        )
         for index in range(row.size):
             try:
                 row[index] = self.backend.power_w(index)
                 limits[index] = self.backend.enforced_limit_w(index)
             except AgentError:
                 self.read_errors += 1
-            clocks[index] = self._clock_of(index)
+            if read_clock is not None:
+                clocks[index] = _clock_of(read_clock, index)
         with self._lock:
             self._power[:, self._next] = row
             self._limits[:, self._next] = limits
@@ -92,20 +98,6 @@ class Sampler:
             self._times[self._next] = self.clock()
             self._next = (self._next + 1) % self._times.size
             self._filled = min(self._filled + 1, self._times.size)
-
-    def _clock_of(self, index: int) -> float:
-        """GPU `index`'s SM clock now [MHz], NaN where the backend does not read it (a clock
-        missing is no power reading missing: not counted in `read_errors`)."""
-        read_clock: Callable[[int], float | None] | None = getattr(
-            self.backend, "sm_clock_mhz", None
-        )
-        if read_clock is None:  # the backend reads none
-            return math.nan
-        try:
-            value = read_clock(index)
-        except AgentError:
-            return math.nan
-        return math.nan if value is None else float(value)
 
     def _run(self) -> None:
         deadline = time.monotonic()
@@ -147,12 +139,17 @@ class Sampler:
 
     def gpu_power(self, last: int = 100) -> list[GpuPower]:
         _, power, _, clocks = self.window_with_clocks()
+        # Each GPU's mean clock at once (a backend that reads none leaves them all NaN).
+        tail = clocks[:, -last:]
+        read = np.isfinite(tail)
+        counts = read.sum(axis=1)
+        means = np.where(read, tail, 0.0).sum(axis=1) / np.maximum(counts, 1)
         return [
             GpuPower(
                 index=i,
                 power_w=[float(v) for v in power[i, -last:] if np.isfinite(v)],
                 sample_interval_s=self.interval_s,
-                sm_clock_mhz=_mean_or_none(clocks[i, -last:]),
+                sm_clock_mhz=float(means[i]) if counts[i] else None,
             )
             for i in range(power.shape[0])
         ]
@@ -232,3 +229,12 @@ def _mean_over_gpus(power: np.ndarray) -> np.ndarray:
     count = np.isfinite(power).sum(axis=0)
     total = np.nansum(power, axis=0)
     return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def _clock_of(read_clock: Callable[[int], float | None], index: int) -> float:
+    """GPU `index`'s SM clock now [MHz], NaN where it cannot be read."""
+    try:
+        value = read_clock(index)
+    except AgentError:
+        return math.nan
+    return math.nan if value is None else float(value)

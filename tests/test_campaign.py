@@ -16,7 +16,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import campaign_bench
 
-pytestmark = pytest.mark.slow
+# Twenty events on the stepped clock: about two minutes of one core alone, more beside the
+# suite's other workers; the default 300 s would fail the fixture under load.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,7 @@ a correction of the requested reduction, re-planned through the same allocator:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections import deque
@@ -103,6 +104,8 @@ SPREAD = 0.2
 NOISE_SIGMAS = 2.0
 #: The agents' GPU power is taken to scatter at least this much, reading to reading [kW].
 GPU_NOISE_KW = 0.01
+#: The latest readings of the GPU power a step is looked for in (more than any window needs).
+GPU_STEP_READINGS = 60
 _MAD_TO_SD = 1.4826
 LIMIT_MIN_SAMPLES = 30
 LIMIT_MARGIN_FLOOR = 0.005
@@ -546,12 +549,13 @@ class Tracker:
         measured = self.fleet.loop_measurements()
         actuated_s = max(measured.actuation_s, default=0.0) + self._plan_s + self._gpu_span_s()
         since_s = max(self.targets.planned_at_s + actuated_s + self.period_s, pursuit.gpu_fed_s)
-        samples = [s for s in self.site.history if s.at_s > since_s]
+        since = itertools.takewhile(lambda s: s.at_s > since_s, reversed(self.site.history))
+        samples = list(itertools.islice(since, GPU_STEP_READINGS))[::-1]  # the latest, in order
         gpu = np.array([s.all_gpu_kw for s in samples])
         gain = self.overhead_gains.gain or self.site.overhead.current().k
         floors = (GPU_NOISE_KW, STEP_FLOOR_SHARE * _asked_kw(pursuit) / gain)
         ramp = math.ceil(self._gpu_span_s() / self.period_s)
-        step_kw = gpu_step_kw(gpu[-60:], self._window_readings(), ramp, floors)
+        step_kw = gpu_step_kw(gpu, self._window_readings(), ramp, floors)
         if step_kw == 0.0:
             return False
         meter_kw = gain * step_kw
