@@ -184,10 +184,12 @@ class Pursuit:
     #: a feed-forward's move as the agents' GPU power should show it: (the GPU power before,
     #: after [kW], what the model planned before it [kW]); None once its answer is read
     fed_gpu: tuple[float, float, float] | None = None
-    #: a step of the GPU power no plan made was last fed forward then [s]; what it moved the
-    #: meter by and the correction by, summed, until the scheduler reports the job [kW]
+    #: a step of the GPU power no plan made was last fed forward then [s]; what such steps
+    #: moved the meter by, until the scheduler reports the job, and the correction by, until
+    #: the reduction takes it over, summed [kW]
     gpu_fed_s: float = -math.inf
-    gpu_fed: tuple[float, float] = (0.0, 0.0)
+    gpu_fed_meter_kw: float = 0.0
+    gpu_fed_kw: float = 0.0
 
 
 class Tracker:
@@ -410,7 +412,7 @@ class Tracker:
         moved_kw = self.site.facility_kw(self._uncapped_gpu_kw(pursuit, mix)) - (
             self.site.facility_kw(pursuit.start_baseline_gpu_kw)
         )
-        return pursuit.start_facility_kw + moved_kw + pursuit.gpu_fed[0]
+        return pursuit.start_facility_kw + moved_kw + pursuit.gpu_fed_meter_kw
 
     def _uncapped_gpu_kw(self, pursuit: Pursuit, mix: JobMix) -> float:
         """The GPUs' power without the event by the model [kW]: the placed jobs' baseline, and
@@ -546,9 +548,8 @@ class Tracker:
         expected at the meter. True when it re-planned."""
         if pursuit.level_kw is None or not self._gpu_span_s():
             return False
-        measured = self.fleet.loop_measurements()
-        actuated_s = max(measured.actuation_s, default=0.0) + self._plan_s + self._gpu_span_s()
-        since_s = max(self.targets.planned_at_s + actuated_s + self.period_s, pursuit.gpu_fed_s)
+        since_s = self.targets.planned_at_s + self._actuated_s() + self.period_s
+        since_s = max(since_s, pursuit.gpu_fed_s)
         since = itertools.takewhile(lambda s: s.at_s > since_s, reversed(self.site.history))
         samples = list(itertools.islice(since, GPU_STEP_READINGS))[::-1]  # the latest, in order
         gpu = np.array([s.all_gpu_kw for s in samples])
@@ -564,8 +565,8 @@ class Tracker:
         taken_kw = pursuit.correction_kw
         correction = pursuit.correction_kw + meter_kw / pursuit.gain
         pursuit.correction_kw = self._bounded(pursuit, correction, plan)
-        fed_meter_kw, fed_kw = pursuit.gpu_fed
-        pursuit.gpu_fed = (fed_meter_kw + meter_kw, fed_kw + pursuit.correction_kw - taken_kw)
+        pursuit.gpu_fed_meter_kw += meter_kw
+        pursuit.gpu_fed_kw += pursuit.correction_kw - taken_kw
         # The step is on its way to the meter: expected there from when the agents showed it.
         pursuit.moves.append((samples[-AFTER_READINGS].at_s - self._gpu_span_s(), meter_kw))
         pursuit.gpu_fed_s = self.clock.monotonic()
@@ -580,21 +581,19 @@ class Tracker:
         that started or ended): where a GPU power step the same way was fed forward first, the
         meter already expects it, and the site without the event moves by the model's move
         from now on. Returns the move still to expect [kW]."""
-        fed_meter_kw, fed_kw = pursuit.gpu_fed
-        if fed_meter_kw * move_kw <= 0.0:
+        if pursuit.gpu_fed_meter_kw * move_kw <= 0.0:
             return move_kw
-        pursuit.gpu_fed = (0.0, fed_kw)
+        pursuit.gpu_fed_meter_kw = 0.0
         return 0.0
 
     @staticmethod
     def _taken_over(pursuit: Pursuit, moved_kw: float) -> None:
         """A level's reduction moved by `moved_kw` with the job mix: as far as it moved the
         way a GPU power step fed forward did, it carries that step now, not the correction."""
-        fed_meter_kw, fed_kw = pursuit.gpu_fed
+        fed_kw = pursuit.gpu_fed_kw
         if fed_kw * moved_kw > 0.0:
-            taken_kw = math.copysign(min(abs(fed_kw), abs(moved_kw)), fed_kw)
-            pursuit.correction_kw -= taken_kw
-        pursuit.gpu_fed = (fed_meter_kw, 0.0)
+            pursuit.correction_kw -= math.copysign(min(abs(fed_kw), abs(moved_kw)), fed_kw)
+        pursuit.gpu_fed_kw = 0.0
 
     async def _fed_answer(self, pursuit: Pursuit, plan: dict[str, Any]) -> bool:
         """A feed-forward's answer on the agents' GPU power, once actuated (no meter dead
@@ -602,9 +601,7 @@ class Tracker:
         moved by the plan's own answer per planned kW, once. True when it re-planned."""
         if pursuit.fed_gpu is None:
             return False
-        measured = self.fleet.loop_measurements()
-        actuated_s = max(measured.actuation_s, default=0.0) + self._plan_s + self._gpu_span_s()
-        if self.clock.monotonic() - pursuit.fed_s < actuated_s + self.period_s:
+        if self.clock.monotonic() - pursuit.fed_s < self._actuated_s() + self.period_s:
             return False
         (from_kw, aim_kw, planned_kw), pursuit.fed_gpu = pursuit.fed_gpu, None
         moved_kw, wanted_kw = from_kw - self.site.history[-1].all_gpu_kw, from_kw - aim_kw
@@ -616,6 +613,12 @@ class Tracker:
         pursuit.corrections.append((self.clock.monotonic(), pursuit.correction_kw, pursuit.gain))
         await self._plan(pursuit)
         return True
+
+    def _actuated_s(self) -> float:
+        """From a plan to the agents' GPU power showing it whole [s]: planning, the slowest
+        actuation measured, and the agents' averaging."""
+        measured = self.fleet.loop_measurements()
+        return max(measured.actuation_s, default=0.0) + self._plan_s + self._gpu_span_s()
 
     def _overhead_gain(self, pursuit: Pursuit, meter_kw: float, shown_kw: np.ndarray) -> float:
         """Facility kW per GPU kW at the meter: as this event's shed showed it (the meter

@@ -14,7 +14,7 @@ import pytest
 from flexgate.simsite import SimulatedSite
 from gateway.services.tracking import Pursuit
 from tests.gateway.test_tracking import REDUCTION_KW, WARM_UP_S, mismatched
-from tests.gateway.test_tracking_meters import make_site
+from tests.gateway.test_tracking_meters import make_site, sheds_for
 
 
 @pytest.mark.parametrize("basis", ["gain", "meter"])
@@ -99,11 +99,7 @@ def test_a_level_opens_on_the_gain_the_site_s_deltas_showed(tmp_path):
         await site.run_for(300.0)
         uncapped = site.meter.true_facility_kw()
         await site.tracker.pursue("ev-2", REDUCTION_KW, uncapped - REDUCTION_KW)
-        sheds = []
-        for _ in range(round(120.0 / site.settings.meter_period_s)):
-            await site.tick()
-            sheds.append(uncapped - site.meter.true_facility_kw())
-        return sheds
+        return await sheds_for(site, uncapped, round(120.0 / site.settings.meter_period_s))
 
     try:
         sheds = asyncio.run(run())

@@ -36,6 +36,15 @@ def delivered(site: SimulatedSite, event_id: str) -> dict:
         return delivery_doc(repo.deliveries(s, event_ids=[event_id])[event_id])
 
 
+async def sheds_for(site: SimulatedSite, uncapped_kw: float, ticks: int) -> list[float]:
+    """The site's true shed against `uncapped_kw` after each of the next `ticks` samples."""
+    sheds = []
+    for _ in range(ticks):
+        await site.tick()
+        sheds.append(uncapped_kw - site.meter.true_facility_kw())
+    return sheds
+
+
 async def true_sheds(site: SimulatedSite, seconds: float) -> tuple[float, list[float]]:
     """The site's true shed (uncapped less its true facility power, before the meter) at
     every meter period of an event of `seconds`."""
@@ -43,11 +52,7 @@ async def true_sheds(site: SimulatedSite, seconds: float) -> tuple[float, list[f
     await site.run_for(WARM_UP_S)
     uncapped = site.meter.true_facility_kw()
     await site.tracker.pursue("ev-1", REDUCTION_KW, None)
-    sheds = []
-    for _ in range(round(seconds / site.settings.meter_period_s)):
-        await site.tick()
-        sheds.append(uncapped - site.meter.true_facility_kw())
-    return uncapped, sheds
+    return uncapped, await sheds_for(site, uncapped, round(seconds / site.settings.meter_period_s))
 
 
 @pytest.mark.parametrize("basis", ["gain", "meter"])
@@ -498,11 +503,7 @@ def test_a_new_reduction_carries_the_model_error_as_a_gain_not_as_kw(tmp_path):
         await site.tracker.pursue("ev-1", 19.0, None)
         await site.run_for(120.0)
         await site.tracker.pursue("ev-1", 4.0, None)
-        sheds = []
-        for _ in range(60):
-            await site.tick()
-            sheds.append(uncapped - site.meter.true_facility_kw())
-        return sheds
+        return await sheds_for(site, uncapped, 60)
 
     try:
         sheds = asyncio.run(run())
