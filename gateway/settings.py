@@ -576,13 +576,13 @@ class GatewaySettings(BaseSettings):
                     raise ValueError(
                         f"FLEXGATE_{key}: {name!r} is not a baseline preset (one of {RULE_NAMES})"
                     )
-        for key, name in (
+        for key, chosen in (
             ("OPT_IN_BASELINE", self.opt_in_baseline),
             ("REPORT_BASELINE", self.report_baseline),
         ):
-            if name is not None and not is_preset(name):
+            if chosen is not None and not is_preset(chosen):
                 raise ValueError(
-                    f"FLEXGATE_{key}: {name!r} is not a baseline preset (one of {RULE_NAMES})"
+                    f"FLEXGATE_{key}: {chosen!r} is not a baseline preset (one of {RULE_NAMES})"
                 )
         for key, minutes in (
             ("SETTLEMENT_INTERVAL_MIN", self.settlement_interval_min),

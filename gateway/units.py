@@ -6,18 +6,21 @@ values."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, cast
+
+Doc = TypeVar("Doc")
 
 KW_DECIMALS = 3  #: 1 W
 W_DECIMALS = 1  #: 0.1 W
 
 
-def rounded(doc: Any) -> Any:
-    """`doc` with every float under a key ending in `_kw` or `_w` rounded (recursively)."""
+def rounded(doc: Doc) -> Doc:
+    """`doc` with every float under a key ending in `_kw` or `_w` rounded (recursively); of
+    the same type."""
     if isinstance(doc, dict):
-        return {key: _field(key, value) for key, value in doc.items()}
+        return cast(Doc, {key: _field(key, value) for key, value in doc.items()})
     if isinstance(doc, list):
-        return [rounded(item) for item in doc]
+        return cast(Doc, [rounded(item) for item in doc])
     return doc
 
 

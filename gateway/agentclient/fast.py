@@ -50,9 +50,12 @@ def fast_transport(client: AgentClient, clock: Clock) -> FastTransport:
         return HttpFast(client, clock)
     if isinstance(client, InMemoryAgentClient):
         return MemoryFast(client, clock)
-    from gateway.agentclient.natsfast import NatsFast  # nats-py on demand
+    from gateway.agentclient.natsbus import NatsAgentClient  # nats-py on demand
+    from gateway.agentclient.natsfast import NatsFast
 
-    return NatsFast(client, clock)
+    if isinstance(client, NatsAgentClient):
+        return NatsFast(client, clock)
+    raise TypeError(f"no fast path over {type(client).__name__}")
 
 
 def fired_of(answer: TriggerAnswer, elapsed_s: float) -> FastFired:

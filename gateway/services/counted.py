@@ -143,14 +143,14 @@ class Counted:
             found = None
         out["reason"] = reason
         out["baseline"] = None if found is None else baseline_doc(found)
-        rows = []
+        rows: list[dict[str, Any]] = []
         at = span.start
         while found is not None and at < span.end:
             step = at + timedelta(minutes=interval_min)
             rows.append({"start": iso(at), "end": iso(step), "baseline_kw": found.kw(at)[0]})
             at = step
         out["intervals"] = rows
-        known = [r["baseline_kw"] for r in rows if r["baseline_kw"] is not None]
+        known: list[float] = [r["baseline_kw"] for r in rows if r["baseline_kw"] is not None]
         mean_kw = sum(known) / len(known) if known else None
         out["baseline_kw"] = mean_kw
         out["below_baseline_kw"] = None if mean_kw is None else mean_kw - level["kw"]

@@ -192,7 +192,7 @@ def clock_shape_of(
 
 
 def _middle(level: dict[str, Any]) -> float:
-    return 0.5 * (level["start_s"] + level["end_s"])
+    return 0.5 * (float(level["start_s"]) + float(level["end_s"]))
 
 
 def _fit_doc(sweep: MeasuredSweep, power_stderr_w: float | None) -> dict[str, Any]:
@@ -287,7 +287,7 @@ def fields_in_force(
         if shape == "family":  # the PFI is on the measured grid: the family is read there
             own = measured_shape(fit) if own_shape else {}
             fields |= own | {
-                "pfi": family_through_levels(replace(job, **own), fit),
+                "pfi": family_through_levels(_shaped(job, own), fit),
                 "sweep_interpolation": "family",
                 "pfi_grid_w": list(fit["grid_w"]),
             }
@@ -311,6 +311,13 @@ def measured_shape(fit: dict[str, Any]) -> dict[str, float]:
     if found.get("source") != "sm_clock":
         return {}
     return {"static_share": found["static_share"], "exponent": found["exponent"]}
+
+
+def _shaped(job: Job, shape: dict[str, float]) -> Job:
+    """`job` with the static share and exponent of `measured_shape`'s fields (none: as is)."""
+    if not shape:
+        return job
+    return replace(job, static_share=shape["static_share"], exponent=shape["exponent"])
 
 
 def family_through_levels(job: Job, fit: dict[str, Any]) -> float:

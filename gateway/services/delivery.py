@@ -69,7 +69,10 @@ class Deliveries:
                 meter_source=self.site.source,
                 at=self.clock.now(),
                 seconds=seconds,
-                requested_kw=reference - (pursuit.level_kw if pursuit.ceiling else target),
+                requested_kw=reference
+                - (
+                    pursuit.level_kw if pursuit.ceiling and pursuit.level_kw is not None else target
+                ),
                 delivered_kw=reference - latest.facility_kw,
             )
             if pursuit.ceiling and pursuit.level_kw is not None:

@@ -69,7 +69,7 @@ def _combined(parts: Sequence[MeterInterval]) -> MeterInterval:
     return MeterInterval(
         start=parts[0].start,
         end=parts[-1].end,
-        mean_kw=None if None in means else float(np.mean(means)),
+        mean_kw=None if None in means else float(np.mean([m for m in means if m is not None])),
         samples=sum(p.samples for p in parts),
         coverage=float(np.mean([p.coverage for p in parts])),
         gap=any(p.gap for p in parts),

@@ -47,8 +47,11 @@ def plan(
     cannot_cap = cannot_cap or {}
     up = nodes - down - set(cannot_cap)
     reachable = np.array(
-        [bool(job.placement) and all(p.node in up for p in job.placement) for job in mix.jobs],
-        dtype=bool,
+        [
+            bool(job.placement) and all(p.node in up for p in job.placement or ())
+            for job in mix.jobs
+        ],
+        dtype=np.bool_,
     )
     doc = allocate_mix(mix, max(facility_kw, 0.0), strategy="optimal", excluded=~reachable)
     if rate_spread > 0.0:
@@ -63,7 +66,7 @@ def plan(
         cap = answer["cap_w"]
         if ok and cap < job.max_cap_w - UNCAPPED_MARGIN_W:
             cap_w = round(float(cap), 1)
-            for where in job.placement:
+            for where in job.placement or ():
                 caps[where.node] += [{"gpu": g, "cap_w": cap_w} for g in where.gpus]
     doc["commands"] = [{"node": node, "caps": caps.get(node, [])} for node in sorted(nodes)]
     doc["unplaced_jobs"] = [j.id for j, ok in zip(mix.jobs, reachable, strict=True) if not ok]

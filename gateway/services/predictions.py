@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from flexmodel.errors import FlexModelError
-from flexmodel.jobs import DEFAULT_PFI, DEFAULT_PFI_STDERR, Job
+from flexmodel.jobs import Job
+from flexmodel.pfi import DEFAULT_PFI, DEFAULT_PFI_STDERR
 from flexmodel.predictor import PfiPredictor, PfiRecord, check_record, choose_predictor
 from flexmodel.workload import study_predictor
 from gateway.clock import Clock
@@ -248,15 +249,15 @@ class Predictions:
                 "pfi_stderr": doc.get("pfi_stderr", 0.0),
             }
         if "sweep" in doc:
-            job = self.book.mix().by_id.get(doc["id"])
+            swept = self.book.mix().by_id.get(doc["id"])
             try:
-                value = None if job is None else job.pfi_value
+                value = None if swept is None else swept.pfi_value
             except FlexModelError:  # no cap slowed it beyond the noise: no PFI to show
                 value = None
             return out | {
                 "source": "sweep",
                 "pfi": value,
-                "pfi_stderr": None if value is None or job is None else job.pfi_error,
+                "pfi_stderr": None if value is None or swept is None else swept.pfi_error,
             }
         if doc["id"] in self.predicted:
             value, error = self.predicted[doc["id"]]
@@ -291,7 +292,7 @@ class Predictions:
 
 
 def _fit_doc(fit: PfiPredictor) -> dict[str, Any]:
-    doc = fit.as_dict()
+    doc: dict[str, Any] = fit.as_dict()
     doc["pfi_range"] = [doc.pop("pfi_min"), doc.pop("pfi_max")]
     return doc
 

@@ -839,16 +839,16 @@ class Tracker:
             pursuit.settled_at[round(pursuit.reduction_kw, 3)] = pursuit.correction_kw
         # Not from a loop the sync analysis finds attracting (the lab's lock scenario): its
         # readings swing with the jobs it locks, and say little of the model's gain.
-        shows_gain = (
+        measured_kw = pursuit.measured_kw
+        if (
             self.verdict == "safe"
             and reference_kw is not None
-            and pursuit.measured_kw is not None
+            and measured_kw is not None
             and pursuit.achieved_kw > 0.0  # a site drawing nothing plans nothing to divide by
             and pursuit.achieved_kw >= GAIN_MIN_SHARE * reference_kw
-        )
-        if shows_gain:
+        ):
             # Slowly: one reading is not evidence, and a meter found wrong later undoes it.
-            shed_kw = reference_kw - pursuit.measured_kw
+            shed_kw = reference_kw - measured_kw
             seen = float(np.clip(shed_kw / pursuit.achieved_kw, 0.5, 1.5))
             pursuit.gain += GAIN_WEIGHT * (seen - pursuit.gain)
         asked_kw = max(_asked_kw(pursuit), 1.0)

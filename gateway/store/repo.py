@@ -40,7 +40,7 @@ def load_jobs(session: Session) -> list[dict[str, Any]]:
 
 
 def replace_jobs(session: Session, *, docs: list[dict[str, Any]]) -> None:
-    session.exec(delete(JobRow))  # type: ignore[call-overload]
+    session.exec(delete(JobRow))
     for position, doc in enumerate(docs):
         session.add(JobRow(id=doc["id"], doc=doc, position=position))
 
@@ -361,7 +361,7 @@ def replace_meter_intervals(
     """The intervals of `length_s` starting in [start_ms, end_ms) are these
     (`MeterIntervalRow` fields): any stored before are replaced."""
     session.exec(
-        delete(MeterIntervalRow).where(  # type: ignore[call-overload]
+        delete(MeterIntervalRow).where(
             col(MeterIntervalRow.length_s) == length_s,
             col(MeterIntervalRow.start_ms) >= start_ms,
             col(MeterIntervalRow.start_ms) < end_ms,
@@ -378,12 +378,12 @@ def prune_meter_history(
     """Forget samples taken before `samples_before` and intervals that began before
     `intervals_before`."""
     session.exec(
-        delete(MeterSampleRow).where(  # type: ignore[call-overload]
+        delete(MeterSampleRow).where(
             col(MeterSampleRow.at_ms) < epoch_ms(samples_before)
         )
     )
     session.exec(
-        delete(MeterIntervalRow).where(  # type: ignore[call-overload]
+        delete(MeterIntervalRow).where(
             col(MeterIntervalRow.start_ms) < epoch_ms(intervals_before)
         )
     )
