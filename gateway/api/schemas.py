@@ -1,4 +1,4 @@
-"""Request bodies of the gateway API (responses: docs/gateway.md, "API")."""
+"""Request bodies and answers of the gateway API (docs/gateway.md, "API")."""
 
 from __future__ import annotations
 
@@ -427,3 +427,140 @@ class MeterHistoryDoc(_Open):
     meter_period_s: float
     intervals: list[MeterIntervalDoc] | None = None
     samples: list[MeterSampleDoc] | None = None
+
+
+class JobBounds(_Open):
+    """A job's floor and protection with its tier in force."""
+
+    tier: int | None = Field(description="its flexibility tier; null when untagged")
+    min_throughput_fraction: float
+    protected: bool
+
+
+class JobTierBounds(JobBounds):
+    id: str
+
+
+class JobPfi(_Open):
+    """A job's PFI in force, its standard error and where it comes from."""
+
+    id: str
+    source: str = Field(
+        description="measured, combined, declared, sweep, predicted (with `error_basis`) or default"
+    )
+    pfi: float | None = Field(description="null for a sweep no cap slowed beyond its noise")
+    pfi_stderr: float | None
+    dram_copy_product: float | None = Field(description="the feature a prediction rests on")
+    feature_samples: int
+
+
+class Tier(_Open):
+    tier: int
+    slowdown: float
+    min_throughput_fraction: float
+    protected: bool
+
+
+class JobList(_Open):
+    """`GET /v1/jobs`."""
+
+    jobs: list[dict[str, Any]] = Field(description="the job mix as stored")
+    pfi: list[JobPfi]
+    bounds: list[JobTierBounds]
+    tiers: list[Tier]
+    source: dict[str, Any] | None = Field(
+        description="the scheduler followed (its state, and per job its start, end, user and "
+        "account); null for the static mix"
+    )
+
+
+class JobsReplaced(_Open):
+    """`PUT /v1/jobs`."""
+
+    jobs: int = Field(description="how many jobs the mix now holds")
+    warnings: list[str] = Field(description="a job-mix file's site fields, ignored")
+
+
+class JobPut(_Open):
+    """`PUT /v1/jobs/{id}`: 201 when created, 200 when replaced."""
+
+    id: str
+    created: bool
+
+
+class JobSourceNudged(_Open):
+    """`POST /v1/jobs/refresh`."""
+
+    source: str = Field(description="the job source asked to look now")
+
+
+class JobDetail(_Open):
+    """`GET /v1/jobs/{id}`."""
+
+    job: dict[str, Any] = Field(description="the job as declared")
+    pfi: JobPfi | None
+    bounds: JobBounds
+    curve: dict[str, Any] = Field(
+        description="where the curve in force comes from, the PFI with its error and grid, "
+        "the latest measured fit"
+    )
+
+
+class JobCurve(_Open):
+    """`GET /v1/jobs/{id}/curve`: the measured points and the fit."""
+
+    id: str
+
+
+class ProbeJob(_Open):
+    id: str
+    caps_w: list[float] = Field(description="the caps probed, uncapped first [W]")
+    measured: list[dict[str, Any]] = Field(description="the agent's stretch at each step")
+
+
+class ProbeStop(_Open):
+    id: str
+    reason: str
+
+
+class Probe(_Open):
+    """A characterisation probe (`POST /v1/characterise`, `GET /v1/characterise`)."""
+
+    id: str
+    status: str = Field(description="running, completed, interrupted or failed")
+    actor: str
+    jobs: list[ProbeJob]
+    hold_s: list[float]
+    steps: list[int] = Field(description="the levels in the order run (0: uncapped)")
+    level: int
+    step: int
+    skipped: list[dict[str, str]]
+    stopped: list[ProbeStop] = Field(description="jobs that went no lower, and why")
+    reason: str | None
+    curves_changed: list[str]
+
+
+class ProbeState(_Open):
+    """`GET /v1/characterise`: the probe running or last run (null before the first)."""
+
+    probe: Probe | None
+
+
+class Predictor(_Open):
+    """`GET /v1/predictor`."""
+
+    feature: str
+    in_use: bool
+    reason: str | None = Field(description="why jobs keep the default, when they do")
+    fit: dict[str, Any] = Field(description="the predictor in force")
+    study: dict[str, Any] = Field(description="the study's fit it starts from")
+    site_records: int
+    site_records_needed: int
+    records: list[dict[str, Any]]
+    predicted_jobs: list[str]
+
+
+class Nodes(_Open):
+    """`GET /v1/nodes`: each node's state as the gateway knows it."""
+
+    nodes: list[dict[str, Any]]

@@ -377,15 +377,9 @@ def prune_meter_history(
 ) -> None:
     """Forget samples taken before `samples_before` and intervals that began before
     `intervals_before`."""
+    session.exec(delete(MeterSampleRow).where(col(MeterSampleRow.at_ms) < epoch_ms(samples_before)))
     session.exec(
-        delete(MeterSampleRow).where(
-            col(MeterSampleRow.at_ms) < epoch_ms(samples_before)
-        )
-    )
-    session.exec(
-        delete(MeterIntervalRow).where(
-            col(MeterIntervalRow.start_ms) < epoch_ms(intervals_before)
-        )
+        delete(MeterIntervalRow).where(col(MeterIntervalRow.start_ms) < epoch_ms(intervals_before))
     )
 
 

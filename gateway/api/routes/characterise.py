@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.protocol import problems
 from gateway.api.deps import Services, ServicesDep, Writer, v1_router
+from gateway.api.schemas import JobCurve, JobDetail, Probe, ProbeState
 from gateway.errors import NotFoundError
 from gateway.services.characterise import Characteriser
 from gateway.services.curves import JobCurves
@@ -38,7 +39,7 @@ def _job(services: Services, job_id: str) -> tuple[dict[str, Any], Any]:
     return doc, job
 
 
-@router.get("/jobs/{job_id}", responses=problems(404))
+@router.get("/jobs/{job_id}", response_model=JobDetail, responses=problems(404))
 async def get_job(job_id: str, services: ServicesDep) -> dict[str, Any]:
     """The job as declared (`job`), its bounds with its tier in force, and its curve: where the
     curve in force comes from (`declared`, `measured` or `default`), the PFI with its standard
@@ -59,7 +60,7 @@ async def get_job(job_id: str, services: ServicesDep) -> dict[str, Any]:
     )
 
 
-@router.get("/jobs/{job_id}/curve", responses=problems(404))
+@router.get("/jobs/{job_id}/curve", response_model=JobCurve, responses=problems(404))
 async def get_curve(job_id: str, services: ServicesDep) -> dict[str, Any]:
     """The job's measured points (per cap level: mean power, throughput with their errors,
     where and when each was measured) and the fit (flexmodel.sweeps: PFI, standard error,
@@ -69,14 +70,21 @@ async def get_curve(job_id: str, services: ServicesDep) -> dict[str, Any]:
     return rounded({"id": job_id, **curves.describe(doc, curves.latest().get(job_id), points=True)})
 
 
-@router.post("/jobs/{job_id}/characterise", status_code=202, responses=problems(404, 409, 422))
+@router.post(
+    "/jobs/{job_id}/characterise",
+    status_code=202,
+    response_model=Probe,
+    responses=problems(404, 409, 422),
+)
 async def characterise_job(job_id: str, services: ServicesDep, actor: Writer) -> dict[str, Any]:
     """Probe this job's caps now (answers at once; `GET /v1/characterise` follows it)."""
     _, characteriser = _parts(services)
     return (await characteriser.characterise([job_id], actor)).doc()
 
 
-@router.post("/characterise", status_code=202, responses=problems(400, 404, 409, 422))
+@router.post(
+    "/characterise", status_code=202, response_model=Probe, responses=problems(400, 404, 409, 422)
+)
 async def characterise(
     services: ServicesDep, actor: Writer, body: CharacteriseBody | None = None
 ) -> dict[str, Any]:
@@ -86,7 +94,7 @@ async def characterise(
     return (await characteriser.characterise(jobs, actor)).doc()
 
 
-@router.get("/characterise")
+@router.get("/characterise", response_model=ProbeState)
 async def probe_state(services: ServicesDep) -> dict[str, Any]:
     """The probe running or last run (`probe`, null before the first)."""
     _, characteriser = _parts(services)

@@ -11,14 +11,14 @@ from pydantic import ValidationError
 
 from agents.protocol import problems
 from gateway.api.deps import ServicesDep, Writer, v1_router
-from gateway.api.schemas import JobsBody
+from gateway.api.schemas import JobList, JobPut, JobsBody, JobSourceNudged, JobsReplaced
 from gateway.errors import ConflictError, InvalidRequestError
 
 router = v1_router()
 log = logging.getLogger("flexgate.gateway")
 
 
-@router.get("/jobs")
+@router.get("/jobs", response_model=JobList)
 async def list_jobs(services: ServicesDep) -> dict[str, Any]:
     """The job mix as stored (`jobs`); each job's floor and protection with its tier in force
     (`bounds`); the tier table (`tiers`); the scheduler it follows (`source`, null for the
@@ -44,7 +44,9 @@ async def list_jobs(services: ServicesDep) -> dict[str, Any]:
     }
 
 
-@router.post("/jobs/refresh", status_code=202, responses=problems(409))
+@router.post(
+    "/jobs/refresh", status_code=202, response_model=JobSourceNudged, responses=problems(409)
+)
 async def refresh_jobs(services: ServicesDep, _: Writer, job: str | None = None) -> dict[str, Any]:
     """Read the job source now (the Slurm prolog and epilog call this, naming the `job`):
     answers at once, the look follows within moments."""
@@ -57,6 +59,7 @@ async def refresh_jobs(services: ServicesDep, _: Writer, job: str | None = None)
 
 @router.put(
     "/jobs",
+    response_model=JobsReplaced,
     responses=problems(400, 422),
     openapi_extra={
         "requestBody": {
@@ -85,7 +88,7 @@ async def replace_jobs(request: Request, services: ServicesDep, actor: Writer) -
     return {"jobs": len(mix.jobs), "warnings": warnings}
 
 
-@router.put("/jobs/{job_id}", responses=problems(400, 422))
+@router.put("/jobs/{job_id}", response_model=JobPut, responses=problems(400, 422))
 async def put_job(
     job_id: str, job: dict[str, Any], services: ServicesDep, actor: Writer, response: Response
 ) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.api.deps import ServicesDep, v1_router
+from gateway.api.schemas import Predictor
 from gateway.services.predictions import Predictions
 
 router = v1_router()
@@ -15,7 +16,7 @@ def _predictions(services: ServicesDep) -> Predictions:
     return services.predictions
 
 
-@router.get("/predictor")
+@router.get("/predictor", response_model=Predictor)
 async def get_predictor(services: ServicesDep) -> dict[str, Any]:
     """The predictor in force (`fit`: the study's, or the site's refit once it has
     `site_records_needed` measured jobs), its in-sample R^2 and its leave-one-out and

@@ -10,7 +10,7 @@ from fastapi import Query
 
 from agents.protocol import problems
 from gateway.api.deps import ServicesDep, v1_router
-from gateway.api.schemas import MeterHistoryDoc, SiteState, SyncState
+from gateway.api.schemas import MeterHistoryDoc, Nodes, SiteState, SyncState
 from gateway.errors import InvalidRequestError
 from gateway.services.planner import loops_report
 from gateway.units import rounded
@@ -43,7 +43,7 @@ async def site(services: ServicesDep) -> dict[str, Any]:
     )
 
 
-@router.get("/nodes")
+@router.get("/nodes", response_model=Nodes)
 async def nodes(services: ServicesDep) -> dict[str, Any]:
     return {"nodes": await services.fleet.node_docs()}
 
