@@ -18,7 +18,11 @@ router = v1_router()
 log = logging.getLogger("flexgate.gateway")
 
 
-@router.get("/jobs", response_model=JobList)
+# Documented, not validated again (as `/v1/nodes`): it grows with the site, and the dashboard
+# polls it.
+@router.get(
+    "/jobs", response_model=None, responses={200: {"model": JobList, "description": "the jobs"}}
+)
 async def list_jobs(services: ServicesDep) -> dict[str, Any]:
     """The job mix as stored (`jobs`); each job's floor and protection with its tier in force
     (`bounds`); the tier table (`tiers`); the scheduler it follows (`source`, null for the

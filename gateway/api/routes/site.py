@@ -43,7 +43,11 @@ async def site(services: ServicesDep) -> dict[str, Any]:
     )
 
 
-@router.get("/nodes", response_model=Nodes)
+# Documented, not validated again: at 10,000 nodes the dashboard polls it, and validating the
+# list cost 40% more than building and sending it.
+@router.get(
+    "/nodes", response_model=None, responses={200: {"model": Nodes, "description": "the nodes"}}
+)
 async def nodes(services: ServicesDep) -> dict[str, Any]:
     return {"nodes": await services.fleet.node_docs()}
 
