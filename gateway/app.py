@@ -34,6 +34,7 @@ from gateway.openadr.programbaseline import ProgramBaseline
 from gateway.services.characterise import Characteriser
 from gateway.services.curves import JobCurves
 from gateway.services.delivery import Deliveries
+from gateway.services.eventdocs import EventDocs
 from gateway.services.events import Events
 from gateway.services.fast import FastPath
 from gateway.services.fleet import Fleet
@@ -132,6 +133,7 @@ def create_app(
             tracker,
             quotes,
             events,
+            EventDocs(settings, store, clock, power, targets),
             status,
             scatterer,
             feed,

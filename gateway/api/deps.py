@@ -12,6 +12,7 @@ from agents.protocol import problems
 from gateway.errors import UnauthorizedError
 from gateway.services.characterise import Characteriser
 from gateway.services.curves import JobCurves
+from gateway.services.eventdocs import EventDocs
 from gateway.services.events import Events
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
@@ -39,6 +40,7 @@ class Services:
     tracker: Tracker
     quotes: Quotes
     events: Events
+    event_docs: EventDocs
     status: Status
     scatterer: Scatterer
     feed: JobFeed | None = None  #: the scheduler the jobs follow; None: the static mix

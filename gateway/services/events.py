@@ -15,7 +15,6 @@ import asyncio
 import logging
 import math
 import uuid
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,19 +23,17 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from gateway.clock import Clock
 from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
 from gateway.services.counted import Counted
-from gateway.services.delivery import delivery_doc
 from gateway.services.grid import ExternalEvent, GridProtocol, Interval
 from gateway.services.intervals import from_doc, level_now, reduction_now, stored_doc
 from gateway.services.jobbook import JobBook
 from gateway.services.quotes import Quotes
-from gateway.services.settlement import settlement_link
 from gateway.services.site import SitePower
 from gateway.services.targets import Targets
 from gateway.services.tracking import Tracker
 from gateway.settings import GatewaySettings
 from gateway.store import repo
 from gateway.store.db import Store
-from gateway.store.models import EventRow, as_utc, iso
+from gateway.store.models import EventRow, as_utc
 
 log = logging.getLogger("flexgate.gateway")
 LIVE = ("pending", "active")
@@ -59,7 +56,6 @@ class Events:
         self.book, self.power, self.quotes, self.grid = book, power, quotes, grid
         self.targets, self.tracker = targets, tracker
         self.counted = Counted(settings, store, clock, power)
-        self._feasible: dict[str, bool] = {}  #: plan id -> whether it met its target
         self.scheduler = AsyncIOScheduler(timezone=UTC)
 
     async def start(self) -> None:
@@ -93,62 +89,9 @@ class Events:
         targets = [(e, reduction_now(e, now, baseline_kw)) for e in self.active()]
         return max(targets, key=lambda t: t[1], default=None)
 
-    def describe(self, events: Sequence[Any]) -> list[dict[str, Any]]:
-        """The events (`EventRow`s, or rows with their attributes) as the API shows them, each
-        with its current plan's feasibility."""
-        with self.store.session() as s:
-            for plan_id in {e.plan_id for e in events if e.plan_id} - self._feasible.keys():
-                row = repo.get_plan(s, plan_id=plan_id)  # a plan is never changed once stored
-                if row is not None:
-                    self._feasible[plan_id] = bool(row.doc["feasible"])
-            when = self.clock.now()
-            # A delivery is recorded while an event is active: none before its start.
-            begun = [e.id for e in events if as_utc(e.start) <= when]
-            deliveries = repo.deliveries(s, event_ids=begun) if begun else {}
-        now, baseline_kw = when.isoformat(), self.power.envelope()[0]
-        ramps = self.targets.ramp.reports
-        out = []
-        for event in events:
-            intervals = event.intervals or []
-            current = next((i for i in intervals if i["start"] <= now < i["end"]), None)
-            upcoming = next((i for i in intervals if i["start"] > now), None)
-            shown = current or upcoming or (intervals[-1] if intervals else None)
-            if shown is current and current is not None:  # a level follows the load
-                shown = {"reduction_kw": reduction_now(event, when, baseline_kw)}
-            out.append(
-                {
-                    "id": event.id,
-                    "source": event.source,
-                    "status": event.status,
-                    "start": iso(event.start),
-                    "end": iso(event.end),
-                    "reduction_kw": shown["reduction_kw"] if shown else event.reduction_kw,
-                    "intervals": [
-                        {**i, "plan_id": event.plan_id if i is current else None} for i in intervals
-                    ],
-                    "opt": event.opt,
-                    "reason": event.reason,
-                    "plan_id": event.plan_id,
-                    "feasible": self._feasible.get(event.plan_id or "", event.feasible),
-                    # Caps still stepping back after the event ended or was cancelled.
-                    "recovering": self.targets.recovering
-                    and self.targets.recovering_from == event.id,
-                    "test": event.test,
-                    "external_id": event.external_id,
-                    "modification": event.modification,
-                    "delivery": (
-                        delivery_doc(deliveries[event.id]) if event.id in deliveries else None
-                    ),
-                    "ramp": ramps[event.id].doc() if event.id in ramps else None,
-                    "settlement": settlement_link(self.settings, event.id, event.source),
-                    "counted": getattr(event, "counted", None),
-                }
-            )
-        return out
-
     def all(self, limit: int | None = None) -> list[Any]:
         """Every event by start, or the last `limit`, as plain rows with `EventRow`'s
-        attributes (for `describe`)."""
+        attributes (for `EventDocs.describe`)."""
         with self.store.session() as s:
             return repo.event_rows(s, limit)
 

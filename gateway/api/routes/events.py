@@ -27,15 +27,13 @@ async def list_events(
     """Every event by start, or the last `limit` (the documented `Events` shape; sent as
     built, not validated again: the list grows with every event ever received, and its
     validation cost as much as building it)."""
-    events = services.events
-    return JSONResponse({"events": events.describe(events.all(limit))})
+    return JSONResponse({"events": services.event_docs.describe(services.events.all(limit))})
 
 
 # One event is sent as built too (`Event`'s shape: the list's test holds `describe` to it).
 @router.get("/events/{event_id}", response_model=Event, responses=problems(404, 422))
 async def get_event(event_id: str, services: ServicesDep) -> JSONResponse:
-    events = services.events
-    return JSONResponse(events.describe([events.get(event_id)])[0])
+    return JSONResponse(services.event_docs.describe([services.events.get(event_id)])[0])
 
 
 @router.get(
@@ -69,10 +67,10 @@ async def create_event(body: EventCreate, services: ServicesDep, actor: Writer) 
         actor=actor,
         force=body.force,
     )
-    return JSONResponse(events.describe([event])[0], status_code=201)
+    return JSONResponse(services.event_docs.describe([event])[0], status_code=201)
 
 
 @router.delete("/events/{event_id}", response_model=Event, responses=problems(404, 409, 422))
 async def cancel_event(event_id: str, services: ServicesDep, actor: Writer) -> JSONResponse:
-    events = services.events
-    return JSONResponse(events.describe([await events.cancel(event_id, actor)])[0])
+    cancelled = await services.events.cancel(event_id, actor)
+    return JSONResponse(services.event_docs.describe([cancelled])[0])
