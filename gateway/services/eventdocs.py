@@ -5,6 +5,7 @@ feasibility, its delivery, its ramp and its settlement link; their lifecycle is
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from gateway.clock import Clock
@@ -44,13 +45,14 @@ class EventDocs:
             # A delivery is recorded while an event is active: none before its start.
             begun = [e.id for e in events if as_utc(e.start) <= when]
             deliveries = repo.deliveries(s, event_ids=begun) if begun else {}
-        now, baseline_kw = when.isoformat(), self.power.envelope()[0]
+        baseline_kw = self.power.envelope()[0]
         ramps = self.targets.ramp.reports
         out = []
         for event in events:
             intervals = event.intervals or []
-            current = next((i for i in intervals if i["start"] <= now < i["end"]), None)
-            upcoming = next((i for i in intervals if i["start"] > now), None)
+            spans = [(_time(i["start"]), _time(i["end"]), i) for i in intervals]
+            current = next((i for start, end, i in spans if start <= when < end), None)
+            upcoming = next((i for start, _, i in spans if start > when), None)
             shown = current or upcoming or (intervals[-1] if intervals else None)
             if shown is current and current is not None:  # a level follows the load
                 shown = {"reduction_kw": reduction_now(event, when, baseline_kw)}
@@ -84,3 +86,8 @@ class EventDocs:
                 }
             )
         return out
+
+
+def _time(stored: str) -> datetime:
+    """A stored interval's time (ISO, UTC) as a datetime: compared as times, not as text."""
+    return as_utc(datetime.fromisoformat(stored))
