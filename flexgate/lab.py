@@ -50,7 +50,7 @@ from flexgate.simsite import Truth, draw_truth
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.workload import MAIN_TYPES, POWER_W
 from gateway.app import create_app
-from gateway.openadr.ven31 import CALLBACK_PATH
+from gateway.openadr.webhook31 import CALLBACK_PATH
 from gateway.settings import LAB_API_TOKEN, GatewaySettings
 
 OVERHEAD_FACTOR = 1.3

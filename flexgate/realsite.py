@@ -85,6 +85,13 @@ class Cooling:
         t = (now_s + self.phase_s) % self.cycle_s
         return now_s + (self.on_s - t if t < self.on_s else self.cycle_s - t)
 
+    def last_step_s(self, now_s: float) -> float:
+        """When the load last stepped, at or before `now_s` [s on the clock]."""
+        if not self.step_kw:
+            return -math.inf
+        t = (now_s + self.phase_s) % self.cycle_s
+        return now_s - (t if t < self.on_s else t - self.on_s)
+
 
 @dataclass
 class SiteDraw:

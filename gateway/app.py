@@ -191,7 +191,7 @@ def create_app(
     for router in routers:
         app.include_router(router)
     if ven31 is not None:
-        app.include_router(ven31.router())
+        app.include_router(ven31.webhook.router())
 
     @app.exception_handler(GatewayError)
     async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:

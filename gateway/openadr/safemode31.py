@@ -26,7 +26,7 @@ from datetime import datetime
 from gateway.openadr.oadr31 import Event
 from gateway.settings import parse_fallback_limits as parse_limits
 
-__all__ = ["ID_PREFIX", "SafeMode", "event_id", "parse_limits"]
+__all__ = ["ID_PREFIX", "SafeMode", "event_id", "is_fallback", "parse_limits"]
 
 log = logging.getLogger("flexgate.ven31")
 
@@ -40,6 +40,11 @@ RENEW_BEFORE_S = 120.0  #: renewed once less than this is left (the VEN retries 
 def event_id(program_name: str) -> str:
     """The 3.1-shaped id of a program's fallback event (an objectID's characters)."""
     return ID_PREFIX + re.sub(r"[^a-zA-Z0-9_-]", "_", program_name)[:100]
+
+
+def is_fallback(stored_id: str) -> bool:
+    """Whether a stored event (`<the protocol's prefix>-<id>`) is a fallback limit."""
+    return stored_id.partition("-")[2].startswith(ID_PREFIX)
 
 
 @dataclass

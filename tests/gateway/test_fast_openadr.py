@@ -19,7 +19,7 @@ from flexgate.serve import free_port
 from gateway.openadr.oadr31 import Event
 from gateway.openadr.signals import SiteLoad, read_event
 from gateway.openadr.signals31 import read_event31
-from gateway.openadr.ven31 import CALLBACK_PATH
+from gateway.openadr.webhook31 import CALLBACK_PATH
 from gateway.openadr.zeronotice import match
 from tests.gateway import oadr31_examples as ug
 from tests.gateway.test_fast import armed_caps, fast_site

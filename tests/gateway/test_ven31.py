@@ -17,7 +17,7 @@ import pytest
 
 from flexgate.mockvtn31 import LAB_CLIENT_ID, MockVtn31
 from flexgate.serve import ServerThread, free_port
-from gateway.openadr.ven31 import CALLBACK_PATH
+from gateway.openadr.webhook31 import CALLBACK_PATH
 from tests.gateway.conftest import API, running_site
 from tests.gateway.test_ven import on_the_minute
 

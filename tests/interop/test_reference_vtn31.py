@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from flexgate.serve import free_port
-from gateway.openadr.ven31 import CALLBACK_PATH
+from gateway.openadr.webhook31 import CALLBACK_PATH
 from tests.gateway.conftest import running_site
 from tests.interop import refvtn
 
