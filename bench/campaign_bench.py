@@ -21,7 +21,8 @@ to shed what was asked (its other GPUs idle or at their floor), against what it 
 then (`short_by_site`: the share of the settled time that was so); fault-free events within
 +-5% of the request by their settled mean; limits by the share of 1-minute intervals above
 the limit after the ramp allowance; time to 90% of the request on the true power and at the
-meter; the largest overshoot. Faulted events apart.
+meter; the largest overshoot of the step response (an event begun while a cooling step was
+still on its way through the meter apart: `unseen_step`). Faulted events apart.
 
     python bench/campaign_bench.py [--events 200] [--loop-root ../base] [--out campaign]
 
