@@ -191,10 +191,6 @@ class MockVtn31:
 
     # --- the business logic's side (any thread) --------------------------------------------
 
-    def revoke_tokens(self) -> None:
-        """Forget every token granted: each is refused from now on, lifetime or not."""
-        self._tokens.clear()
-
     def add_program(self, body: dict[str, Any]) -> dict[str, Any]:
         program = self._store(Program, body, "PROGRAM", self.programs)
         self._notify("PROGRAM", "CREATE", program)
@@ -205,15 +201,6 @@ class MockVtn31:
         if str(body.get("programID")) not in self.programs:
             raise ValueError(f"no program {body.get('programID')!r}")
         event = self._store(Event, body, "EVENT", self.events)
-        self._notify("EVENT", "CREATE", event)
-        return event
-
-    def add_raw_event(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Store an event as given, unchecked: a VTN sending what the specification forbids."""
-        with self._lock:
-            event = {**body, "id": body.get("id", str(next(self._ids)))}
-            event.setdefault("objectType", "EVENT")
-            self.events[str(event["id"])] = event
         self._notify("EVENT", "CREATE", event)
         return event
 

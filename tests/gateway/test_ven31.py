@@ -15,10 +15,11 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from flexgate.mockvtn31 import LAB_CLIENT_ID, MockVtn31
+from flexgate.mockvtn31 import LAB_CLIENT_ID
 from flexgate.serve import ServerThread, free_port
 from gateway.openadr.webhook31 import CALLBACK_PATH
 from tests.gateway.conftest import API, running_site
+from tests.gateway.misbehaving_vtn31 import MisbehavingVtn31
 from tests.gateway.test_ven import on_the_minute
 
 VEN_NAME = "flexgate-test"
@@ -33,7 +34,7 @@ def database_url(tmp_path):
 
 @contextlib.contextmanager
 def mock_vtn(**options):
-    vtn = MockVtn31(**{"clients": {LAB_CLIENT_ID: SECRET}, **options})
+    vtn = MisbehavingVtn31(**{"clients": {LAB_CLIENT_ID: SECRET}, **options})
     with ServerThread(vtn.app) as url:
         vtn.url = url
         vtn.program = vtn.add_program({"programName": "flexgate-dr"})
