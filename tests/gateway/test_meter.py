@@ -21,7 +21,6 @@ from gateway.errors import MeterError
 from gateway.meter import MeterFeed, open_meter
 from gateway.services.site import open_feed
 from gateway.settings import GatewaySettings
-from tests.conftest import ROOT
 
 WAIT_S = 10.0  # the longest any wait below may take before the test fails
 
@@ -453,10 +452,3 @@ def test_a_feed_with_no_good_reading_for_longer_than_its_max_age_is_stale():
     assert stale["fault"] == "stale: no good reading for 12.5 s (max age 12 s)"
     assert (stale["facility_power_kw"], stale["age_s"]) == (300.0, 12.5)
     assert (believed, filtered) == (None, None)
-
-
-def test_every_gateway_setting_is_documented():
-    documented = (ROOT / "docs" / "configuration.md").read_text()
-    names = list(GatewaySettings.model_fields)
-    assert "meter_url" in names
-    assert [n for n in names if f"`FLEXGATE_{n.upper()}`" not in documented] == []
