@@ -1,7 +1,8 @@
 """Events: stored before anything acts on them, started and ended on time, answered.
 
 - Manual events (`POST /v1/events`) and external ones from a grid protocol (`accept`), which
-  are opted in or out first: the source's own verdict, then the site's policy.
+  are opted in or out first (`gateway.services.optpolicy`: the source's own verdict, then the
+  site's policy; running ones checked again).
 - APScheduler (3.x, on the wall clock, as events are) starts and ends them and steps their
   intervals; on start the jobs are rebuilt from the store and events that ended meanwhile are
   completed (`resume`); `catch_up` does the same for moments missed while the store was down.
@@ -24,8 +25,9 @@ from gateway.clock import Clock
 from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
 from gateway.services.counted import Counted
 from gateway.services.grid import ExternalEvent, GridProtocol, Interval
-from gateway.services.intervals import from_doc, level_now, reduction_now, stored_doc
+from gateway.services.intervals import level_now, reduction_now, stored_doc
 from gateway.services.jobbook import JobBook
+from gateway.services.optpolicy import OptPolicy
 from gateway.services.quotes import Quotes
 from gateway.services.site import SitePower
 from gateway.services.targets import Targets
@@ -56,6 +58,7 @@ class Events:
         self.book, self.power, self.quotes, self.grid = book, power, quotes, grid
         self.targets, self.tracker = targets, tracker
         self.counted = Counted(settings, store, clock, power)
+        self.policy = OptPolicy(settings, power, quotes, targets, self.counted)
         self.scheduler = AsyncIOScheduler(timezone=UTC)
 
     async def start(self) -> None:
@@ -132,7 +135,7 @@ class Events:
                 '"force": true to store it anyway'
             )
         feasible = reduction_kw <= most_kw * (1 + 1e-9)
-        counted = await self._count(start, end, reduction_kw)
+        counted = await self.policy.count(start, end, reduction_kw)
         reasons = (
             []
             if feasible
@@ -187,10 +190,10 @@ class Events:
             if known is not None and known.status in LIVE:
                 await self.cancel(event_id, "vtn")
             return "in", None
-        opt, reason = self._opt(external)
+        opt, reason = self.policy.verdict(external)
         counted = None
         if opt == "in" and not external.test and external.intervals:
-            counted = await self._count(
+            counted = await self.policy.count(
                 external.intervals[0].start,
                 external.intervals[-1].end,
                 max(i.reduction_kw for i in external.intervals),
@@ -261,50 +264,13 @@ class Events:
             await self.cancel(event_id, "vtn")
         return gone
 
-    def _opt(self, external: ExternalEvent) -> tuple[str, str | None]:
-        """Opt in or out: the source's own verdict first, then the site's policy (`feasible`:
-        in when the site's firm kW over the event covers its largest reduction)."""
-        if external.opt_out_reason:
-            return "out", external.opt_out_reason
-        if self.settings.opt_policy == "never":
-            return "out", "the site's policy is never to opt in"
-        simulated = self.power.fleet.simulated_refusal()
-        if simulated:
-            return "out", simulated
-        most = max((i.reduction_kw for i in external.intervals), default=0.0)
-        window_s = (
-            (external.end - external.start).total_seconds()
-            if external.start and external.end
-            else 1.0
-        )
-        if self.settings.opt_policy == "feasible":
-            short = self.quotes.shortfall(most, window_s, self.settings.opt_confidence)
-            if short is not None:
-                return "out", short
-        return "in", None
-
-    async def _count(
-        self, start: datetime, end: datetime, asks_kw: float, *, left_s: float | None = None
-    ) -> dict[str, Any] | None:
-        """What the utility would count of the site's firm shed (over the `left_s` left of
-        the event, default all of it) in [start, end) under FLEXGATE_OPT_IN_BASELINE
-        (`Counted.opt_in`), when it is set; while caps hold the site down, from its uncapped
-        level. A recount (`left_s` given) counts nodes silent now: they are re-planned around."""
-        if not self.settings.opt_in_baseline:
-            return None
-        window_s = (end - start).total_seconds() if left_s is None else left_s
-        firm = self.quotes.firm(window_s, self.settings.opt_confidence, left_s is None)
-        level = self.counted.level_uncapped() if self.targets.holding else None
-        return await self.counted.opt_in(start, end, asks_kw, firm, level)
-
     async def _revisit(self) -> None:
         """Events opted in whose target (a level follows the load) the site's job mix can no
         longer shed, or (FLEXGATE_OPT_IN_BASELINE) whose recount falls short: external ones
         opted out, with the reason, and the source told (as 2.0b allows); a manual one's
         recount is stored, its shortfall stated. Nodes silent now do not count: the targets
         are re-planned around them."""
-        checks = self.settings.opt_policy == "feasible"
-        if not (checks or self.settings.opt_in_baseline):
+        if not self.policy.rechecks:
             return
         source = None if self.grid is None else self.grid.source
         held = [
@@ -312,25 +278,9 @@ class Events:
             for e in self.live()
             if ((e.source == source and e.opt == "in") or e.source == "manual") and not e.test
         ]
-        baseline_kw = self.power.envelope()[0]
-        now = self.clock.now()
+        baseline_kw, now = self.power.envelope()[0], self.clock.now()
         for event in held:
-            began_kw = event.baseline_kw if event.baseline_kw is not None else baseline_kw
-            asks = max(
-                (from_doc(i).reduction_now_kw(baseline_kw, began_kw) for i in event.intervals),
-                default=0.0,
-            )
-            start, end = as_utc(event.start), as_utc(event.end)
-            left_s = (end - max(start, now)).total_seconds()
-            counted = await self._count(start, end, asks, left_s=left_s)
-            if counted is not None:
-                self.counted.recounted(event.id, counted)
-            if event.source == "manual":
-                continue
-            short = None if counted is None else counted["short"]
-            if checks:  # a node silent for a while is re-planned around, not given up on
-                confidence = self.settings.opt_confidence
-                short = self.quotes.shortfall(asks, left_s, confidence, False) or short
+            _, short = await self.policy.recheck(event, baseline_kw, now)
             if short is not None:
                 reason = f"the site changed: {short}"
                 log.info("event %s: opting out (%s)", event.id, reason)
