@@ -21,8 +21,9 @@ from sqlalchemy.exc import OperationalError
 from agents.protocol import validation_detail
 from flexmodel.errors import FlexModelError
 from gateway.agentclient import AgentClient
-from gateway.agentclient.fast import fast_transport
+from gateway.agentclient.fast import FastTransport, HttpFast, MemoryFast
 from gateway.agentclient.http import HttpAgentClient, HttpTrace
+from gateway.agentclient.memory import InMemoryAgentClient
 from gateway.api.deps import Services
 from gateway.api.routes import routers
 from gateway.clock import Clock, SystemClock
@@ -262,6 +263,20 @@ async def agent_client(
     )
     await client.connect(read_only=read_only)
     return client
+
+
+def fast_transport(client: AgentClient, clock: Clock) -> FastTransport:
+    """The fast path over the agents' own transport (`agent_client`'s)."""
+    if isinstance(client, HttpAgentClient):
+        return HttpFast(client, clock)
+    if isinstance(client, InMemoryAgentClient):
+        return MemoryFast(client, clock)
+    from gateway.agentclient.natsbus import NatsAgentClient  # nats-py on demand
+    from gateway.agentclient.natsfast import NatsFast
+
+    if isinstance(client, NatsAgentClient):
+        return NatsFast(client, clock)
+    raise TypeError(f"no fast path over {type(client).__name__}")
 
 
 def nats_options(settings: GatewaySettings) -> NatsOptions:

@@ -7,7 +7,7 @@
   that caps are enforced (`FastFired`: per agent process over NATS, per node otherwise) goes
   to the `on_fired` given to `start`, with when it arrived (this client's monotonic clock).
 
-`fast_transport(client)` gives the one of the agent transport in use.
+`gateway.app.fast_transport` gives the one of the agent transport in use.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from agents.protocol_fast import (
     FastTrigger,
     TriggerAnswer,
 )
-from gateway.agentclient import AgentClient
 from gateway.agentclient.http import HttpAgentClient
 from gateway.agentclient.memory import InMemoryAgentClient
 from gateway.clock import Clock
@@ -42,20 +41,6 @@ class FastTransport(Protocol):
     async def arm_many(self, targets: ArmTargets) -> list[str | None]: ...
 
     async def trigger(self, body: bytes, signature: str, addresses: Sequence[str]) -> None: ...
-
-
-def fast_transport(client: AgentClient, clock: Clock) -> FastTransport:
-    """The fast path over the agents' own transport."""
-    if isinstance(client, HttpAgentClient):
-        return HttpFast(client, clock)
-    if isinstance(client, InMemoryAgentClient):
-        return MemoryFast(client, clock)
-    from gateway.agentclient.natsbus import NatsAgentClient  # nats-py on demand
-    from gateway.agentclient.natsfast import NatsFast
-
-    if isinstance(client, NatsAgentClient):
-        return NatsFast(client, clock)
-    raise TypeError(f"no fast path over {type(client).__name__}")
 
 
 def fired_of(answer: TriggerAnswer, elapsed_s: float) -> FastFired:
