@@ -52,7 +52,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="flexgate", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"flexgate {_version()}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND", parser_class=_Parser)
+    _add_pfi(sub)
+    _add_trace(sub)
+    _add_allocate(sub)
+    _add_quote(sub)
+    _add_simulate(sub)
+    _add_sync(sub)
+    _add_agent(sub)
+    _add_agent_token(sub)
+    _add_gateway(sub)
+    _add_lab(sub)
+    _add_mock_vtn(sub)
+    _add_characterise(sub)
+    _add_report(sub)
+    _add_replay(sub)
+    doctor.add_parser(sub)
+    return parser
 
+
+def _add_pfi(sub: Any) -> None:
     pfi = sub.add_parser("pfi", help="PFI of a measured sweep (CSV or JSON)")
     pfi.add_argument(
         "sweep",
@@ -72,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     pfi.add_argument("--json", action="store_true", help="print one JSON document")
     pfi.set_defaults(command=commands.run_pfi, name="pfi")
 
+
+def _add_trace(sub: Any) -> None:
     trace = sub.add_parser(
         "trace", help="iteration period, duty, levels and phase of a recorded power trace"
     )
@@ -106,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--json", action="store_true", help="print one JSON document")
     trace.set_defaults(command=commands.run_trace, name="trace")
 
+
+def _add_allocate(sub: Any) -> None:
     alloc = sub.add_parser("allocate", help="per-job caps for a facility-level reduction")
     alloc.add_argument("jobs", type=Path, metavar="JOBS", help="job-mix JSON file")
     amount = alloc.add_mutually_exclusive_group(required=True)
@@ -132,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     alloc.add_argument("--json", action="store_true", help="print one JSON document")
     alloc.set_defaults(command=commands.run_allocate, name="allocate")
 
+
+def _add_quote(sub: Any) -> None:
     quote = sub.add_parser("quote", help="supply curve, achievable and firm kW of a job mix")
     quote.add_argument("jobs", type=Path, metavar="JOBS", help="job-mix JSON file")
     quote.add_argument(
@@ -154,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     quote.add_argument("--json", action="store_true", help="print one JSON document")
     quote.set_defaults(command=commands.run_quote, name="quote")
 
+
+def _add_simulate(sub: Any) -> None:
     sim = sub.add_parser("simulate", help="the PFI study's scheduling experiment, all strategies")
     sim.add_argument(
         "--workloads",
@@ -196,8 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--plot", type=Path, metavar="FILE", help="write a PNG of the results")
     sim.add_argument("--json", action="store_true", help="print one JSON document")
     sim.set_defaults(command=commands.run_simulate, name="simulate")
-    _add_sync(sub)
 
+
+def _add_agent(sub: Any) -> None:
     agent = sub.add_parser(
         "agent",
         help="run a GPU node agent (needs FLEXGATE_AGENT_TOKEN)",
@@ -243,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agent.set_defaults(command=commands.run_agent, name="agent")
 
+
+def _add_agent_token(sub: Any) -> None:
     agent_token = sub.add_parser(
         "agent-token",
         help="a node's own agent token, derived from FLEXGATE_NODE_TOKEN_SECRET",
@@ -254,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     agent_token.add_argument("--json", action="store_true", help="print one JSON document")
     agent_token.set_defaults(command=commands.run_agent_token, name="agent-token")
 
+
+def _add_gateway(sub: Any) -> None:
     gateway = sub.add_parser(
         "gateway",
         help="run the gateway service (needs tokens and FLEXGATE_AGENTS)",
@@ -267,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     gateway.add_argument("--lab", action="store_true", help="lab mode: placeholder tokens allowed")
     gateway.set_defaults(command=commands.run_gateway, name="gateway")
 
+
+def _add_lab(sub: Any) -> None:
     lab = sub.add_parser("lab", help="the whole chain on loopback: mock VTN, gateway, agents")
     lab.add_argument(
         "--nodes",
@@ -351,6 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lab.set_defaults(command=commands.run_lab, name="lab")
 
+
+def _add_mock_vtn(sub: Any) -> None:
     vtn = sub.add_parser(
         "mock-vtn", help="an OpenADR 2.0b VTN (openleadr) issuing a scenario, or a 3.1 VTN"
     )
@@ -377,11 +412,6 @@ def build_parser() -> argparse.ArgumentParser:
     vtn.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     vtn.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
     vtn.set_defaults(command=commands.run_mock_vtn, name="mock-vtn")
-    _add_characterise(sub)
-    _add_report(sub)
-    _add_replay(sub)
-    doctor.add_parser(sub)
-    return parser
 
 
 def _characterise(args: argparse.Namespace) -> int:
