@@ -1,6 +1,6 @@
 """Events as the API shows them (`/v1/events`): each with the level it asks now, its plan's
-feasibility, its delivery, its ramp and its settlement link; their lifecycle is
-`gateway.services.events`'."""
+feasibility, its delivery, its ramp and its settlement link (their lifecycle:
+`gateway.services.events`)."""
 
 from __future__ import annotations
 
