@@ -314,6 +314,17 @@ class MockVtn31:
             request.state.client = granted[0]
             return await call_next(request)
 
+        self._serve_auth(app)
+        self._serve_notifiers(app)
+        self._serve_programs_and_events(app)
+        self._serve_vens(app)
+        self._serve_subscriptions(app)
+        self._serve_reports(app)
+        return app
+
+    def _serve_auth(self, app: FastAPI) -> None:
+        """The OAuth2 token endpoint and its discovery (RFC 6749 client credentials)."""
+
         @app.get("/auth/server")
         async def auth_server(request: Request) -> dict[str, str]:
             return {"tokenURL": f"{str(request.base_url).rstrip('/')}/auth/token"}
@@ -351,6 +362,9 @@ class MockVtn31:
                 }
             )
 
+    def _serve_notifiers(self, app: FastAPI) -> None:
+        """The notifiers offered (webhooks; MQTT with a broker) and their topics."""
+
         @app.get("/notifiers")
         async def notifiers() -> dict[str, Any]:
             offered: dict[str, Any] = {"WEBHOOK": True}
@@ -371,6 +385,9 @@ class MockVtn31:
                 return _problem(404, f"no topics for {path!r}")
             return JSONResponse({"topics": names})
 
+    def _serve_programs_and_events(self, app: FastAPI) -> None:
+        """Programs and events, by pages."""
+
         @app.get("/programs")
         async def programs(skip: int = 0, limit: int = 50) -> list[dict[str, Any]]:
             with self._lock:  # the business logic adds from other threads
@@ -385,6 +402,9 @@ class MockVtn31:
             with self._lock:
                 found = [e for e in self.events.values() if programID in (None, e.get("programID"))]
             return found[skip : skip + limit]
+
+    def _serve_vens(self, app: FastAPI) -> None:
+        """Ven objects and their resources."""
 
         @app.get("/vens")
         async def vens(
@@ -437,6 +457,9 @@ class MockVtn31:
             stored = self._store(Resource, resource.wire(), "RESOURCE", self.resources)
             return JSONResponse(stored, status_code=201)
 
+    def _serve_subscriptions(self, app: FastAPI) -> None:
+        """Subscriptions to notifications."""
+
         @app.post("/subscriptions")
         async def subscribe(request: Request) -> JSONResponse:
             self.subscription_posts += 1
@@ -481,6 +504,9 @@ class MockVtn31:
                 return _problem(404, f"no subscription {subscription_id!r}")
             return JSONResponse(gone)
 
+    def _serve_reports(self, app: FastAPI) -> None:
+        """Reports."""
+
         @app.post("/reports")
         async def report(request: Request) -> JSONResponse:
             report = await self._read(request, Report, "reportRequest")
@@ -497,8 +523,6 @@ class MockVtn31:
         @app.get("/reports")
         async def reports() -> list[dict[str, Any]]:
             return self.reports
-
-        return app
 
     async def _read(self, request: Request, model: type[Model], schema_name: str) -> Any:
         """The body as `model`, once the specification's `schema_name` and the model take it;
