@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -84,103 +85,14 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = agents or await agent_client(settings, clock, http_trace)
-        store = Store(settings.database_url)
-        ven: Any = ven31
-        if settings.vtn_url and ven31 is None:
-            from gateway.openadr.ven import Ven  # openleadr loads only when a VTN is configured
-
-            ven = Ven(settings, tuple(http_trace), clock)
-        fleet = Fleet(settings, store, clock, client)
-        overhead = Overhead(settings, store, clock)
-        source = job_source or open_job_source(settings, fleet)
-        book = JobBook(store, clock, overhead, settings.tier_table, source.kind if source else None)
-        power = SitePower(settings, clock, fleet, book, overhead, open_feed(settings, clock=clock))
-        targets = Targets(settings, store, clock, client, fleet, book, power)
-        tracker = Tracker(settings, clock, power, targets, book, fleet)
-        # first of the site's listeners: a sample is kept whatever the others do with it
-        history = MeterHistory(settings, store, clock, power)
-        if settings.meter_history:
-            power.subscribe(history.on_sample)
-        fast = FastPath(
-            settings, store, clock, fleet, book, fast_transport(client, clock), release=targets
-        )
-        power.subscribe(fast.hold(tracker.step))  # the loop holds while a fast event lasts
-        hz_feed = open_frequency(settings.frequency_url, timeout_s=settings.frequency_timeout_s)
-        frequency = FrequencyTrigger(settings, clock, fast, hz_feed)
-        power.subscribe(Deliveries(store, clock, power, tracker).sample)
-        quotes = Quotes(settings, store, book, fleet)
-        events = Events(settings, store, clock, book, power, quotes, targets, tracker, ven)
-        book.subscribe(events.apply_targets)
-        book.subscribe(fast.changed)
-        oscillation = OscillationWatch(settings, power, fleet, book)
-        scatterer = Scatterer(settings, clock, fleet, targets, tracker, oscillation)
-        reconciler = Reconciler(
-            settings.reconcile_period_s, clock, fleet, targets, events, scatterer
-        )
-        feed = JobFeed(settings, clock, book, fleet, source) if source else None
-        status = Status(settings, fleet, book, power, targets, events, oscillation, feed)
-        curves = JobCurves(settings, store, clock, book, fleet)
-        characteriser = Characteriser(settings, store, clock, book, fleet, targets, events, curves)
-        predictions = Predictions(settings, store, clock, fleet, book)
-        settlement = Settlement(settings, store, clock)
-        fast.register(status.registry)
-        frequency.register(status.registry)
-        app.state.fast, app.state.frequency = fast, frequency
-        app.state.services = Services(
-            book,
-            fleet,
-            power,
-            targets,
-            tracker,
-            quotes,
-            events,
-            EventDocs(settings, store, clock, power, targets),
-            status,
-            scatterer,
-            feed,
-            curves,
-            characteriser,
-            predictions,
-            history,
-            settlement,
-        )
-        await fleet.discover()
-        curves.start()  # before events resume: plans use the measured curves in force
-        await events.start()
-        reconciler.start()
-        characteriser.start()
-        power.start()
-        history.start()
-        predictions.start()
-        await fast.start()
-        frequency.start()  # refused (the gateway stops) beyond the droop's phase bound
-        if feed is not None:
-            feed.start()
-        if ven is not None:
-            rule = settings.report_baseline
-            await ven.start(
-                events, power, ProgramBaseline(rule, settlement, history) if rule else None, fast
-            )
+        parts = _wire(settings, clock, client, ven31, http_trace, job_source)
+        app.state.fast, app.state.frequency = parts.fast, parts.frequency
+        app.state.services = parts.services
+        await parts.start(settings)
         try:
             yield
         finally:
-            if ven is not None:
-                await ven.stop()
-            if feed is not None:
-                await feed.stop()
-            characteriser.stop()
-            curves.stop()
-            reconciler.stop()
-            predictions.stop()
-            await frequency.stop()
-            fast.stop()
-            power.stop()
-            await history.stop()  # after the site's last sample: everything given is written
-            targets.stop()
-            fleet.stop()
-            events.stop()
-            await client.close()
-            store.close()
+            await parts.stop()
 
     app = FastAPI(
         title="flexgate gateway",
@@ -193,6 +105,132 @@ def create_app(
         app.include_router(router)
     if ven31 is not None:
         app.include_router(ven31.webhook.router())
+
+    _add_error_handlers(app)
+    return app
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What the app starts and stops, wired (`_wire`)."""
+
+    client: AgentClient
+    store: Store
+    ven: Any  #: the grid protocol's VEN (2.0b or 3.1), None without a VTN
+    services: Services
+    fleet: Fleet
+    power: SitePower
+    targets: Targets
+    events: Events
+    reconciler: Reconciler
+    feed: JobFeed | None
+    curves: JobCurves
+    characteriser: Characteriser
+    predictions: Predictions
+    history: MeterHistory
+    settlement: Settlement
+    fast: FastPath
+    frequency: FrequencyTrigger
+
+    async def start(self, settings: GatewaySettings) -> None:
+        await self.fleet.discover()
+        self.curves.start()  # before events resume: plans use the measured curves in force
+        await self.events.start()
+        self.reconciler.start()
+        self.characteriser.start()
+        self.power.start()
+        self.history.start()
+        self.predictions.start()
+        await self.fast.start()
+        self.frequency.start()  # refused (the gateway stops) beyond the droop's phase bound
+        if self.feed is not None:
+            self.feed.start()
+        if self.ven is not None:
+            rule = settings.report_baseline
+            baseline = ProgramBaseline(rule, self.settlement, self.history) if rule else None
+            await self.ven.start(self.events, self.power, baseline, self.fast)
+
+    async def stop(self) -> None:
+        if self.ven is not None:
+            await self.ven.stop()
+        if self.feed is not None:
+            await self.feed.stop()
+        self.characteriser.stop()
+        self.curves.stop()
+        self.reconciler.stop()
+        self.predictions.stop()
+        await self.frequency.stop()
+        self.fast.stop()
+        self.power.stop()
+        await self.history.stop()  # after the site's last sample: everything given is written
+        self.targets.stop()
+        self.fleet.stop()
+        self.events.stop()
+        await self.client.close()
+        self.store.close()
+
+
+def _wire(
+    settings: GatewaySettings,
+    clock: Clock,
+    client: AgentClient,
+    ven31: Any,
+    http_trace: HttpTrace,
+    job_source: JobSource | None,
+) -> _Parts:
+    """Every service built and subscribed to what it listens to; nothing started."""
+    store = Store(settings.database_url)
+    ven: Any = ven31
+    if settings.vtn_url and ven31 is None:
+        from gateway.openadr.ven import Ven  # openleadr loads only when a VTN is configured
+
+        ven = Ven(settings, tuple(http_trace), clock)
+    fleet = Fleet(settings, store, clock, client)
+    overhead = Overhead(settings, store, clock)
+    source = job_source or open_job_source(settings, fleet)
+    book = JobBook(store, clock, overhead, settings.tier_table, source.kind if source else None)
+    power = SitePower(settings, clock, fleet, book, overhead, open_feed(settings, clock=clock))
+    targets = Targets(settings, store, clock, client, fleet, book, power)
+    tracker = Tracker(settings, clock, power, targets, book, fleet)
+    # first of the site's listeners: a sample is kept whatever the others do with it
+    history = MeterHistory(settings, store, clock, power)
+    if settings.meter_history:
+        power.subscribe(history.on_sample)
+    fast = FastPath(
+        settings, store, clock, fleet, book, fast_transport(client, clock), release=targets
+    )
+    power.subscribe(fast.hold(tracker.step))  # the loop holds while a fast event lasts
+    hz_feed = open_frequency(settings.frequency_url, timeout_s=settings.frequency_timeout_s)
+    frequency = FrequencyTrigger(settings, clock, fast, hz_feed)
+    power.subscribe(Deliveries(store, clock, power, tracker).sample)
+    quotes = Quotes(settings, store, book, fleet)
+    events = Events(settings, store, clock, book, power, quotes, targets, tracker, ven)
+    book.subscribe(events.apply_targets)
+    book.subscribe(fast.changed)
+    oscillation = OscillationWatch(settings, power, fleet, book)
+    scatterer = Scatterer(settings, clock, fleet, targets, tracker, oscillation)
+    reconciler = Reconciler(settings.reconcile_period_s, clock, fleet, targets, events, scatterer)
+    feed = JobFeed(settings, clock, book, fleet, source) if source else None
+    status = Status(settings, fleet, book, power, targets, events, oscillation, feed)
+    curves = JobCurves(settings, store, clock, book, fleet)
+    characteriser = Characteriser(settings, store, clock, book, fleet, targets, events, curves)
+    predictions = Predictions(settings, store, clock, fleet, book)
+    settlement = Settlement(settings, store, clock)
+    fast.register(status.registry)
+    frequency.register(status.registry)
+    event_docs = EventDocs(settings, store, clock, power, targets)
+    services = Services(
+        book, fleet, power, targets, tracker, quotes, events, event_docs, status, scatterer,
+        feed, curves, characteriser, predictions, history, settlement,
+    )  # fmt: skip
+    return _Parts(
+        client, store, ven, services, fleet, power, targets, events, reconciler, feed, curves,
+        characteriser, predictions, history, settlement, fast, frequency,
+    )  # fmt: skip
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Each error the services raise, answered as the API documents it."""
 
     @app.exception_handler(GatewayError)
     async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
@@ -212,8 +250,6 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": validation_detail(exc.errors())}, status_code=422)
-
-    return app
 
 
 def open_job_source(settings: GatewaySettings, fleet: Fleet) -> JobSource | None:
