@@ -199,9 +199,16 @@ def test_caps_over_nats_end_to_end_with_telemetry_from_the_aggregate(tmp_path, n
         assert any(w < ORIGINAL_W for caps in limits.values() for w in caps)
         sync = site.api.get("/v1/sync").json()
         assert {j["job_id"] for j in sync["jobs"]} <= {j["id"] for j in site_jobs()}
-        # The site's power falls, read from the summaries the agents publish.
-        after = mean_gpu_power_kw(site.api)
-        assert after < before - 1.0, (before, after)
+        # The site's power falls, read from the summaries the agents publish. Acked caps reach
+        # those summaries only once the agents' own averaging has passed them (on a loaded
+        # machine a 6.2 s mean read at once was still the uncapped power): read again until
+        # a whole mean is taken after them, for at most 30 s.
+        readings: list[float] = []
+        site.wait(
+            lambda: readings.append(mean_gpu_power_kw(site.api)) or readings[-1] < before - 1.0,
+            30.0,
+            what=f"the GPU power to fall 1 kW below {before:.2f} kW",
+        )
 
 
 def test_the_nats_server_restarted_mid_event_loses_nothing(tmp_path, nats_server):
