@@ -30,10 +30,12 @@ import numpy as np
 from flexgate.plots import plot_sync
 from flexgate.simsite import SimulatedSite, Truth, in_step_ids
 from flexmodel.jobmix import parse_job_mix
+from flexmodel.locking import gain_sweep, locking_gain
+from flexmodel.loopresponse import ClosedLoopResponse
 from flexmodel.loops import detune, locked_coupling_per_s, unlocking_spread
 from flexmodel.phases import order_parameters, rayleigh_threshold
-from flexmodel.sync import ClosedLoopResponse, analyse
-from flexmodel.syncsim import gain_sweep, locking_gain, simulate_sync
+from flexmodel.sync import analyse
+from flexmodel.syncsim import simulate_sync
 from gateway.services.fleet import LoopMeasurements
 from gateway.services.planner import loops_report
 from gateway.services.scattering import SIZED_WAIT

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from flexgate.simsite import SimulatedSite, Truth
+from flexmodel.loopresponse import ClosedLoopResponse
 from flexmodel.phases import order_parameters, rayleigh_threshold
-from flexmodel.sync import ClosedLoopResponse
 
 JOBS = 64
 GPUS_PER_NODE = 8

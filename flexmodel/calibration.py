@@ -107,11 +107,7 @@ def fit_overhead(
     averaging_s : each meter reading's own averaging window, known from the meter [s]
     """
     gpu, facility = _series(gpu_kw, facility_kw)
-    if not period_s > 0 or not window_s >= 2 * period_s or not settle_s >= 0:
-        raise FlexModelError(
-            f"period_s ({period_s}) must be positive, window_s ({window_s}) at least two "
-            f"periods and settle_s ({settle_s}) not negative"
-        )
+    _check_timing(period_s, window_s, settle_s)
     if min_step_kw is None:
         min_step_kw = STEP_FLOOR * float(np.median(np.abs(gpu)))
     if min_points < 2 or not max_rel_stderr > 0 or not min_step_kw >= 0:
@@ -138,27 +134,41 @@ def fit_overhead(
         noise_sd=_response_sd(steps),
     )
     k, k_stderr = _deming_fit(steps)
+    why = _why_not_identified(
+        steps, response[settle:], k, k_stderr, max_rel_stderr=max_rel_stderr, settle_s=settle_s
+    )
+    if why is not None:
+        return NotIdentifiable(why, path, found)
+    return OverheadCalibration(k, k_stderr, *_static_kw(steps, k, k_stderr), path, found)
+
+
+def _why_not_identified(
+    steps: _Steps,
+    post_response: Array,
+    k: float,
+    k_stderr: float,
+    *,
+    max_rel_stderr: float,
+    settle_s: float,
+) -> str | None:
+    """Why the fitted `k` does not stand, if it does not: its error beyond `max_rel_stderr`
+    of it, a meter still moving across the post window (`post_response`, the unit-step
+    response there), or a k below 1."""
     if k_stderr > max_rel_stderr * k:
-        return NotIdentifiable(
+        return (
             f"k = {k:.3f} +/- {k_stderr:.3f} is not identified to {max_rel_stderr:.0%}: the GPU "
             f"steps (largest {np.max(np.abs(steps.d_gpu_kw)):.3g} kW) are too small against "
-            "the noise",
-            path,
-            found,
+            "the noise"
         )
-    drift = settling_drift(steps, response[settle:])
+    drift = settling_drift(steps, post_response)
     if drift > DRIFT:
-        return NotIdentifiable(
+        return (
             f"the meter still moves {drift:.1%} of a step across the post window: the "
-            f"cooling has not settled {settle_s:g} s after a step (raise settle_s)",
-            path,
-            found,
+            f"cooling has not settled {settle_s:g} s after a step (raise settle_s)"
         )
     if k < 1.0:
-        return NotIdentifiable(
-            f"k = {k:.3f} is below 1: the meter does not see all of these GPUs", path, found
-        )
-    return OverheadCalibration(k, k_stderr, *_static_kw(steps, k, k_stderr), path, found)
+        return f"k = {k:.3f} is below 1: the meter does not see all of these GPUs"
+    return None
 
 
 def step_response(steps: _Steps, *, settle: int, window: int) -> Array:
@@ -181,6 +191,14 @@ def _series(gpu_kw: ArrayLike, facility_kw: ArrayLike) -> tuple[Array, Array]:
     if not (np.all(np.isfinite(gpu)) and np.all(np.isfinite(facility))):
         raise FlexModelError("the GPU and facility series must be finite (drop missing samples)")
     return gpu, facility
+
+
+def _check_timing(period_s: float, window_s: float, settle_s: float) -> None:
+    if not period_s > 0 or not window_s >= 2 * period_s or not settle_s >= 0:
+        raise FlexModelError(
+            f"period_s ({period_s}) must be positive, window_s ({window_s}) at least two "
+            f"periods and settle_s ({settle_s}) not negative"
+        )
 
 
 def _steps(gpu: Array, facility: Array, *, window: int, settle: int, min_step_kw: float) -> _Steps:

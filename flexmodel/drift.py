@@ -93,19 +93,7 @@ def fit_probe(
     sxx = float(np.sum((t_ref - t_mid) ** 2))
     p_slope, p_se, p_sigma = _slope(t_ref, np.array([lv.power_w for lv in refs]), sxx, noise_p)
     t_slope, t_se, t_sigma = _slope(t_ref, np.array([lv.throughput for lv in refs]), sxx, noise)
-
-    def corrected(p_rate: float, t_rate: float) -> list[tuple[float, float, float, float]]:
-        return [
-            (
-                lv.cap_w,
-                lv.time_s,
-                lv.power_w / (1.0 + p_rate * (lv.time_s - t_mid)),
-                lv.throughput / (1.0 + t_rate * (lv.time_s - t_mid)),
-            )
-            for lv in levels
-        ]
-
-    points = _pooled_points(corrected(p_slope, t_slope), uncapped)
+    points = _pooled_points(_corrected(levels, t_mid, p_slope, t_slope), uncapped)
     # The references' scatter about their line is noise the sweep's points carry too.
     sweep = fit_sweep(
         points, name=name, noise=min(max(noise, t_sigma), 0.5), power_noise=min(p_sigma, 0.5)
@@ -122,9 +110,45 @@ def fit_probe(
         throughput_noise=sweep.throughput_noise_fraction,
         reference_repeats=k * sweep.repeats,
     )
+    moves = ((p_slope + p_se, t_slope), (p_slope, t_slope + t_se))
+    drift_var = _drift_variance(levels, t_mid, uncapped, points, sweep, base, moves)
+    drift_se = math.sqrt(drift_var)
+    sweep = replace(sweep, pfi=base, pfi_stderr=math.sqrt(base_se**2 + drift_var))
+    return DriftFit(sweep, p_slope, t_slope, p_se, t_se, drift_se, k)
+
+
+def _corrected(
+    levels: list[ProbeLevel], t_mid: float, p_rate: float, t_rate: float
+) -> list[tuple[float, float, float, float]]:
+    """Each level (cap [W], time [s], power [W], throughput) divided by its drift at its time:
+    relative `p_rate` and `t_rate` per second from `t_mid` [s]."""
+    return [
+        (
+            lv.cap_w,
+            lv.time_s,
+            lv.power_w / (1.0 + p_rate * (lv.time_s - t_mid)),
+            lv.throughput / (1.0 + t_rate * (lv.time_s - t_mid)),
+        )
+        for lv in levels
+    ]
+
+
+def _drift_variance(
+    levels: list[ProbeLevel],
+    t_mid: float,
+    uncapped: float,
+    points: list[tuple[float, float, float]],
+    sweep: MeasuredSweep,
+    base: float,
+    moves: tuple[tuple[float, float], ...],
+) -> float:
+    """The drift's share of the PFI's variance: the PFI `base` recomputed with the slopes moved
+    (`moves`, each a power and a throughput slope [1/s]), the changes squared and summed.
+    `points` are the sweep's points as corrected by the fitted slopes."""
+    kept = sweep.kept
     drift_var = 0.0
-    for p_rate, t_rate in ((p_slope + p_se, t_slope), (p_slope, t_slope + t_se)):
-        moved = np.array(_pooled_points(corrected(p_rate, t_rate), uncapped))
+    for p_rate, t_rate in moves:
+        moved = np.array(_pooled_points(_corrected(levels, t_mid, p_rate, t_rate), uncapped))
         # The same kept caps, on the moved values scaled as the fit scales the measured ones.
         scale_p = moved[:, 1] / np.array(points)[:, 1]
         scale_t = moved[:, 2] / np.array(points)[:, 2]
@@ -134,9 +158,7 @@ def fit_probe(
             sweep.power_noise_fraction,
         )
         drift_var += (pfi_moved - base) ** 2
-    drift_se = math.sqrt(drift_var)
-    sweep = replace(sweep, pfi=base, pfi_stderr=math.sqrt(base_se**2 + drift_var))
-    return DriftFit(sweep, p_slope, t_slope, p_se, t_se, drift_se, k)
+    return drift_var
 
 
 def _slope(t: Array, values: Array, sxx: float, noise: float) -> tuple[float, float, float]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -112,7 +113,15 @@ def fit_clock_shape(
             "uncapped clock: two are needed for a static share and an exponent",
             count,
         )
-    q, f, sq, sf = q[slowed], f[slowed], sq[slowed], sf[slowed]
+    found = _clock_fit(q[slowed], f[slowed], sq[slowed], sf[slowed])
+    return _fitted_shape(found, count)
+
+
+def _clock_fit(q: np.ndarray, f: np.ndarray, sq: np.ndarray, sf: np.ndarray) -> Any:
+    """`q(f)` fitted to the slowed levels' power fractions `q` at clock fractions `f` (relative
+    errors `sq`, `sf`) by least squares, each level weighted by its power's error and its
+    clock's carried through the curve's slope, with the prior on the family's shape; scipy's
+    result."""
 
     def sigma(p: np.ndarray) -> np.ndarray:
         slope = (1.0 - p[0]) * p[1] * f ** (p[1] - 1.0)
@@ -129,7 +138,13 @@ def fit_clock_shape(
         np.array([STATIC_SHARE_BOUNDS[0], EXPONENT_BOUNDS[0]]),
         np.array([STATIC_SHARE_BOUNDS[1], EXPONENT_BOUNDS[1]]),
     )
-    found = least_squares(residuals, start, bounds=bounds, x_scale=np.array([0.05, 0.2]))
+    return least_squares(residuals, start, bounds=bounds, x_scale=np.array([0.05, 0.2]))
+
+
+def _fitted_shape(found: Any, count: int) -> ClockShape:
+    """The shape a clock fit (`_clock_fit`'s result on `count` levels) found, with its
+    standard errors from the curvature, scaled up by the residuals when those exceed the
+    stated noise; the family's, and why, when the fit does not identify it."""
     s, a = (float(v) for v in found.x)
     if not found.success:
         return family_shape(f"the clock fit did not converge: {found.message}", count)

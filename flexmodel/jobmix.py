@@ -5,17 +5,26 @@ and `parse_job_mix` the decoded document; both return a `JobMix` or raise `Inval
 with a one-line message naming the source, job and field at fault. Unknown fields are refused
 by name; so are NaN and Infinity, which Python's `json` would otherwise accept. Every physical
 quantity must lie in a plausible range (the `*_RANGE` constants, docs/configuration.md), so a
-value in the wrong unit is refused with the unit named instead of giving nonsense; two jobs on
-one GPU are refused naming both. Reading the file is the caller's (flexmodel does no I/O).
+value in the wrong unit is refused with the unit named instead of giving nonsense
+(`flexmodel.fieldchecks`); two jobs on one GPU are refused naming both. Reading the file is the
+caller's (flexmodel does no I/O).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from flexmodel.errors import FlexModelError, InvalidJobError
+from flexmodel.fieldchecks import (
+    SHARE,
+    boolean_field,
+    check_number,
+    number_field,
+    number_list,
+    optional_field,
+    refuse_unknown,
+)
 from flexmodel.jobs import (
     DEFAULT_COMM_POWER_FRACTION,
     DEFAULT_DUTY,
@@ -92,6 +101,7 @@ _MIX_FIELDS = {"overhead_factor", "overhead_factor_stderr", "static_load_kw", "j
 _JOB_FIELDS = set(Job.__dataclass_fields__)
 _REQUIRED = ("id", "gpus", "power_w", "throughput")
 _POINT_FIELDS = ("cap_w", "power_w", "throughput")
+_WATTS: dict[str, Any] = {"within": GPU_POWER_RANGE_W, "unit": "W"}
 
 
 def parse_job_mix(doc: Any, *, tiers: TierTable = DEFAULT_TIERS) -> JobMix:
@@ -99,7 +109,7 @@ def parse_job_mix(doc: Any, *, tiers: TierTable = DEFAULT_TIERS) -> JobMix:
     A job's `tier` is read in `tiers`."""
     if not isinstance(doc, dict):
         raise InvalidJobError("job mix: expected a JSON object with a 'jobs' list")
-    _refuse_unknown(doc, _MIX_FIELDS, "job mix")
+    refuse_unknown(doc, _MIX_FIELDS, "job mix")
     jobs_doc = doc.get("jobs")
     if not isinstance(jobs_doc, list):
         raise InvalidJobError("job mix: 'jobs' must be a list of job objects")
@@ -112,13 +122,13 @@ def parse_job_mix(doc: Any, *, tiers: TierTable = DEFAULT_TIERS) -> JobMix:
     _refuse_shared_gpus(jobs)
     mix = JobMix(
         jobs=jobs,
-        overhead_factor=_number(
+        overhead_factor=number_field(
             doc, "overhead_factor", "job mix", 1.0, within=OVERHEAD_FACTOR_RANGE
         ),
-        overhead_factor_stderr=_number(
+        overhead_factor_stderr=number_field(
             doc, "overhead_factor_stderr", "job mix", 0.0, within=(0.0, 1.0)
         ),
-        static_load_kw=_number(
+        static_load_kw=number_field(
             doc, "static_load_kw", "job mix", 0.0, within=STATIC_LOAD_RANGE_KW, unit="kW"
         ),
     )
@@ -128,52 +138,22 @@ def parse_job_mix(doc: Any, *, tiers: TierTable = DEFAULT_TIERS) -> JobMix:
 
 def parse_job(doc: Any, index: int = 0, tiers: TierTable = DEFAULT_TIERS) -> Job:
     """Validate one job object of a job mix; its `tier` is read in `tiers`."""
-    if not isinstance(doc, dict):
-        raise InvalidJobError(f"jobs[{index}]: expected a job object")
-    ident = doc.get("id")
-    if not isinstance(ident, str) or not ident.strip():
-        raise InvalidJobError(f"jobs[{index}]: 'id' must be a non-empty string")
-    where = f"job '{ident}'"
-    _refuse_unknown(doc, _JOB_FIELDS, where)
-    for name in _REQUIRED:
-        if name not in doc:
-            raise InvalidJobError(f"{where}: missing required field '{name}'")
-    gpus = doc["gpus"]
-    low, high = GPUS_RANGE
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or not low <= gpus <= high:
-        raise InvalidJobError(
-            f"{where}: 'gpus' must be a whole number from {low} to {high:,}, got {gpus!r}"
-        )
-    watts: dict[str, Any] = {"within": GPU_POWER_RANGE_W, "unit": "W"}
-    min_cap = _number(doc, "min_cap_w", where, DEFAULT_MIN_CAP_W, **watts)
-    max_cap = _number(doc, "max_cap_w", where, DEFAULT_MAX_CAP_W, **watts)
-    if min_cap >= max_cap:
-        raise InvalidJobError(f"{where}: min_cap_w {min_cap:g} must be below max_cap_w {max_cap:g}")
-    power = _number(doc, "power_w", where, **watts)
-    if power > max_cap:
-        raise InvalidJobError(
-            f"{where}: power_w {power:g} is above max_cap_w {max_cap:g} (a GPU cannot draw more "
-            "than its limit on average)"
-        )
-    pfi = _optional(doc, "pfi", where, within=PFI_RANGE)
-    grid = doc.get("pfi_grid_w")
-    if grid is not None:
-        grid = tuple(_number_list(grid, f"{where}: 'pfi_grid_w'", **watts))
-        check_grid(grid, where)
-    tier = _tier(doc.get("tier"), where, tiers)
-    floor = _number(doc, "min_throughput_fraction", where, 0.0, within=_SHARE)
-    protected = _boolean(doc, "protected", where)
-    if tier is not None:  # the stricter of the job's own bounds and its tier's
-        floor = max(floor, tiers.floor(tier))
-        protected = protected or tiers.protected(tier)
+    ident, where = _job_where(doc, index)
+    gpus = _gpus(doc, where)
+    min_cap, max_cap, power = _power_w(doc, where)
+    pfi = optional_field(doc, "pfi", where, within=PFI_RANGE)
+    grid = _grid_w(doc.get("pfi_grid_w"), where)
+    tier, floor, protected = _tier_bounds(doc, where, tiers)
     job = Job(
         id=ident,
         gpus=gpus,
         power_w=power,
-        power_stderr_w=_optional(doc, "power_stderr_w", where, minimum=0.0, unit="W"),
-        throughput=_number(doc, "throughput", where, minimum=0.0, strict=True, unit="tokens/s"),
+        power_stderr_w=optional_field(doc, "power_stderr_w", where, minimum=0.0, unit="W"),
+        throughput=number_field(
+            doc, "throughput", where, minimum=0.0, strict=True, unit="tokens/s"
+        ),
         pfi=pfi,
-        pfi_stderr=_optional(doc, "pfi_stderr", where, within=(0.0, PFI_RANGE[1])),
+        pfi_stderr=optional_field(doc, "pfi_stderr", where, within=(0.0, PFI_RANGE[1])),
         pfi_grid_w=grid,
         sweep=_sweep(doc.get("sweep"), where),
         sweep_extension=_sweep_option(doc, "sweep_extension", SWEEP_EXTENSIONS, where),
@@ -183,21 +163,85 @@ def parse_job(doc: Any, index: int = 0, tiers: TierTable = DEFAULT_TIERS) -> Job
         min_throughput_fraction=floor,
         protected=protected,
         tier=tier,
-        weight=_number(doc, "weight", where, 1.0, minimum=0.0),
-        remaining_s=_optional(doc, "remaining_s", where, minimum=0.0, unit="s"),
-        period_s=_number(doc, "period_s", where, DEFAULT_PERIOD_S, within=PERIOD_RANGE_S, unit="s"),
-        duty=_number(doc, "duty", where, DEFAULT_DUTY, within=_SHARE, strict=True),
-        comm_power_fraction=_number(
-            doc, "comm_power_fraction", where, DEFAULT_COMM_POWER_FRACTION, within=_SHARE
+        weight=number_field(doc, "weight", where, 1.0, minimum=0.0),
+        remaining_s=optional_field(doc, "remaining_s", where, minimum=0.0, unit="s"),
+        period_s=number_field(
+            doc, "period_s", where, DEFAULT_PERIOD_S, within=PERIOD_RANGE_S, unit="s"
+        ),
+        duty=number_field(doc, "duty", where, DEFAULT_DUTY, within=SHARE, strict=True),
+        comm_power_fraction=number_field(
+            doc, "comm_power_fraction", where, DEFAULT_COMM_POWER_FRACTION, within=SHARE
         ),
         placement=_placement(doc.get("placement"), where, gpus),
         model_family=_model_family(doc.get("model_family"), where),
-        static_share=_optional(doc, "static_share", where, within=STATIC_SHARE_RANGE),
-        exponent=_optional(doc, "exponent", where, within=EXPONENT_RANGE),
+        static_share=optional_field(doc, "static_share", where, within=STATIC_SHARE_RANGE),
+        exponent=optional_field(doc, "exponent", where, within=EXPONENT_RANGE),
     )
     if job.sweep is not None:
         _check_sweep(job, where)
     return job
+
+
+def _job_where(doc: Any, index: int) -> tuple[str, str]:
+    """A job object's id and how messages name it, once its fields are known and present."""
+    if not isinstance(doc, dict):
+        raise InvalidJobError(f"jobs[{index}]: expected a job object")
+    ident = doc.get("id")
+    if not isinstance(ident, str) or not ident.strip():
+        raise InvalidJobError(f"jobs[{index}]: 'id' must be a non-empty string")
+    where = f"job '{ident}'"
+    refuse_unknown(doc, _JOB_FIELDS, where)
+    for name in _REQUIRED:
+        if name not in doc:
+            raise InvalidJobError(f"{where}: missing required field '{name}'")
+    return ident, where
+
+
+def _gpus(doc: dict[str, Any], where: str) -> int:
+    gpus = doc["gpus"]
+    low, high = GPUS_RANGE
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not low <= gpus <= high:
+        raise InvalidJobError(
+            f"{where}: 'gpus' must be a whole number from {low} to {high:,}, got {gpus!r}"
+        )
+    return gpus
+
+
+def _power_w(doc: dict[str, Any], where: str) -> tuple[float, float, float]:
+    """A job's per-GPU cap limits and uncapped power [W]: (min_cap_w, max_cap_w, power_w)."""
+    min_cap = number_field(doc, "min_cap_w", where, DEFAULT_MIN_CAP_W, **_WATTS)
+    max_cap = number_field(doc, "max_cap_w", where, DEFAULT_MAX_CAP_W, **_WATTS)
+    if min_cap >= max_cap:
+        raise InvalidJobError(f"{where}: min_cap_w {min_cap:g} must be below max_cap_w {max_cap:g}")
+    power = number_field(doc, "power_w", where, **_WATTS)
+    if power > max_cap:
+        raise InvalidJobError(
+            f"{where}: power_w {power:g} is above max_cap_w {max_cap:g} (a GPU cannot draw more "
+            "than its limit on average)"
+        )
+    return min_cap, max_cap, power
+
+
+def _grid_w(value: Any, where: str) -> tuple[float, ...] | None:
+    """The caps a job's PFI is on [W] (None: its default grid)."""
+    if value is None:
+        return None
+    grid = tuple(number_list(value, f"{where}: 'pfi_grid_w'", **_WATTS))
+    check_grid(grid, where)
+    return grid
+
+
+def _tier_bounds(
+    doc: dict[str, Any], where: str, tiers: TierTable
+) -> tuple[int | None, float, bool]:
+    """A job's tier, throughput floor and protection: the stricter of its own and its tier's."""
+    tier = _tier(doc.get("tier"), where, tiers)
+    floor = number_field(doc, "min_throughput_fraction", where, 0.0, within=SHARE)
+    protected = boolean_field(doc, "protected", where)
+    if tier is not None:
+        floor = max(floor, tiers.floor(tier))
+        protected = protected or tiers.protected(tier)
+    return tier, floor, protected
 
 
 def _sweep_option(doc: dict[str, Any], key: str, choices: tuple[str, ...], where: str) -> str:
@@ -265,94 +309,10 @@ def _check_sweep(job: Job, where: str) -> None:
         raise InvalidJobError(str(exc)) from exc
 
 
-#: Fractions and shares of a whole.
-_SHARE = (0.0, 1.0)
-#: A value this many times too small or too large, in these units, was probably typed in them.
-_UNIT_SLIPS = {"W": (1000.0, "kW"), "s": (0.001, "ms"), "": (0.01, "percent")}
-
-
-def _refuse_unknown(doc: dict[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(doc) - allowed)
-    if unknown:
-        raise InvalidJobError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}")
-
-
 def check_gpu_power_w(value: float, label: str) -> float:
     """A per-GPU power [W] refused (`InvalidJobError`) outside `GPU_POWER_RANGE_W`, naming the
     likely slip (kW typed as W): the job mix's own check, for sweeps and traces."""
-    return _check_number(value, label, within=GPU_POWER_RANGE_W, unit="W")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _check_number(
-    value: Any,
-    label: str,
-    *,
-    within: tuple[float, float] | None = None,
-    minimum: float | None = None,
-    strict: bool = False,
-    unit: str = "",
-) -> float:
-    """`value` as a float, refused when outside `within` (or below `minimum`).
-
-    `strict` makes the lower bound exclusive. The message names the unit and, when the value
-    would fit in a neighbouring unit (kW for W, ms for s, percent for a share), says so.
-    """
-    if not _is_number(value) or not math.isfinite(value):
-        raise InvalidJobError(f"{label} must be a finite number, got {value!r}")
-    out = float(value)
-    low, high = within if within is not None else (minimum, None)
-    too_low = low is not None and (out <= low if strict else out < low)
-    too_high = high is not None and out > high
-    if not (too_low or too_high):
-        return out
-    suffix = f" {unit}" if unit else ""
-    if high is None:
-        bound = f"{'above' if strict else 'at least'} {low:g}{suffix}"
-    elif low is None:
-        bound = f"at most {high:g}{suffix}"
-    elif strict:
-        bound = f"above {low:g} and at most {high:g}{suffix}"
-    else:
-        bound = f"from {low:g} to {high:g}{suffix}"
-    raise InvalidJobError(f"{label} must be {bound}, got {out:g}{_slip(out, within, unit)}")
-
-
-def _slip(value: float, within: tuple[float, float] | None, unit: str) -> str:
-    """A hint when `value` is in range once read in the unit people confuse with `unit`."""
-    if within is None or unit not in _UNIT_SLIPS:
-        return ""
-    scale, other = _UNIT_SLIPS[unit]
-    if unit == "" and within != _SHARE:
-        return ""
-    fixed = value * scale
-    if within[0] < fixed <= within[1]:
-        return f" ({value:g} looks like {other}: {fixed:g}{f' {unit}' if unit else ''}?)"
-    return ""
-
-
-def _number(
-    doc: dict[str, Any],
-    name: str,
-    where: str,
-    default: float | None = None,
-    **bounds: Any,
-) -> float:
-    """Field `name` of `doc` checked by `_check_number(**bounds)`, or `default` when absent."""
-    if doc.get(name) is None:
-        if default is None:
-            raise InvalidJobError(f"{where}: missing required field '{name}'")
-        return default
-    return _check_number(doc[name], f"{where}: '{name}'", **bounds)
-
-
-def _optional(doc: dict[str, Any], name: str, where: str, **bounds: Any) -> float | None:
-    if doc.get(name) is None:
-        return None
-    return _number(doc, name, where, **bounds)
+    return check_number(value, label, within=GPU_POWER_RANGE_W, unit="W")
 
 
 def _tier(value: Any, where: str, tiers: TierTable) -> int | None:
@@ -365,19 +325,6 @@ def _tier(value: Any, where: str, tiers: TierTable) -> int | None:
     return value
 
 
-def _boolean(doc: dict[str, Any], name: str, where: str) -> bool:
-    value = doc.get(name, False)
-    if not isinstance(value, bool):
-        raise InvalidJobError(f"{where}: '{name}' must be true or false, got {value!r}")
-    return value
-
-
-def _number_list(value: Any, label: str, **bounds: Any) -> list[float]:
-    if not isinstance(value, list):
-        raise InvalidJobError(f"{label} must be a list of numbers")
-    return [_check_number(v, label, **bounds) for v in value]
-
-
 def _sweep(value: Any, where: str) -> tuple[tuple[float, float, float], ...] | None:
     if value is None:
         return None
@@ -388,10 +335,10 @@ def _sweep(value: Any, where: str) -> tuple[tuple[float, float, float], ...] | N
         label = f"{where}: sweep[{i}]"
         if not isinstance(point, dict):
             raise InvalidJobError(f"{label} must be an object with {', '.join(_POINT_FIELDS)}")
-        _refuse_unknown(point, set(_POINT_FIELDS), label)
-        cap = _number(point, "cap_w", label, within=GPU_POWER_RANGE_W, unit="W")
-        power = _number(point, "power_w", label, within=GPU_POWER_RANGE_W, unit="W")
-        thr = _number(point, "throughput", label, minimum=0.0, unit="tokens/s")
+        refuse_unknown(point, set(_POINT_FIELDS), label)
+        cap = number_field(point, "cap_w", label, within=GPU_POWER_RANGE_W, unit="W")
+        power = number_field(point, "power_w", label, within=GPU_POWER_RANGE_W, unit="W")
+        thr = number_field(point, "throughput", label, minimum=0.0, unit="tokens/s")
         points.append((cap, power, thr))
     return tuple(points)
 
@@ -406,7 +353,7 @@ def _placement(value: Any, where: str, gpus: int) -> tuple[Placement, ...] | Non
         label = f"{where}: placement[{i}]"
         if not isinstance(item, dict):
             raise InvalidJobError(f"{label} must be an object with 'node' and 'gpus'")
-        _refuse_unknown(item, {"node", "gpus"}, label)
+        refuse_unknown(item, {"node", "gpus"}, label)
         node, indices = item.get("node"), item.get("gpus")
         if not isinstance(node, str) or not node:
             raise InvalidJobError(f"{label}: 'node' must be a non-empty string")

@@ -4,7 +4,8 @@ A `JobMix` holds its jobs and the site's overhead figures; on first use it build
 curve from the best source the job has (`job_curves`) and its allocation problem. It also
 answers the site-level figures every caller shares: the baseline and maximum GPU power of the
 placed jobs, and the jobs whose power waves (the ones the sync analysis looks at).
-The JSON reader is `flexmodel.jobmix`; the allocator is `flexmodel.allocate`.
+The JSON reader is `flexmodel.jobmix`; the allocator is `flexmodel.allocate`; a PFI carried
+from another grid onto a job's own, `flexmodel.pficarry`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from flexmodel.pfi import (
     DEFAULT_PFI,
     DEFAULT_PFI_STDERR,
     default_grid_w,
-    family_pfi,
     grid_matrix,
     solve_insensitive_share,
 )
@@ -308,7 +308,7 @@ def _sweep_family_table(job: Job, sweep: MeasuredSweep) -> Curves:
     return _family_table([stand_in], np.array([pfi]))
 
 
-def _family_shape(jobs: list[Job]) -> FamilyShape:
+def job_family_shape(jobs: list[Job]) -> FamilyShape:
     """The jobs' family shape: each job's own static share and exponent where it has them."""
     return FamilyShape.of(
         power_w=field_array(jobs, "power_w"),
@@ -325,7 +325,7 @@ def _family_table(jobs: list[Job], pfi: Array | None = None) -> Curves:
     stated = pfi is None
     if pfi is None:
         pfi = np.array([j.pfi if j.pfi is not None else DEFAULT_PFI for j in jobs])
-    shape = _family_shape(jobs)
+    shape = job_family_shape(jobs)
     m = solve_insensitive_share(
         pfi,
         grid_matrix([j.grid_w for j in jobs]),
@@ -336,68 +336,3 @@ def _family_table(jobs: list[Job], pfi: Array | None = None) -> Curves:
     return family_curves(
         shape, m, throughput=field_array(jobs, "throughput"), period_s=field_array(jobs, "period_s")
     )
-
-
-#: The fleet family's own shape error when a PFI is carried between grids, relative (one
-#: standard deviation): the study's real jobs moved a median 10.7% between its two grids where
-#: the family moves 0-4%, so about 7% is the jobs' own shape; `examples/sweep.csv`'s curve
-#: carried from 400-700 W to 200-700 W by the family is 4.2% off. Refitted from measured jobs
-#: by `fit_carry_shape_rel`.
-CARRY_SHAPE_REL = 0.06
-
-
-def pfi_on_own_grid(
-    job: Job,
-    pfi: float,
-    stderr: float,
-    grid_w: tuple[float, ...],
-    *,
-    shape_rel: float = CARRY_SHAPE_REL,
-) -> tuple[float, float]:
-    """A PFI measured on `grid_w` (with its standard error) as the PFI on the job's own grid
-    (`job.grid_w`): the fleet family of the job's shape that gives `pfi` on `grid_w`, read on
-    the job's grid. Its error: half the spread of `pfi -+ stderr` carried the same way, and the
-    family shape's own error (`shape_rel` of the carried value) in quadrature; never, relative
-    to the value, below the source's: a carried PFI is never more certain than its source.
-
-    PFIs compare only on one grid (docs/model.md, section 2); this is how one measured on a probe's
-    few caps is set beside a prediction or a declaration on the study's grid. A value the
-    family cannot reach on `grid_w` is taken as the nearest it reaches. On the job's own grid
-    the PFI and its error are as given.
-    """
-    if tuple(float(c) for c in grid_w) == tuple(float(c) for c in job.grid_w):
-        return pfi, stderr
-    shape = _family_shape([job])
-    values = np.array([pfi, pfi - stderr, pfi + stderr])
-    m = solve_insensitive_share(
-        values, grid_matrix([grid_w] * 3), shape, names=[job.id] * 3, clip=True
-    )
-    own = family_pfi(grid_matrix([job.grid_w] * 3), shape.select(np.zeros(3, np.intp)), m)
-    carried = float(own[0])
-    propagated = float(own[2] - own[1]) / 2.0
-    total = float(np.hypot(propagated, shape_rel * carried))
-    at_least = stderr * carried / pfi if pfi > 0 else stderr
-    return carried, max(total, at_least)
-
-
-def fit_carry_shape_rel(
-    carried: ArrayLike,
-    carried_stderr: ArrayLike,
-    measured: ArrayLike,
-    measured_stderr: ArrayLike,
-    *,
-    leave_out: int | None = None,
-) -> float:
-    """The family shape's relative error fitted from jobs measured on both grids: PFIs
-    `carried` from one grid (their errors without the shape's) against the PFIs `measured` on
-    the target grid; the mean squared relative difference beyond what the two errors explain
-    (never below 0). `leave_out`: the job whose own measurement stays out of the fit it is
-    judged against."""
-    c, sc = np.asarray(carried, float), np.asarray(carried_stderr, float)
-    v, sv = np.asarray(measured, float), np.asarray(measured_stderr, float)
-    keep = np.ones(c.size, bool)
-    if leave_out is not None:
-        keep[leave_out] = False
-    rel = (c[keep] - v[keep]) / v[keep]
-    explained = (sc[keep] ** 2 + sv[keep] ** 2) / v[keep] ** 2
-    return float(np.sqrt(max(float(np.mean(rel**2 - explained)), 0.0))) if keep.any() else 0.0

@@ -142,6 +142,36 @@ def local_days(
     """
     _check_interval_min(interval_min)
     step_s = interval_min * 60
+    local_s, loads, flags = _local_grid(start_utc_s, utc_offset_s, load_kw, estimated, interval_min)
+    days = local_s // SECONDS_PER_DAY
+    slots = (local_s % SECONDS_PER_DAY) // step_s
+    out = []
+    for day in range(int(days[0]), int(days[-1]) + 1):
+        mine = days == day
+        folded = _fold_day(
+            day,
+            slots[mine],
+            loads[mine],
+            flags[mine],
+            interval_min,
+            first=bool(day == days[0]),
+            last=bool(day == days[-1]),
+        )
+        if folded is not None:
+            out.append(folded)
+    return out
+
+
+def _local_grid(
+    start_utc_s: Sequence[int] | IntArray,
+    utc_offset_s: Sequence[int] | IntArray,
+    load_kw: Sequence[float] | FloatArray,
+    estimated: Sequence[bool] | BoolArray | None,
+    interval_min: int,
+) -> tuple[IntArray, FloatArray, BoolArray]:
+    """Each interval's local start [s since the Unix epoch on the site's clock], load [kW] and
+    estimated flag, refused unless on a complete UTC grid and on the local clock."""
+    step_s = interval_min * 60
     starts = np.asarray(start_utc_s, dtype=np.int64)
     offsets = np.asarray(utc_offset_s, dtype=np.int64)
     loads = np.asarray(load_kw, dtype=np.float64)
@@ -159,34 +189,42 @@ def local_days(
         raise InvalidBaselineError(
             f"utc_offset_s must put every interval on the local {interval_min}-minute clock"
         )
-    days = local_s // SECONDS_PER_DAY
-    slots = (local_s % SECONDS_PER_DAY) // step_s
+    return local_s, loads, flags
+
+
+def _fold_day(
+    day: int,
+    slots: IntArray,
+    loads: FloatArray,
+    flags: BoolArray,
+    interval_min: int,
+    *,
+    first: bool,
+    last: bool,
+) -> MeterDay | None:
+    """One local day from its intervals' clock slots, loads [kW] and estimated flags (None
+    when none happened: a whole day skipped, as Samoa's 30 December 2011). On the grid's
+    `first` and `last` day, the intervals outside the grid count once, with no reading."""
     size = MINUTES_PER_DAY // interval_min
-    out = []
-    for day in range(int(days[0]), int(days[-1]) + 1):
-        mine = days == day
-        happened = np.bincount(slots[mine], minlength=size)
-        if not happened.any():  # a whole day skipped (Samoa, 30 December 2011)
-            continue
-        total = np.bincount(slots[mine], weights=loads[mine], minlength=size)
-        flagged = np.bincount(slots[mine], weights=flags[mine].astype(float), minlength=size)
-        mean = np.full(size, np.nan)
-        mean[happened > 0] = total[happened > 0] / happened[happened > 0]
-        # Before or after the grid nothing says whether an interval happened: count it
-        # once, with no reading, so the day is incomplete rather than short.
-        count = happened.copy()
-        covered = np.flatnonzero(happened)
-        if day == days[0]:
-            count[: covered[0]] = 1
-        if day == days[-1]:
-            count[covered[-1] + 1 :] = 1
-        out.append(
-            MeterDay(
-                day=day,
-                interval_min=interval_min,
-                load_kw=mean,
-                estimated=flagged > 0,
-                occurrences=count.astype(np.int64),
-            )
-        )
-    return out
+    happened = np.bincount(slots, minlength=size)
+    if not happened.any():
+        return None
+    total = np.bincount(slots, weights=loads, minlength=size)
+    flagged = np.bincount(slots, weights=flags.astype(float), minlength=size)
+    mean = np.full(size, np.nan)
+    mean[happened > 0] = total[happened > 0] / happened[happened > 0]
+    # Before or after the grid nothing says whether an interval happened: count it
+    # once, with no reading, so the day is incomplete rather than short.
+    count = happened.copy()
+    covered = np.flatnonzero(happened)
+    if first:
+        count[: covered[0]] = 1
+    if last:
+        count[covered[-1] + 1 :] = 1
+    return MeterDay(
+        day=day,
+        interval_min=interval_min,
+        load_kw=mean,
+        estimated=flagged > 0,
+        occurrences=count.astype(np.int64),
+    )

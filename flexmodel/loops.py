@@ -7,13 +7,13 @@ The loops of a flexgate site, each with its own delay and measurement window:
 2. `agent-node-budget`: an agent holding a node budget (rather than per-GPU caps) couples the
    jobs sharing the node; its delay is the agent's measured actuation delay.
 3. `gateway`: the site loop (`gateway.services.tracking`), the one loop that moves caps on
-   what the meter reads, as it runs: its `sync.ClosedLoopResponse` (sample period, window, the
-   meter path, the Smith predictor, its gain, the measured actuation), so every verdict on it
-   comes from its closed-loop response. Reconciliation only sends the same caps again: it
-   reads no power and couples nothing.
+   what the meter reads, as it runs: its `loopresponse.ClosedLoopResponse` (sample period,
+   window, the meter path, the Smith predictor, its gain, the measured actuation), so every
+   verdict on it comes from its closed-loop response. Reconciliation only sends the same caps
+   again: it reads no power and couples nothing.
 
-Each loop carries its frequency response (`sync.LoopResponse` for the open loops,
-`sync.ClosedLoopResponse` for the site loop).
+Each loop carries its frequency response (`loopresponse.LoopResponse` for the open loops,
+`loopresponse.ClosedLoopResponse` for the site loop).
 
 `scatter` plans the mitigation: small per-job cap offsets that spread iteration rates beyond
 the locking range of every attractive harmonic, and splay phase offsets, with their cost.
@@ -33,14 +33,13 @@ from numpy.typing import ArrayLike
 from flexmodel.curves import Array, cap_for_power, power_for_throughput, throughput_at_power
 from flexmodel.errors import FlexModelError
 from flexmodel.jobs import Job, JobMix
+from flexmodel.loopresponse import ClosedLoopResponse, LoopResponse
 from flexmodel.problem import AllocationProblem
 from flexmodel.sync import (
     DEFAULT_GAIN_PER_S,
     HARMONICS,
     MIN_DUTY,
     Analysis,
-    ClosedLoopResponse,
-    LoopResponse,
     analyse_loop,
     critical_coupling_per_s,
     finite_or_none,
@@ -200,16 +199,7 @@ def scatter(
             "throughput_cost_fraction": 0.0,
             "feasible": True,
         }
-    period = mix.array("period_s")
-    duty = mix.array("duty")
-    result = analyse_loop(
-        period,
-        np.clip(duty, MIN_DUTY, 1 - MIN_DUTY),
-        loop.response,
-        unit_coupling_per_s=gain_per_s,
-        spread=spread,
-    )
-    needed = required_spread(result) if loop.couples_jobs else 0.0
+    needed = _spread_needed(mix, loop, gain_per_s, spread)
     half_width = max(np.pi / 2.0 * (needed - spread), 0.0)
     order = np.argsort(mix.curves.uncapped_throughput)  # least throughput first
     slow = np.zeros(len(jobs))
@@ -237,6 +227,19 @@ def scatter(
         "throughput_cost_fraction": cost / float(before.sum()) if before.sum() else 0.0,
         "feasible": cost <= budget_fraction * float(before.sum()),
     }
+
+
+def _spread_needed(mix: JobMix, loop: ControlLoop, gain_per_s: float, spread: float) -> float:
+    """The Lorentzian half-width (relative) the mix's jobs need so that `loop` locks none of
+    them (0 for a loop that couples no jobs)."""
+    result = analyse_loop(
+        mix.array("period_s"),
+        np.clip(mix.array("duty"), MIN_DUTY, 1 - MIN_DUTY),
+        loop.response,
+        unit_coupling_per_s=gain_per_s,
+        spread=spread,
+    )
+    return required_spread(result) if loop.couples_jobs else 0.0
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ with `P_i` measured mean GPU power (not the cap), `T_i` throughput and the uncap
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,11 +131,24 @@ def solve_insensitive_share(
             f"{who}: pfi {target[j]:g} is outside what the fleet family can represent on grid "
             f"{_grid_text(grid_w[j])} for this job ({pfi_lo[j]:.3f} to {pfi_hi[j]:.3f})"
         )
-    # Illinois (regula falsi that halves a stale end), on the jobs not yet converged.
-    f_lo, f_hi = pfi_lo - target, pfi_hi - target
+    return _illinois(pfi_at, target, (lo, hi), (pfi_lo - target, pfi_hi - target), ~unbound)
+
+
+def _illinois(
+    pfi_at: Callable[[Array, NDArray[np.intp]], Array],
+    target: Array,
+    bracket: tuple[Array, Array],
+    misses: tuple[Array, Array],
+    solve: NDArray[np.bool_],
+) -> Array:
+    """The `m` in each job's `bracket` at which `pfi_at` meets `target`, for the jobs to
+    `solve` (0 for the others), by Illinois (regula falsi that halves a stale end) on the jobs
+    not yet converged; `misses` are `pfi_at - target` at the bracket's ends."""
+    lo, hi = bracket
+    f_lo, f_hi = misses
     m = np.zeros(target.shape)
     last = np.zeros(target.shape)
-    active = np.flatnonzero(~unbound)
+    active = np.flatnonzero(solve)
     for _ in range(_MAX_ITERATIONS):
         if active.size == 0:
             break

@@ -84,34 +84,17 @@ def quote(
     the relative standard error of a declared `power_w`; `history`, the site's last events
     at the meter (newest first), scales firm kW by `history_factor`.
     """
-    _check(window_s, confidence, reduction_kw, points)
-    if not (math.isfinite(power_uncertainty) and 0.0 <= power_uncertainty < 1.0):
-        raise FlexModelError(f"power uncertainty {power_uncertainty!r} must lie in [0, 1)")
+    _check(window_s, confidence, reduction_kw, points, power_uncertainty)
     k = mix.overhead_factor
-    reasons = {**(left_out or {})}
-    for job in mix.jobs:
-        if job.id not in reasons and job.remaining_s is not None and job.remaining_s < window_s:
-            reasons[job.id] = (
-                f"ends in {job.remaining_s:g} s, before the {window_s:g} s window does"
-            )
+    reasons = _reasons_left_out(mix, left_out, window_s)
     counted = np.array([j.id not in reasons for j in mix.jobs], dtype=bool)
     problem = mix.problem.excluding(~counted)
     max_cut = problem.max_cut_w
     shed_w = float(max_cut.sum())
     levels = np.linspace(0.0, shed_w, points)
     cuts = optimal_cuts(problem, levels)  # (P, J)
-    before = problem.curves.uncapped_throughput
-    lost = np.stack(
-        [
-            before
-            - throughput_at_power(
-                problem.curves, np.clip(problem.hi_w - c / problem.gpus, problem.lo_w, problem.hi_w)
-            )
-            for c in cuts
-        ]
-    )
+    lost = _throughput_lost(problem, cuts)
     total = lost.sum(axis=1)
-    achievable_kw = k * shed_w / 1000.0
     spread = _spread_w(mix, counted, max_cut, power_uncertainty)
     factor, used = history_factor(history, confidence)
     firm_kw = factor * _firm_kw(mix, shed_w, confidence, spread)
@@ -120,57 +103,115 @@ def quote(
         "window_s": window_s,
         "overhead_factor": k,
         "confidence": confidence,
-        "achievable_kw": achievable_kw,
+        "achievable_kw": k * shed_w / 1000.0,
         "firm_kw": firm_kw,
         "power_uncertainty": power_uncertainty,
         "uncertainty_kw": {name: k * sd_w / 1000.0 for name, sd_w in spread.sd_w().items()},
-        "history": {
-            "events": [
-                {
-                    "event_id": d.event_id,
-                    "requested_kw": d.requested_kw,
-                    "delivered_kw": d.delivered_kw,
-                    "ratio": d.delivered_kw / d.requested_kw,
-                }
-                for d in used
-            ],
-            "quantile": 1.0 - confidence,
-            "factor": factor,
-        },
+        "history": _history_doc(used, confidence, factor),
         "achievable_throughput_loss": float(total[-1]),
         "firm_throughput_loss": float(np.interp(firm_kw, curve_kw, total)),
         "jobs_counted": int(counted.sum()),
-        "supply_curve": [
-            {"facility_kw": kw, "throughput_loss": loss, "throughput_loss_fraction": share}
-            for kw, loss, share in zip(
-                curve_kw.tolist(),
-                total.tolist(),
-                (total / max(before.sum(), 1e-300)).tolist(),
-                strict=True,
-            )
-        ],
+        "supply_curve": _supply_curve(curve_kw, total, problem.curves.uncapped_throughput),
     }
     if reduction_kw is not None:
         doc |= _requested(problem, reduction_kw, reduction_kw * 1000.0 / k, shed_w)
-    job_kw, job_loss = (k * cuts / 1000.0).T.tolist(), lost.T.tolist()
-    doc["jobs"] = [
+    doc["jobs"] = _jobs_doc(mix, reasons, max_cut, spread.power_w)
+    doc["left_out"] = [{"id": job_id, "reason": why} for job_id, why in reasons.items()]
+    if per_job_curves:
+        for row, curve in zip(doc["jobs"], _job_curves(k * cuts / 1000.0, lost), strict=True):
+            row["supply_curve"] = curve
+    return doc
+
+
+def _reasons_left_out(
+    mix: JobMix, left_out: Mapping[str, str] | None, window_s: float
+) -> dict[str, str]:
+    """Why each job that gives nothing does, by id: the caller's `left_out`, then the jobs
+    that end inside the window."""
+    reasons = {**(left_out or {})}
+    for job in mix.jobs:
+        if job.id not in reasons and job.remaining_s is not None and job.remaining_s < window_s:
+            reasons[job.id] = (
+                f"ends in {job.remaining_s:g} s, before the {window_s:g} s window does"
+            )
+    return reasons
+
+
+def _throughput_lost(problem: AllocationProblem, cuts: np.ndarray) -> np.ndarray:
+    """Each job's throughput lost [tokens/s] at each level's `cuts` of its GPU power [W], both
+    (P, J)."""
+    before = problem.curves.uncapped_throughput
+    return np.stack(
+        [
+            before
+            - throughput_at_power(
+                problem.curves, np.clip(problem.hi_w - c / problem.gpus, problem.lo_w, problem.hi_w)
+            )
+            for c in cuts
+        ]
+    )
+
+
+def _jobs_doc(
+    mix: JobMix, reasons: Mapping[str, str], max_cut_w: np.ndarray, power_sd_w: np.ndarray
+) -> list[dict[str, Any]]:
+    """Each job's largest cut [W] and the sd of its shed from its uncapped power [W], or why it
+    is not counted."""
+    return [
         {
             "id": job.id,
-            "counted": bool(counted[j]),
-            "max_reduction_w": float(max_cut[j]),
-            "power_sd_w": float(spread.power_w[j]),
-            **({} if counted[j] else {"reason": reasons[job.id]}),
+            "counted": job.id not in reasons,
+            "max_reduction_w": float(max_cut_w[j]),
+            "power_sd_w": float(power_sd_w[j]),
+            **({"reason": reasons[job.id]} if job.id in reasons else {}),
         }
         for j, job in enumerate(mix.jobs)
     ]
-    doc["left_out"] = [{"id": job_id, "reason": why} for job_id, why in reasons.items()]
-    if per_job_curves:
-        for j, row in enumerate(doc["jobs"]):
-            row["supply_curve"] = [
-                {"facility_kw": kw, "throughput_loss": loss}
-                for kw, loss in zip(job_kw[j], job_loss[j], strict=True)
-            ]
-    return doc
+
+
+def _job_curves(cuts_kw: np.ndarray, lost: np.ndarray) -> list[list[dict[str, float]]]:
+    """Each job's own supply curve: facility kW shed against its throughput lost, from the
+    levels' cuts at the meter [kW] and throughput lost [tokens/s], both (P, J)."""
+    return [
+        [
+            {"facility_kw": kw, "throughput_loss": loss}
+            for kw, loss in zip(job_kw, job_loss, strict=True)
+        ]
+        for job_kw, job_loss in zip(cuts_kw.T.tolist(), lost.T.tolist(), strict=True)
+    ]
+
+
+def _history_doc(used: list[Delivered], confidence: float, factor: float) -> dict[str, Any]:
+    """The site's record that scaled firm kW: the events read, the quantile and the factor."""
+    return {
+        "events": [
+            {
+                "event_id": d.event_id,
+                "requested_kw": d.requested_kw,
+                "delivered_kw": d.delivered_kw,
+                "ratio": d.delivered_kw / d.requested_kw,
+            }
+            for d in used
+        ],
+        "quantile": 1.0 - confidence,
+        "factor": factor,
+    }
+
+
+def _supply_curve(
+    curve_kw: np.ndarray, total: np.ndarray, before: np.ndarray
+) -> list[dict[str, float]]:
+    """The site's supply curve: facility kW shed against the throughput lost, absolute and as a
+    share of the uncapped throughput `before`."""
+    return [
+        {"facility_kw": kw, "throughput_loss": loss, "throughput_loss_fraction": share}
+        for kw, loss, share in zip(
+            curve_kw.tolist(),
+            total.tolist(),
+            (total / max(before.sum(), 1e-300)).tolist(),
+            strict=True,
+        )
+    ]
 
 
 def _requested(
@@ -251,7 +292,13 @@ def history_factor(
     return min(float(np.quantile(ratios, 1.0 - confidence)), 1.0), used
 
 
-def _check(window_s: float, confidence: float, reduction_kw: float | None, points: int) -> None:
+def _check(
+    window_s: float,
+    confidence: float,
+    reduction_kw: float | None,
+    points: int,
+    power_uncertainty: float,
+) -> None:
     if not (math.isfinite(window_s) and window_s > 0):
         raise FlexModelError(f"window {window_s!r} s must be a positive number")
     if not (math.isfinite(confidence) and 0.0 < confidence < 1.0):
@@ -260,3 +307,5 @@ def _check(window_s: float, confidence: float, reduction_kw: float | None, point
         raise FlexModelError(f"reduction {reduction_kw!r} kW must be a finite number of at least 0")
     if points < 2:
         raise FlexModelError("a supply curve needs at least two points")
+    if not (math.isfinite(power_uncertainty) and 0.0 <= power_uncertainty < 1.0):
+        raise FlexModelError(f"power uncertainty {power_uncertainty!r} must lie in [0, 1)")

@@ -104,6 +104,56 @@ def fit_sweep(
     names the sweep and the caps at fault. `noise` is the floor of one point's relative noise,
     `power_noise` that of its power where it differs (a probe measures mean power better than
     throughput)."""
+    arr, noise_p = _checked_points(points, name, noise, power_noise)
+    caps, power, thr = arr[:, 0], arr[:, 1], arr[:, 2]
+    repeat = _repeats(caps, power, noise_p)
+    n_ref = int(repeat.sum())
+    fit = _MonotoneFit.of(power, thr, repeat, n_ref)
+    sigma_p = _noise(power, fit.power_w, repeat, fit.ref_power_w, floor=noise_p, name=name)
+    sigma_t = _noise(thr, fit.throughput, repeat, fit.ref_throughput, floor=noise, name=name)
+    _refuse_trends(arr, fit, sigma_p, sigma_t, n_ref, name)
+    margin_t = _binding_margin(sigma_t, n_ref)
+    loss = 1.0 - thr / fit.ref_throughput
+    # The fit's loss too: Eq. 1 runs on the fit, and must never divide by nothing.
+    kept = (loss > max(margin_t, _LEAST_LOSS)) & (
+        1.0 - fit.throughput / fit.throughput[-1] > _LEAST_LOSS
+    )
+    kept &= ~repeat
+    kept[-1] = True
+    pfi = stderr = measured = None
+    if kept.sum() >= 2:
+        pfi, stderr = pfi_with_error(
+            fit.power_w[kept],
+            fit.throughput[kept],
+            sigma_p,
+            throughput_noise=sigma_t,
+            reference_repeats=n_ref,
+        )
+        rows = [(float(c), float(p), float(t)) for c, p, t in arr[kept]]
+        measured = pfi_of_sweep(rows, name=name).pfi
+    return MeasuredSweep(
+        cap_w=caps,
+        power_w=power,
+        throughput=thr,
+        fit_power_w=fit.power_w,
+        fit_throughput=fit.throughput,
+        kept=kept,
+        noise_fraction=max(sigma_p, sigma_t),
+        set_aside=_set_aside(arr, kept, repeat, loss, margin_t),
+        pfi=pfi,
+        pfi_stderr=stderr,
+        pfi_measured=measured,
+        power_noise_fraction=sigma_p,
+        throughput_noise_fraction=sigma_t,
+        repeats=n_ref,
+        out_of_order=fit.out_of_order(arr, kept),
+    )
+
+
+def _checked_points(
+    points: list[Point] | tuple[Point, ...], name: str, noise: float, power_noise: float | None
+) -> tuple[Array, float]:
+    """The points as rows ascending in cap, and the floor of a point's power noise."""
     if not 0.0 <= noise < 1.0:
         raise InvalidSweepError(f"{name}: the noise must be a fraction from 0 to 1, got {noise:g}")
     if len(points) < 2:
@@ -122,42 +172,89 @@ def fit_sweep(
         raise InvalidSweepError(
             f"{name}: the noise must be a fraction from 0 to 1, got {noise_p:g}"
         )
-    repeat = _repeats(caps, power, noise_p)
-    n_ref = int(repeat.sum())
-    # The repeats are one level measured n_ref times: their mean is the reference, their
-    # spread about it the sweep's own noise (measured, so never capped at MAX_NOISE).
-    ref_power, ref_thr = float(power[repeat].mean()), float(thr[repeat].mean())
-    bound = np.flatnonzero(~repeat)
-    weights = np.append(np.ones(bound.size), float(n_ref))
-    fit_power = np.full(caps.size, ref_power)
-    fit_thr = np.full(caps.size, ref_thr)
-    fp = monotone_fit(np.append(power[bound], ref_power), weights)
-    ft = monotone_fit(np.append(thr[bound], ref_thr), weights)
-    fit_power[bound], fit_thr[bound] = fp[:-1], ft[:-1]
-    fit_power[repeat], fit_thr[repeat] = fp[-1], ft[-1]
-    sigma_p = _noise(power, fit_power, repeat, ref_power, floor=noise_p, name=name)
-    sigma_t = _noise(thr, fit_thr, repeat, ref_thr, floor=noise, name=name)
-    sigma = max(sigma_p, sigma_t)
-    # Two standard deviations of a point's difference from the (pooled) reference.
-    margin_p = BINDING_SIGMAS * sigma_p * math.sqrt(1.0 + 1.0 / n_ref)
-    margin_t = BINDING_SIGMAS * sigma_t * math.sqrt(1.0 + 1.0 / n_ref)
-    # Refused only beyond what the noise could do, its own uncertainty included: with the noise
-    # measured from a few repeats, Student's t for their degrees of freedom, not 2.
-    refuse_p, refuse_t = margin_p, margin_t
+    return arr, noise_p
+
+
+@dataclass(frozen=True)
+class _MonotoneFit:
+    """Power and throughput fitted monotone in the cap: the points whose cap bound, and the
+    repeats as one reference run weighted by their count."""
+
+    bound: IndexArray  #: the points whose cap bound
+    ref_power_w: float  #: the repeats' mean power [W]
+    ref_throughput: float  #: the repeats' mean throughput
+    bound_power_w: Array  #: the fit of the bound points' power, the reference's last [W]
+    bound_throughput: Array  #: the same for throughput
+    power_w: Array  #: the fitted power at every cap [W]
+    throughput: Array  #: the fitted throughput at every cap
+
+    @classmethod
+    def of(cls, power: Array, thr: Array, repeat: BoolArray, n_ref: int) -> _MonotoneFit:
+        # The repeats are one level measured n_ref times: their mean is the reference, their
+        # spread about it the sweep's own noise (measured, so never capped at MAX_NOISE).
+        ref_power, ref_thr = float(power[repeat].mean()), float(thr[repeat].mean())
+        bound = np.flatnonzero(~repeat)
+        weights = np.append(np.ones(bound.size), float(n_ref))
+        fit_power = np.full(power.size, ref_power)
+        fit_thr = np.full(power.size, ref_thr)
+        fp = monotone_fit(np.append(power[bound], ref_power), weights)
+        ft = monotone_fit(np.append(thr[bound], ref_thr), weights)
+        fit_power[bound], fit_thr[bound] = fp[:-1], ft[:-1]
+        fit_power[repeat], fit_thr[repeat] = fp[-1], ft[-1]
+        return cls(bound, ref_power, ref_thr, fp, ft, fit_power, fit_thr)
+
+    def out_of_order(self, arr: Array, kept: BoolArray) -> tuple[SetAside, ...]:
+        """The kept points that the fit pooled with a neighbour (rows of `arr` as the sweep's)."""
+        return tuple(
+            SetAside(
+                cap_w=float(arr[i, 0]),
+                power_w=float(arr[i, 1]),
+                throughput=float(arr[i, 2]),
+                reason="out of order within the noise: pooled with its neighbours in the "
+                "monotone fit",
+            )
+            for i in self.bound
+            if kept[i]
+            and (
+                _pooled(self.bound_power_w, self.bound, int(i))
+                or _pooled(self.bound_throughput, self.bound, int(i))
+            )
+        )
+
+
+def _binding_margin(sigma: float, n_ref: int) -> float:
+    """Two standard deviations of a point's difference from the (pooled) reference."""
+    return BINDING_SIGMAS * sigma * math.sqrt(1.0 + 1.0 / n_ref)
+
+
+def _refuse_trends(
+    arr: Array, fit: _MonotoneFit, sigma_p: float, sigma_t: float, n_ref: int, name: str
+) -> None:
+    """Refuse power or throughput rising as the cap falls beyond what the noise could do, its
+    own uncertainty included: with the noise measured from a few repeats, Student's t for
+    their degrees of freedom, not 2."""
+    refuse_p, refuse_t = _binding_margin(sigma_p, n_ref), _binding_margin(sigma_t, n_ref)
     if n_ref > 1:
         t_ratio = float(student_t.ppf(0.975, n_ref - 1)) / BINDING_SIGMAS
-        refuse_p, refuse_t = margin_p * t_ratio, margin_t * t_ratio
-    trend_caps = np.append(caps[bound], caps[-1])
-    _refuse_rise(trend_caps, np.append(power[bound], ref_power), refuse_p, "power_w", name, sigma_p)
-    _refuse_rise(trend_caps, np.append(thr[bound], ref_thr), refuse_t, "throughput", name, sigma_t)
-    loss = 1.0 - thr / ref_thr
-    # The fit's loss too: Eq. 1 runs on the fit, and must never divide by nothing.
-    kept = (loss > max(margin_t, _LEAST_LOSS)) & (1.0 - fit_thr / fit_thr[-1] > _LEAST_LOSS)
-    kept &= ~repeat
-    kept[-1] = True
+        refuse_p, refuse_t = refuse_p * t_ratio, refuse_t * t_ratio
+    bound = fit.bound
+    caps = np.append(arr[bound, 0], arr[-1, 0])
+    power = np.append(arr[bound, 1], fit.ref_power_w)
+    _refuse_rise(caps, power, refuse_p, "power_w", name, sigma_p)
+    thr = np.append(arr[bound, 2], fit.ref_throughput)
+    _refuse_rise(caps, thr, refuse_t, "throughput", name, sigma_t)
+
+
+def _set_aside(
+    arr: Array, kept: BoolArray, repeat: BoolArray, loss: Array, margin_t: float
+) -> tuple[SetAside, ...]:
+    """The points left out of the PFI, each with why: the repeats of the uncapped run and the
+    caps whose throughput `loss` (against the reference) is within the noise margin."""
+    caps, power, thr = arr[:, 0], arr[:, 1], arr[:, 2]
+    n_ref = int(repeat.sum())
     raw_loss = 1.0 - thr / thr[-1]
     reference = "the uncapped run's" if n_ref == 1 else f"the mean of the {n_ref} runs no cap bound"
-    aside = tuple(
+    return tuple(
         SetAside(
             cap_w=float(caps[i]),
             power_w=float(power[i]),
@@ -178,44 +275,6 @@ def fit_sweep(
             ),
         )
         for i in np.flatnonzero(~kept)
-    )
-    out_of_order = tuple(
-        SetAside(
-            cap_w=float(caps[i]),
-            power_w=float(power[i]),
-            throughput=float(thr[i]),
-            reason="out of order within the noise: pooled with its neighbours in the monotone fit",
-        )
-        for i in bound
-        if kept[i] and (_pooled(fp, bound, int(i)) or _pooled(ft, bound, int(i)))
-    )
-    pfi = stderr = measured = None
-    if kept.sum() >= 2:
-        pfi, stderr = pfi_with_error(
-            fit_power[kept],
-            fit_thr[kept],
-            sigma_p,
-            throughput_noise=sigma_t,
-            reference_repeats=n_ref,
-        )
-        rows = [(float(c), float(p), float(t)) for c, p, t in arr[kept]]
-        measured = pfi_of_sweep(rows, name=name).pfi
-    return MeasuredSweep(
-        cap_w=caps,
-        power_w=power,
-        throughput=thr,
-        fit_power_w=fit_power,
-        fit_throughput=fit_thr,
-        kept=kept,
-        noise_fraction=sigma,
-        set_aside=aside,
-        pfi=pfi,
-        pfi_stderr=stderr,
-        pfi_measured=measured,
-        power_noise_fraction=sigma_p,
-        throughput_noise_fraction=sigma_t,
-        repeats=n_ref,
-        out_of_order=out_of_order,
     )
 
 

@@ -11,8 +11,8 @@ Each job `i` advances through its iteration with phase `phi_i` (held in cycles, 
 `chi` is 1 in the compute phase (the first `duty` of the cycle), `P_i = 1` there and
 `comm_power_fraction` otherwise; `M(t)` is the loop's reading of the aggregate (mean over jobs)
 power: delayed by `tau` and, with a window `W`, averaged over `[t - tau - W, t - tau]`, and
-with a hold `T_s`, sampled every `T_s` and held (`flexmodel.sync.LoopResponse`). The default
-is the proportional throttle, `k_p = 1`, `k_i = 0`.
+with a hold `T_s`, sampled every `T_s` and held (`flexmodel.loopresponse.LoopResponse`). The
+default is the proportional throttle, `k_p = 1`, `k_i = 0`.
 
 The integrator is band-limited: `M - B` is the reading less its mean over the last
 `INTEGRATOR_PERIODS` whole periods, taken twice (a second-order high-pass). A mean over whole
@@ -39,7 +39,7 @@ a cumulative sum of the aggregate's history, so any delay and window cost one su
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +47,9 @@ import numpy as np
 
 from flexmodel.curves import Array
 from flexmodel.errors import FlexModelError
-from flexmodel.sync import DEFAULT_GAIN_PER_S, LoopResponse, harmonic_power
+from flexmodel.harmonics import harmonic_power
+from flexmodel.loopresponse import LoopResponse
+from flexmodel.sync import DEFAULT_GAIN_PER_S
 
 THROTTLES = ("linear", "cap")
 #: Whole periods over which the band-limited integrator's baseline is averaged.
@@ -148,72 +150,19 @@ def simulate_sync(
     rng = np.random.default_rng(seed)
     dt = period_s / steps_per_period
     steps = round(duration_s / dt)
-    f0 = 1.0 / period_s
-    lorentz = np.clip(np.tan(np.pi * (rng.random(jobs) - 0.5)), -5.0, 5.0)
-    if offsets == "even":
-        lorentz = np.linspace(-2.0, 0.0, jobs)
-    elif offsets != "lorentzian":
-        raise FlexModelError(f"offsets must be 'lorentzian' or 'even', got {offsets!r}")
-    rate_dt = f0 * (1.0 + spread * lorentz) * dt
+    rate_dt = _rates(rng, jobs, period_s, spread, offsets) * dt
     phase = rng.random(jobs) if initial_phases is None else np.mod(np.asarray(initial_phases), 1.0)
     phase = phase.astype(float).copy()
-    swing = 1.0 - comm_power_fraction
-    mean_level = comm_power_fraction + swing * duty
-    c1 = float(harmonic_power(1, duty))
-    coef = gain_per_s / (2.0 * (2.0 * np.pi * f0) * swing * c1)
-    lag = round(delay_s / dt)
-    width = max(round(window_s / dt), 1)
-    hold = max(round(hold_s / dt), 1)
+    mean_level = comm_power_fraction + (1.0 - comm_power_fraction) * duty
+    coef = _rate_per_unit(gain_per_s, period_s, duty, comm_power_fraction)
     span = INTEGRATOR_PERIODS * steps_per_period
-    error = drift = integral = 0.0
-    # history[k] = sum of the aggregate over steps < k (a cumulative delay line)
-    history = np.zeros(steps + 1)
-    passed = np.zeros(steps + 1)  # the same for the reading less its baseline (first pass)
-    level = np.empty(steps)
-    every = max(steps // samples, 1)
-    times, order = [], []
+    stepped = _SteppedLoop.of(loop, dt, steps, span, mean_level, coef, cap=throttle == "cap")
     noise_scale = noise * np.sqrt(dt)
-    kicks = np.zeros((0, jobs))
-    for k in range(steps):
-        compute = phase < duty
-        now = comm_power_fraction + swing * np.count_nonzero(compute) / jobs
-        level[k] = now
-        history[k + 1] = history[k] + now
-        end = k - lag  # the reading covers steps [end - width + 1, end]
-        if end >= 0:
-            start = max(end - width + 1, 0)
-            reading = (history[end + 1] - history[start]) / (end + 1 - start)
-        else:
-            reading = mean_level  # before the loop has history, it sees the mean
-        if integral_gain_per_s and end >= span:  # the baselines need whole periods of history
-            once = reading - (history[end + 1] - history[end + 1 - span]) / span
-            passed[k + 1] = passed[k] + once
-            twice = once - (passed[k + 1] - passed[max(k + 1 - span, 0)]) / span
-        else:
-            passed[k + 1] = passed[k]
-            twice = 0.0
-        if k % hold == 0:
-            error, drift = reading - mean_level, twice
-        integral += integral_gain_per_s * drift * dt
-        u = coef * (proportional_gain * error + integral)
-        if throttle == "cap":
-            u = max(u, 0.0)
-        phase += rate_dt * (1.0 - u * compute)
-        if noise_scale:
-            if k % _NOISE_BLOCK == 0:
-                kicks = rng.standard_normal((_NOISE_BLOCK, jobs)) * noise_scale
-            phase += kicks[k % _NOISE_BLOCK]
-        phase -= np.floor(phase)
-        if k % every == 0:
-            times.append((k + 1) * dt)
-            angle = 2.0 * np.pi * phase
-            order.append([np.abs(np.exp(1j * m * angle).mean()) for m in (1, 2, 3)])
-            if progress is not None:
-                progress((k + 1) / steps)
-    difference = None
-    if jobs == 2:
-        gap = 2.0 * np.pi * (phase[0] - phase[1])
-        difference = float(abs(np.angle(np.exp(1j * gap))))
+    kicks = _phase_kicks(rng, jobs, noise_scale) if noise_scale else None
+    every = max(steps // samples, 1)
+    level, times, order = _integrate(
+        phase, rate_dt, duty, comm_power_fraction, stepped, kicks, every, progress
+    )
     return SyncRun(
         jobs=jobs,
         period_s=period_s,
@@ -228,8 +177,147 @@ def simulate_sync(
         order=np.array(order),
         aggregate=level,
         final_phases=phase,
-        phase_difference=difference,
+        phase_difference=_phase_difference(phase) if jobs == 2 else None,
     )
+
+
+def _rates(
+    rng: np.random.Generator, jobs: int, period_s: float, spread: float, offsets: str
+) -> Array:
+    """The jobs' iteration rates [1/s]: the period's, offset by `spread` times standard
+    Lorentzian draws truncated to [-5, 5], or (`offsets="even"`) evenly over [-2, 0]."""
+    f0 = 1.0 / period_s
+    lorentz = np.clip(np.tan(np.pi * (rng.random(jobs) - 0.5)), -5.0, 5.0)
+    if offsets == "even":
+        lorentz = np.linspace(-2.0, 0.0, jobs)
+    elif offsets != "lorentzian":
+        raise FlexModelError(f"offsets must be 'lorentzian' or 'even', got {offsets!r}")
+    return np.asarray(f0 * (1.0 + spread * lorentz), dtype=float)
+
+
+def _rate_per_unit(
+    gain_per_s: float, period_s: float, duty: float, comm_power_fraction: float
+) -> float:
+    """`c`, the rate a job loses per unit of power, that gives a unit proportional loop the
+    coupling `gain_per_s` at the fundamental (the module's docstring)."""
+    f0 = 1.0 / period_s
+    swing = 1.0 - comm_power_fraction
+    c1 = float(harmonic_power(1, duty))
+    return float(gain_per_s / (2.0 * (2.0 * np.pi * f0) * swing * c1))
+
+
+@dataclass
+class _SteppedLoop:
+    """The loop step by step. Its reading of the aggregate power is delayed `lag` steps and
+    averaged over `width`; for the integrator, less its baseline over `span` steps, twice. The
+    reading's error from the mean level and that drift are held every `hold` steps, through
+    the loop's gains, times `coef` (with `cap`, never below 0)."""
+
+    loop: LoopResponse
+    lag: int
+    width: int
+    hold: int
+    span: int
+    mean_level: float
+    coef: float
+    cap: bool
+    dt: float
+    history: Array  #: history[k]: the aggregate summed over steps < k (a cumulative delay line)
+    passed: Array  #: the same for the reading less its baseline (the first pass)
+    error: float = 0.0
+    drift: float = 0.0
+    integral: float = 0.0
+
+    @classmethod
+    def of(
+        cls,
+        loop: LoopResponse,
+        dt: float,
+        steps: int,
+        span: int,
+        mean_level: float,
+        coef: float,
+        *,
+        cap: bool,
+    ) -> _SteppedLoop:
+        lag, width = round(loop.delay_s / dt), max(round(loop.window_s / dt), 1)
+        hold = max(round(loop.hold_s / dt), 1)
+        history, passed = np.zeros(steps + 1), np.zeros(steps + 1)
+        return cls(loop, lag, width, hold, span, mean_level, coef, cap, dt, history, passed)
+
+    def correction(self, k: int, now: float) -> float:
+        """Record step `k`'s aggregate power `now`; the correction the jobs get then."""
+        reading, twice = self._reading(k, now)
+        if k % self.hold == 0:
+            self.error, self.drift = reading - self.mean_level, twice
+        self.integral += self.loop.integral_gain_per_s * self.drift * self.dt
+        u = self.coef * (self.loop.proportional_gain * self.error + self.integral)
+        return max(u, 0.0) if self.cap else u
+
+    def _reading(self, k: int, now: float) -> tuple[float, float]:
+        """The reading after step `k`, and its band-limited drift (0 without an integrator)."""
+        history, passed, span = self.history, self.passed, self.span
+        history[k + 1] = history[k] + now
+        end = k - self.lag  # the reading covers steps [end - width + 1, end]
+        if end >= 0:
+            start = max(end - self.width + 1, 0)
+            reading = (history[end + 1] - history[start]) / (end + 1 - start)
+        else:
+            reading = self.mean_level  # before the loop has history, it sees the mean
+        if self.loop.integral_gain_per_s and end >= span:  # the baselines need whole periods
+            once = reading - (history[end + 1] - history[end + 1 - span]) / span
+            passed[k + 1] = passed[k] + once
+            twice = once - (passed[k + 1] - passed[max(k + 1 - span, 0)]) / span
+        else:
+            passed[k + 1] = passed[k]
+            twice = 0.0
+        return reading, twice
+
+
+def _phase_kicks(rng: np.random.Generator, jobs: int, scale: float) -> Iterator[Array]:
+    """Each step's phase noise [cycles], drawn `_NOISE_BLOCK` steps at a time."""
+    while True:
+        yield from rng.standard_normal((_NOISE_BLOCK, jobs)) * scale
+
+
+def _integrate(
+    phase: Array,
+    rate_dt: Array,
+    duty: float,
+    comm_power_fraction: float,
+    loop: _SteppedLoop,
+    kicks: Iterator[Array] | None,
+    every: int,
+    progress: Callable[[float], None] | None,
+) -> tuple[Array, list[float], list[list[float]]]:
+    """Step the jobs' phases (in place) through `loop`: the aggregate power at every step, and
+    every `every` steps the time [s] and the order parameters r_1..r_3."""
+    jobs, steps = rate_dt.size, loop.history.size - 1
+    swing = 1.0 - comm_power_fraction
+    level = np.empty(steps)
+    times: list[float] = []
+    order: list[list[float]] = []
+    for k in range(steps):
+        compute = phase < duty
+        now = comm_power_fraction + swing * np.count_nonzero(compute) / jobs
+        level[k] = now
+        phase += rate_dt * (1.0 - loop.correction(k, now) * compute)
+        if kicks is not None:
+            phase += next(kicks)
+        phase -= np.floor(phase)
+        if k % every == 0:
+            times.append((k + 1) * loop.dt)
+            angle = 2.0 * np.pi * phase
+            order.append([float(np.abs(np.exp(1j * m * angle).mean())) for m in (1, 2, 3)])
+            if progress is not None:
+                progress((k + 1) / steps)
+    return level, times, order
+
+
+def _phase_difference(phase: Array) -> float:
+    """Two jobs' phase difference [rad], in [0, pi]."""
+    gap = 2.0 * np.pi * (phase[0] - phase[1])
+    return float(abs(np.angle(np.exp(1j * gap))))
 
 
 def _check(
@@ -254,70 +342,3 @@ def _check(
             raise FlexModelError(f"{name} must be a finite number of at least 0, got {value!r}")
     if throttle not in THROTTLES:
         raise FlexModelError(f"unknown throttle '{throttle}' (choose from linear, cap)")
-
-
-def locking_gain(
-    spread: float,
-    *,
-    jobs: int = 300,
-    period_s: float = 2.0,
-    delay_s: float = 1.5,
-    duration_s: float = 300.0,
-    seed: int = 3,
-    order: float = 0.4,
-    steps: int = 6,
-) -> float:
-    """The smallest gain [rad/s] at which r1 reaches `order` (bisection on a log scale).
-
-    Searched between 0.3 and 3 times the Ott-Antonsen threshold `2 * spread * w`, with d = 1/2
-    and the delay at which the fundamental attracts (default 0.75 T).
-    """
-    theory = 2.0 * spread * 2.0 * np.pi / period_s
-    lo, hi = 0.3 * theory, 3.0 * theory
-    for _ in range(steps):
-        mid = float(np.sqrt(lo * hi))
-        run = simulate_sync(
-            jobs=jobs,
-            period_s=period_s,
-            duty=0.5,
-            delay_s=delay_s,
-            gain_per_s=mid,
-            spread=spread,
-            duration_s=duration_s,
-            seed=seed,
-        )
-        lo, hi = (lo, mid) if run.final_order[0] > order else (mid, hi)
-    return float(np.sqrt(lo * hi))
-
-
-def gain_sweep(
-    spread: float,
-    gains: Array,
-    *,
-    jobs: int = 300,
-    period_s: float = 2.0,
-    delay_s: float = 1.5,
-    duration_s: float = 300.0,
-    seed: int = 3,
-    throttle: str = "linear",
-) -> tuple[list[float], list[float]]:
-    """r1 at each gain, sweeping up then down, each run starting from the last one's phases
-    (the same jobs throughout): (up, down), both in the order of `gains`."""
-    phases: Array | None = None
-    results: list[float] = []
-    for gain in [*gains, *gains[::-1]]:
-        run = simulate_sync(
-            jobs=jobs,
-            period_s=period_s,
-            duty=0.5,
-            delay_s=delay_s,
-            gain_per_s=float(gain),
-            spread=spread,
-            duration_s=duration_s,
-            seed=seed,
-            initial_phases=phases,
-            throttle=throttle,
-        )
-        phases = run.final_phases
-        results.append(float(run.final_order[0]))
-    return results[: len(gains)], results[len(gains) :][::-1]

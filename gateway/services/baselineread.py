@@ -20,7 +20,9 @@ from typing import Any
 
 from sqlmodel import Session
 
-from flexmodel.baselines import Baseline, SameDayRule, baseline, preset
+from flexmodel.baselinedays import Baseline
+from flexmodel.baselinerules import SameDayRule
+from flexmodel.baselines import baseline, preset
 from flexmodel.errors import FlexModelError
 from flexmodel.localdays import Calendar, MeterDay
 from flexmodel.meterbefore import MeterBeforeRule, meter_before

@@ -23,7 +23,8 @@ from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Any
 
-from flexmodel.baselines import MatchDayRule, Rule, SameDayRule, XOfYRule, preset
+from flexmodel.baselinerules import MatchDayRule, SameDayRule, XOfYRule
+from flexmodel.baselines import Rule, preset
 from flexmodel.meterbefore import MeterBeforeRule
 from gateway.clock import Clock
 from gateway.services.baselineread import (

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from flexmodel.sync import site_oscillation
+from flexmodel.oscillation import site_oscillation
 from gateway.services.fleet import Fleet, Telemetry, job_readings
 from gateway.services.jobbook import JobBook
 from gateway.services.site import SitePower

@@ -18,8 +18,9 @@ import numpy as np
 
 from flexmodel.allocate import allocate_mix
 from flexmodel.jobs import JobMix
+from flexmodel.loopresponse import ClosedLoopResponse
 from flexmodel.loops import detune, job_unit_coupling, site_loops
-from flexmodel.sync import ClosedLoopResponse, worst_verdict
+from flexmodel.sync import worst_verdict
 from gateway.services.fleet import LoopMeasurements
 from gateway.settings import GatewaySettings
 

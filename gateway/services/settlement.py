@@ -30,7 +30,9 @@ from typing import Any
 
 from sqlmodel import Session
 
-from flexmodel.baselines import Baseline, XOfYRule, preset
+from flexmodel.baselinedays import Baseline
+from flexmodel.baselinerules import XOfYRule
+from flexmodel.baselines import preset
 from flexmodel.errors import FlexModelError
 from flexmodel.localdays import Calendar
 from flexmodel.meterbefore import MeterBeforeRule

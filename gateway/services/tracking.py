@@ -54,10 +54,11 @@ from typing import Any
 import numpy as np
 
 from flexmodel.jobs import Job, JobMix
+from flexmodel.loopresponse import ClosedLoopResponse
 from flexmodel.looprobust import SiteLoop, parameter_error, robust_gain
 from flexmodel.loops import ControlLoop, combine_delays, job_unit_coupling
 from flexmodel.meterpath import step_share
-from flexmodel.sync import ClosedLoopResponse, worst_verdict
+from flexmodel.sync import worst_verdict
 from gateway.clock import Clock
 from gateway.meter.answercheck import OverheadGains
 from gateway.meter.watch import MeterWatch

@@ -15,21 +15,14 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from flexmodel.baselines import (
-    PRESETS,
-    MatchDayRule,
-    SameDayRule,
-    XOfYRule,
-    baseline,
-    is_preset,
-    match_day_baseline,
-    preset,
-    same_day_baseline,
-    x_of_y_baseline,
-)
+from flexmodel.baselinerules import MatchDayRule, SameDayRule, XOfYRule
+from flexmodel.baselines import PRESETS, baseline, is_preset, preset
 from flexmodel.errors import FlexModelError, InvalidBaselineError, NoBaselineError
 from flexmodel.localdays import INTERVAL_MINUTES, Calendar, local_days, meter_day
+from flexmodel.matchday import match_day_baseline
 from flexmodel.meterbefore import MeterBeforeRule, meter_before
+from flexmodel.sameday import same_day_baseline
+from flexmodel.xofy import x_of_y_baseline
 
 NAN = math.nan
 CALENDAR = Calendar(monday=0)

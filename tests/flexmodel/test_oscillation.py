@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flexmodel.sync import site_oscillation
+from flexmodel.oscillation import site_oscillation
 
 
 def test_the_swing_and_the_band_energy_where_the_source_sees_them():

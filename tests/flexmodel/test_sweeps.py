@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from flexmodel.curves import FamilyShape, family_point, operating_point
 from flexmodel.errors import InvalidJobError, InvalidSweepError
 from flexmodel.jobmix import parse_job_mix
-from flexmodel.jobs import fit_carry_shape_rel, pfi_on_own_grid
 from flexmodel.pfi import FINE_GRID_W, family_pfi, grid_matrix, pfi_of_sweep, pfi_rows
+from flexmodel.pficarry import fit_carry_shape_rel, pfi_on_own_grid
 from flexmodel.sweeps import DEFAULT_NOISE, fit_sweep, monotone_fit
 
 EXAMPLE = [

@@ -9,19 +9,11 @@ from hypothesis import strategies as st
 from flexmodel.allocate import allocate_mix
 from flexmodel.curves import throughput_at_power
 from flexmodel.errors import FlexModelError
+from flexmodel.harmonics import harmonic_power
 from flexmodel.jobmix import parse_job_mix
+from flexmodel.loopresponse import DELAY_FACTOR_TERMS, ClosedLoopResponse, LoopResponse, window_gain
 from flexmodel.loops import ControlLoop, detune, required_spread, scatter, site_loops
-from flexmodel.sync import (
-    DELAY_FACTOR_TERMS,
-    ClosedLoopResponse,
-    LoopResponse,
-    analyse,
-    analyse_loop,
-    harmonic_power,
-    rate_coupling_per_s,
-    window_gain,
-    worst_verdict,
-)
+from flexmodel.sync import analyse, analyse_loop, rate_coupling_per_s, worst_verdict
 
 
 def test_harmonic_power_and_signed_window_gain_by_hand():

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 from flexmodel.errors import FlexModelError
+from flexmodel.locking import gain_sweep, locking_gain
 from flexmodel.phases import rayleigh_threshold
 from flexmodel.sync import analyse
-from flexmodel.syncsim import gain_sweep, locking_gain, simulate_sync
+from flexmodel.syncsim import simulate_sync
 
 T = 2.0
 

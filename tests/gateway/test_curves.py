@@ -13,8 +13,8 @@ from flexgate.probesim import run_probe
 from flexmodel.allocate import allocate_mix
 from flexmodel.curves import FamilyShape, family_point, operating_point, throughput_at_power
 from flexmodel.jobmix import parse_job_mix
-from flexmodel.jobs import pfi_on_own_grid
 from flexmodel.pfi import grid_matrix, pfi_of_sweep, solve_insensitive_share
+from flexmodel.pficarry import pfi_on_own_grid
 from flexmodel.quote import quote
 from gateway.services.curves import (
     fields_in_force,

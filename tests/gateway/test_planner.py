@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from flexmodel.loopresponse import ClosedLoopResponse
 from flexmodel.loops import ControlLoop, job_unit_coupling
-from flexmodel.sync import ClosedLoopResponse
 from gateway.services.fleet import LoopMeasurements
 from gateway.services.jobbook import site_mix
 from gateway.services.overhead import OverheadModel

@@ -21,8 +21,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from flexmodel.loopresponse import ClosedLoopResponse, LoopResponse
 from flexmodel.meterpath import MeterPath
-from flexmodel.sync import ClosedLoopResponse, LoopResponse
 from gateway.services import tracking
 from gateway.services.site import Sample, SitePower
 from gateway.services.tracking import Tracker
