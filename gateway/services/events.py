@@ -1,11 +1,13 @@
 """Events: stored before anything acts on them, started and ended on time, answered.
 
 - Manual events (`POST /v1/events`) and external ones from a grid protocol (`accept`), which
-  are opted in or out first (`gateway.services.optpolicy`: the source's own verdict, then the
-  site's policy; running ones checked again).
-- APScheduler (3.x, on the wall clock, as events are) starts and ends them and steps their
-  intervals; on start the jobs are rebuilt from the store and events that ended meanwhile are
-  completed (`resume`); `catch_up` does the same for moments missed while the store was down.
+  are opted in or out first (`gateway.services.eventintake`: a request becomes its row;
+  `gateway.services.optpolicy`: the source's own verdict, then the site's policy; running ones
+  checked again). Their records: `gateway.services.eventrecords`.
+- APScheduler (3.x, on the wall clock, as events are; `gateway.services.eventschedule`) starts
+  and ends them and steps their intervals; on start the jobs are rebuilt from the store and
+  events that ended meanwhile are completed (`resume`); `catch_up` does the same for moments
+  missed while the store was down.
 - Whenever the active events change, the strictest active target (the largest reduction now)
   goes to `Targets.hold`; when none is left, `Targets.release` steps the caps back.
 """
@@ -14,18 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import uuid
-from datetime import UTC, datetime, timedelta
-from typing import Any
-
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from datetime import datetime
 
 from gateway.clock import Clock
-from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
+from gateway.errors import ConflictError
 from gateway.services.counted import Counted
-from gateway.services.grid import ExternalEvent, GridProtocol, Interval
-from gateway.services.intervals import level_now, reduction_now, stored_doc
+from gateway.services.eventintake import EventIntake
+from gateway.services.eventrecords import LIVE, EventRecords
+from gateway.services.eventschedule import EventSchedule
+from gateway.services.grid import ExternalEvent, GridProtocol
+from gateway.services.intervals import level_now, reduction_now
 from gateway.services.jobbook import JobBook
 from gateway.services.optpolicy import OptPolicy
 from gateway.services.quotes import Quotes
@@ -38,10 +38,9 @@ from gateway.store.db import Store
 from gateway.store.models import EventRow, as_utc
 
 log = logging.getLogger("flexgate.gateway")
-LIVE = ("pending", "active")
 
 
-class Events:
+class Events(EventRecords):
     def __init__(
         self,
         settings: GatewaySettings,
@@ -54,49 +53,26 @@ class Events:
         tracker: Tracker,
         grid: GridProtocol | None = None,
     ) -> None:
-        self.settings, self.store, self.clock = settings, store, clock
-        self.book, self.power, self.quotes, self.grid = book, power, quotes, grid
-        self.targets, self.tracker = targets, tracker
+        super().__init__(store, clock)
+        self.settings, self.book, self.power, self.quotes = settings, book, power, quotes
+        self.grid, self.targets, self.tracker = grid, targets, tracker
         self.counted = Counted(settings, store, clock, power)
         self.policy = OptPolicy(settings, power, quotes, targets, self.counted)
-        self.scheduler = AsyncIOScheduler(timezone=UTC)
+        self.intake = EventIntake(settings, clock, power, quotes, self.policy)
+        self.scheduler = EventSchedule(clock, self.begin, self.finish, self.apply_targets)
 
     async def start(self) -> None:
         self.scheduler.start()
         await self.resume()
 
     def stop(self) -> None:
-        self.scheduler.shutdown(wait=False)
-
-    # --- reading -------------------------------------------------------------------------
-
-    def get(self, event_id: str) -> EventRow:
-        with self.store.session() as s:
-            event = repo.get_event(s, event_id=event_id)
-        if event is None:
-            raise NotFoundError(f"no event '{event_id}'")
-        return event
-
-    def live(self) -> list[EventRow]:
-        with self.store.session() as s:
-            return repo.list_events(s, statuses=LIVE)
-
-    def active(self) -> list[EventRow]:
-        """The active events that act on the site (test events never do)."""
-        with self.store.session() as s:
-            return [e for e in repo.list_events(s, statuses=("active",)) if not e.test]
+        self.scheduler.stop()
 
     def strictest(self) -> tuple[EventRow, float] | None:
         """The active event whose target is the largest now, and that target [kW]."""
         now, baseline_kw = self.clock.now(), self.power.envelope()[0]
         targets = [(e, reduction_now(e, now, baseline_kw)) for e in self.active()]
         return max(targets, key=lambda t: t[1], default=None)
-
-    def all(self, limit: int | None = None) -> list[Any]:
-        """Every event by start, or the last `limit`, as plain rows with `EventRow`'s
-        attributes (for `EventDocs.describe`)."""
-        with self.store.session() as s:
-            return repo.event_rows(s, limit)
 
     # --- manual events -------------------------------------------------------------------
 
@@ -110,60 +86,20 @@ class Events:
         actor: str,
         force: bool = False,
     ) -> EventRow:
-        """A manual event, stored and armed. Refused (nothing stored) when its start has no
-        zone, it ends in the past, the fleet runs simulated GPUs outside the lab, or it asks
-        more than `event_max_overreach` times what the site can shed now, unless `force`."""
-        if start.tzinfo is None:
-            raise InvalidRequestError("start: give a time zone (e.g. 2026-11-29T16:00:00Z)")
-        if not (math.isfinite(reduction_kw) and reduction_kw > 0):
-            raise InvalidRequestError("reduction_kw must be a positive number")
-        end = start + timedelta(seconds=duration_s)
-        now = self.clock.now()
-        if end <= now:
-            raise InvalidRequestError(f"the event would end at {end.isoformat()}, in the past")
-        simulated = self.power.fleet.simulated_refusal()
-        if simulated:
-            raise InvalidRequestError(f"no plan may rest on simulated GPUs here: {simulated}")
-        most_kw = self.quotes.firm(duration_s, self.settings.opt_confidence)["achievable_kw"]
-        overreach = self.settings.event_max_overreach
-        # Nothing to compare with while the site can shed nothing (no agent reports yet).
-        if not force and most_kw > 0 and reduction_kw > overreach * most_kw:
-            raise InvalidRequestError(
-                f"reduction_kw: {reduction_kw:g} kW is {reduction_kw / most_kw:.0f} times what "
-                f"the site can shed now ({most_kw:.1f} kW; refused above "
-                f"FLEXGATE_EVENT_MAX_OVERREACH={overreach:g} times): watts typed as kW? Send "
-                '"force": true to store it anyway'
-            )
-        feasible = reduction_kw <= most_kw * (1 + 1e-9)
-        counted = await self.policy.count(start, end, reduction_kw)
-        reasons = (
-            []
-            if feasible
-            else [
-                f"asks for {reduction_kw:g} kW; the site can shed at most {most_kw:.1f} kW now: "
-                "the plan will deliver that and state the shortfall"
-            ]
-        )
-        if counted is not None and counted["short"]:  # the operator's event: stated, kept
-            reasons.append(counted["short"])
-        event = EventRow(
-            feasible=feasible,
-            reason="; ".join(reasons) or None,
-            counted=counted,
-            intervals=[stored_doc(Interval(start, end, reduction_kw))],
-            id=f"ev-{uuid.uuid4().hex[:12]}",
-            source=source,
-            status="pending",
-            start=start.astimezone(UTC),
-            end=end.astimezone(UTC),
+        """A manual event, stored and armed; refused, nothing stored, as
+        `EventIntake.manual` says."""
+        event = await self.intake.manual(
             reduction_kw=reduction_kw,
-            created_at=now,
+            start=start,
+            duration_s=duration_s,
+            source=source,
+            force=force,
         )
         with self.store.session() as s:
             repo.add_event(s, event=event)
             self._audit(s, actor, "events.create", {"id": event.id, "reduction_kw": reduction_kw})
             s.commit()
-        self._arm(event)
+        self.scheduler.arm(event)
         return event
 
     # --- external events -----------------------------------------------------------------
@@ -190,69 +126,27 @@ class Events:
             if known is not None and known.status in LIVE:
                 await self.cancel(event_id, "vtn")
             return "in", None
-        opt, reason = self.policy.verdict(external)
-        counted = None
-        if opt == "in" and not external.test and external.intervals:
-            counted = await self.policy.count(
-                external.intervals[0].start,
-                external.intervals[-1].end,
-                max(i.reduction_kw for i in external.intervals),
-            )
-        if counted is not None and counted["short"]:
-            opt, reason = "out", counted["short"]
-        now = self.clock.now()
-        start = external.start or now
-        row = EventRow(
-            id=event_id,
-            source=self.grid.source,
-            status="opted_out" if opt == "out" else "pending",
-            start=start,
-            end=external.end or start,
-            reduction_kw=max((i.reduction_kw for i in external.intervals), default=0.0),
-            intervals=[stored_doc(i) for i in external.intervals],
-            opt=opt,
-            reason=reason,
-            external_id=external.event_id,
-            modification=external.modification,
-            test=external.test,
-            created_at=now,
-            counted=counted,
-        )
+        row = await self.intake.external(external, event_id, self.grid.source)
         with self.store.session() as s:
             repo.replace_event(s, event=row)
             self._audit(
                 s,
                 "vtn",
                 f"events.{self.grid.source}",
-                {"id": event_id, "modification": external.modification, "opt": opt},
+                {"id": event_id, "modification": external.modification, "opt": row.opt},
             )
             s.commit()
-        if opt == "in" and not external.test and external.intervals:
-            self._arm(row)
-        return opt, reason
+        if row.opt == "in" and not external.test and external.intervals:
+            self.scheduler.arm(row)
+        return row.opt, row.reason
 
     def refuse(self, event_id: str, reason: str) -> None:
         """An external event that could not be handled at all: stored as failed, opted out."""
         assert self.grid is not None
-        now = self.clock.now()
+        failed = self.intake.failed(event_id, self.external_id(event_id), self.grid.source, reason)
         with self.store.session() as s:
-            if repo.get_event(s, event_id=self.external_id(event_id)) is None:
-                repo.add_event(
-                    s,
-                    event=EventRow(
-                        id=self.external_id(event_id),
-                        source=self.grid.source,
-                        status="failed",
-                        start=now,
-                        end=now,
-                        reduction_kw=0.0,
-                        intervals=[],
-                        opt="out",
-                        reason=reason,
-                        external_id=event_id,
-                        created_at=now,
-                    ),
-                )
+            if repo.get_event(s, event_id=failed.id) is None:
+                repo.add_event(s, event=failed)
                 s.commit()
 
     async def cancel_unlisted(self, listed: set[str]) -> list[str]:
@@ -289,36 +183,13 @@ class Events:
 
     # --- the life of an event ------------------------------------------------------------
 
-    def _arm(self, event: EventRow) -> None:
-        """Scheduler jobs for the event's start, end and each change of its target."""
-        now = self.clock.now()
-        for action, when in (("start", event.start), ("end", event.end)):
-            self.scheduler.add_job(
-                self.begin if action == "start" else self.finish,
-                "date",
-                run_date=max(as_utc(when), now),
-                args=[event.id],
-                id=f"{action}-{event.id}",
-                replace_existing=True,
-            )
-        for k, interval in enumerate(event.intervals[1:], start=1):
-            when = datetime.fromisoformat(interval["start"])
-            if when > now:
-                self.scheduler.add_job(
-                    self.apply_targets,
-                    "date",
-                    run_date=when,
-                    id=f"step-{event.id}-{k}",
-                    replace_existing=True,
-                )
-
     async def begin(self, event_id: str) -> None:
         baseline_kw = self.power.envelope()[0]  # what its shares are taken against
         if self._move(event_id, ("pending",), "active", baseline_kw=baseline_kw):
             await self.apply_targets()
 
     async def finish(self, event_id: str) -> None:
-        if self._move(event_id, LIVE, "completed"):
+        if self._complete(event_id):
             await self.apply_targets()
 
     async def cancel(self, event_id: str, actor: str) -> EventRow:
@@ -328,9 +199,7 @@ class Events:
         if self.grid is not None and event.source == self.grid.source and actor != "vtn":
             await self._opt_out_locally(event_id, reason=f"cancelled on the site by {actor}")
         self._move(event_id, LIVE, "cancelled", actor=actor)
-        for job in (f"start-{event_id}", f"end-{event_id}"):
-            if self.scheduler.get_job(job):
-                self.scheduler.remove_job(job)
+        self.scheduler.disarm(event_id)
         if event.status == "active":  # a pending event has set no target
             await self.apply_targets()
         return self.get(event_id)
@@ -351,39 +220,20 @@ class Events:
         except Exception:  # the GPUs are restored either way; say the source was not told
             log.exception("event %s: the VTN could not be told of the opt-out", event_id)
 
-    def _move(
-        self,
-        event_id: str,
-        sources: tuple[str, ...],
-        target: str,
-        actor: str = "scheduler",
-        baseline_kw: float | None = None,
-    ) -> bool:
-        with self.store.session() as s:
-            event = repo.get_event(s, event_id=event_id)
-            if event is None or event.status not in sources:
-                return False
-            event.status = target
-            if baseline_kw is not None:
-                event.baseline_kw = baseline_kw
-            s.add(event)
-            self._audit(s, actor, f"events.{target}", {"id": event_id})
-            s.commit()
-        if target == "completed":  # its delivery at the meter is part of the record now
-            self.quotes.history_changed()
+    def _complete(self, event_id: str) -> bool:
+        if not self._move(event_id, LIVE, "completed"):
+            return False
+        self.quotes.history_changed()  # its delivery at the meter is part of the record now
         return True
-
-    def _audit(self, session: Any, actor: str, action: str, detail: dict[str, Any]) -> None:
-        repo.audit(session, actor=actor, action=action, detail=detail, at=self.clock.now())
 
     async def resume(self) -> None:
         """After a restart: finish what ended while down, schedule the rest, re-plan."""
         now = self.clock.now()
         for event in self.live():
             if as_utc(event.end) <= now:
-                self._move(event.id, LIVE, "completed")
+                self._complete(event.id)
             else:
-                self._arm(event)
+                self.scheduler.arm(event)
         await self.apply_targets(resumed=True)
 
     async def catch_up(self) -> None:

@@ -1,54 +1,37 @@
-"""The fleet: which agents answer, what they report, and what the site draws.
+"""The fleet: what the agents report, and what the site draws.
 
-- **Discovery**: each configured agent address is asked who it is until it answers; its node
-  id is remembered (and stored, with when it was last seen).
-- **Nodes that cannot cap**: an agent whose health or last answer says `can_cap: false` (NVML
-  refused it a set for permission) is kept in `cannot_cap` with its reason; plans and quotes
-  leave its GPUs out, as they do a silent node's.
+- **The agents** (`gateway.services.agentregistry`): which answer, which may cap, and which
+  run simulated GPUs.
 - **Telemetry rounds**: every reachable agent's telemetry, one round at a time. Readers get
   the last round while it is younger than `telemetry_max_age_s`, and up to twice that while
   the next round is under way, so readers (a dashboard, plan reads) do not queue behind a round
   of 1000 agents; older than that, they wait for the new round.
 - **Site power**: the placed jobs' GPU power now (the mean of each GPU's recent samples) and
   the facility power the overhead model puts on it.
-- **Phases**: each job's phase on the gateway's clock (`clocks.AgentClocks`: each agent's
-  offset from its quickest answers), one vote per job however many nodes it spans, and the
-  Rayleigh alarm over them; below `MIN_JOBS_FOR_RAYLEIGH` jobs, each pair's phase-locking
-  value over the last watches instead.
+- **Phases** (`gateway.services.phasewatch`): each job's phase on the gateway's clock, read
+  from each round, and the alarms over them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import cmath
-import itertools
-import logging
 import math
-from collections import deque
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from agents.protocol import GpuPower, Health, JobTelemetry, TelemetryResponse
+from agents.protocol import GpuPower, JobTelemetry, TelemetryResponse
 from flexmodel.jobs import JobMix
-from flexmodel.phases import (
-    MIN_JOBS_FOR_RAYLEIGH,
-    RayleighAlarm,
-    order_parameters,
-    phase_locking_value,
-    rayleigh_threshold,
-)
-from gateway.agentclient import Ack, AgentClient, AgentUnreachableError, KeptTelemetryClient
+from flexmodel.phases import RayleighAlarm
+from gateway.agentclient import AgentClient, KeptTelemetryClient
 from gateway.clock import Clock
+from gateway.services.agentregistry import AgentRegistry
 from gateway.services.clocks import AgentClocks
+from gateway.services.phasewatch import PhaseWatch
 from gateway.settings import GatewaySettings
 from gateway.store import repo
 from gateway.store.db import Store
 from gateway.store.models import iso
 
-log = logging.getLogger("flexgate.gateway")
-#: The watches whose phases give each pair of jobs its phase-locking value.
-WATCHES_KEPT = 16
 Telemetry = dict[str, TelemetryResponse]  #: node id -> its agent's last answer
 
 
@@ -93,109 +76,18 @@ def job_readings(telemetry: Telemetry) -> list[JobTelemetry]:
     return list(seen.values())
 
 
-class Fleet:
+class Fleet(AgentRegistry):
     def __init__(
         self, settings: GatewaySettings, store: Store, clock: Clock, client: AgentClient
     ) -> None:
-        self.settings, self.store, self.clock, self.client = settings, store, clock, client
-        self.nodes: dict[str, str] = {}  #: node id -> agent address
-        self.version = 0  #: rises when a node is found, or the unreachable ones change
-        self.seen: dict[str, datetime] = {}  #: node id -> when it last answered
-        #: node id -> its agent's GPU backend (`sim` or `nvml`), as its health said
-        self.backends: dict[str, str] = {}
-        #: node id -> its GPUs' power sensor's effective lag, as the agent models it [s]
-        self.sensor_lags_s: dict[str, float] = {}
-        #: node id -> why it is unreachable: its last command failed (after the retries). The
-        #: one definition, used by plans (`unreachable_nodes`), /v1/nodes, quotes and metrics.
-        self.unreachable: dict[str, str] = {}
-        #: node id -> why its agent may not set limits (its `can_cap` false, with the reason)
-        self.cannot_cap: dict[str, str] = {}
-        self.dispatch_s: tuple[float, ...] = ()  #: the last commands' round trips [s]
-        self.alarm = RayleighAlarm()
+        super().__init__(settings, store, clock, client)
         self.clocks = AgentClocks()
-        self.phases: dict[str, float] = {}  #: job id -> phase [rad] at the last watch
-        #: each watch's phases, all at one instant of the gateway's clock
-        self.watches: deque[dict[str, float]] = deque(maxlen=WATCHES_KEPT)
+        self.phase_watch = PhaseWatch(clock, self.clocks)
         self._last: Telemetry | None = None
         self._last_at = -math.inf  #: when that round ended (monotonic)
         self._round: asyncio.Future[Telemetry] | None = None
         #: (telemetry, mix, power): `power` of that round and mix (the objects themselves)
         self._power: tuple[Telemetry, JobMix, FleetPower] | None = None
-
-    def simulated(self) -> list[str]:
-        """The nodes whose agents run simulated GPUs, sorted."""
-        return sorted(node for node, kind in self.backends.items() if kind == "sim")
-
-    def simulated_refusal(self) -> str | None:
-        """Why no plan may rest on this fleet, or None: outside the lab (and unless the site is
-        simulated on purpose, FLEXGATE_ALLOW_SIMULATED), a node on simulated GPUs caps nothing
-        real, and without a meter the shed would be computed from the simulated power."""
-        sim = self.simulated()
-        if not sim or self.settings.lab or self.settings.allow_simulated:
-            return None
-        shown = ", ".join(sim[:3]) + (f" and {len(sim) - 3} more" if len(sim) > 3 else "")
-        return (
-            f"{len(sim)} node(s) run simulated GPUs (backend sim: {shown}): their caps reach no "
-            "real GPU; start their agents with --backend nvml, or set "
-            "FLEXGATE_ALLOW_SIMULATED=true for a simulated site"
-        )
-
-    async def discover(self) -> None:
-        """Ask each configured agent that has not answered yet for its node id; those that
-        answer are stored in one transaction (one commit per node would hold the event loop
-        for seconds at 10,000 nodes, and the answers still in flight would time out)."""
-        known = set(self.nodes.values())
-        missing = [a for a in self.settings.agent_urls if a not in known]
-        answers = await asyncio.gather(*(self._ask(address) for address in missing))
-        found = [(a, health) for a, health in zip(missing, answers, strict=True) if health]
-        if not found:
-            return
-        now = self.clock.now()
-        for address, health in found:
-            self.nodes[health.node_id] = address
-            self.seen[health.node_id] = now
-            self.backends[health.node_id] = health.backend
-            if health.sensor is not None:
-                self.sensor_lags_s[health.node_id] = health.sensor.lag_s
-            self._note_can_cap(health.node_id, health.can_cap, health.can_cap_reason)
-        self.version += 1
-        with self.store.session() as s:
-            for address, health in found:
-                repo.saw_node(s, node_id=health.node_id, url=address, at=now)
-            s.commit()
-
-    async def _ask(self, address: str) -> Health | None:
-        try:
-            return await self.client.health(address)
-        except AgentUnreachableError as exc:
-            log.warning("agent %s did not answer: %s", address, exc)
-            return None
-
-    def note_answers(self, acks: list[Ack]) -> bool:
-        """Record which nodes failed their command and why, and which may not set limits;
-        True when either set changed."""
-        unreachable = {a.node: a.error or "no answer" for a in acks if a.failed}
-        self.dispatch_s = tuple(a.delay_s for a in acks if a.delay_s is not None)
-        before = set(self.cannot_cap)
-        for ack in acks:
-            if ack.answer is not None:
-                self._note_can_cap(ack.node, ack.answer.can_cap, ack.answer.can_cap_reason)
-        changed = set(unreachable) != set(self.unreachable)
-        self.unreachable = unreachable
-        if changed:
-            log.warning("nodes unreachable: %s", ", ".join(sorted(unreachable)) or "none")
-        if set(self.cannot_cap) != before:
-            changed = True
-            log.warning("nodes that may not set limits: %s", ", ".join(self.cannot_cap) or "none")
-        if changed:
-            self.version += 1
-        return changed
-
-    def _note_can_cap(self, node: str, can_cap: bool | None, reason: str | None) -> None:
-        if can_cap is False:
-            self.cannot_cap[node] = reason or "its agent may not set power limits"
-        else:  # true, or unknown: an agent restarted with the permission has not set yet
-            self.cannot_cap.pop(node, None)
 
     @property
     def last(self) -> Telemetry | None:
@@ -315,49 +207,6 @@ class Fleet:
         self._power = (telemetry, mix, power)
         return power
 
-    def aligned_phases(self, telemetry: Telemetry) -> dict[str, float]:
-        """Each job's phase now on the gateway's clock [rad]: one per job, the circular mean
-        of the nodes it spans (they agree when the offsets are right)."""
-        now = self.clock.monotonic()
-        seen: dict[str, list[complex]] = {}
-        for node in sorted(telemetry):
-            for job in telemetry[node].jobs:
-                phase = self.clocks.phase_now(node, job, now)
-                if phase is not None:
-                    seen.setdefault(job.job_id, []).append(cmath.exp(1j * phase))
-        return {
-            job: cmath.phase(sum(votes)) % (2 * math.pi)
-            for job, votes in seen.items()
-            if abs(sum(votes)) > 1e-9
-        }
-
-    async def watch_phases(self) -> None:
-        """The jobs' phases from the agents, and the Rayleigh alarm (three windows held)."""
-        self.phases = self.aligned_phases(await self.telemetry())
-        self.watches.append(self.phases)
-        if len(self.phases) >= MIN_JOBS_FOR_RAYLEIGH:
-            self.alarm.update(list(self.phases.values()))
-
-    def pair_locking(self) -> list[dict[str, Any]]:
-        """Each pair of jobs' phase-locking value over the watches that saw both, and whether
-        it is above chance (the Rayleigh threshold for that many watches, split over the
-        pairs). Two jobs at the same period keep their phase difference without coupling:
-        a locked pair says they move together, not why."""
-        jobs = sorted({job for watch in self.watches for job in watch})
-        pairs = list(itertools.combinations(jobs, 2))
-        out = []
-        for a, b in pairs:
-            both = [(w[a], w[b]) for w in self.watches if a in w and b in w]
-            if len(both) < 2:
-                continue
-            plv = phase_locking_value([x for x, _ in both], [y for _, y in both])
-            limit = rayleigh_threshold(len(both), self.alarm.false_alarm, len(pairs))
-            out.append(
-                {"jobs": [a, b], "plv": plv, "watches": len(both), "threshold": min(limit, 1.0)}
-                | {"locked": len(both) >= MIN_JOBS_FOR_RAYLEIGH and plv > limit}
-            )
-        return out
-
     async def node_docs(self) -> list[dict[str, Any]]:
         """Every node ever seen: reachable now or not (and why not), whether its telemetry
         answers, its GPUs' power, delays and jobs."""
@@ -391,61 +240,20 @@ class Fleet:
             )
         return out
 
+    @property
+    def alarm(self) -> RayleighAlarm:
+        return self.phase_watch.alarm
+
+    @property
+    def phases(self) -> dict[str, float]:
+        """Each job's phase at the last watch [rad]."""
+        return self.phase_watch.phases
+
+    async def watch_phases(self) -> None:
+        """The jobs' phases in the latest telemetry, and the Rayleigh alarm over them."""
+        self.phase_watch.watch(await self.telemetry())
+
     async def phase_doc(self) -> dict[str, Any]:
-        """The jobs' phases on the gateway's clock (one vote per job), their order parameters,
-        the agents' clock offsets and the alarm state."""
+        """The jobs' phases in the latest telemetry, as `PhaseWatch.doc` shows them."""
         telemetry = await self.telemetry()
-        readings = job_readings(telemetry)
-        aligned = self.aligned_phases(telemetry)
-        spans: dict[str, list[str]] = {}
-        for node in sorted(telemetry):
-            for job in telemetry[node].jobs:
-                spans.setdefault(job.job_id, []).append(node)
-        phases = list(aligned.values())
-        order = None
-        if phases:
-            r1, r2, r3 = (float(v) for v in order_parameters(phases))
-            order = {"r1": r1, "r2": r2, "r3": r3, "jobs": len(phases)}
-        if len(phases) >= MIN_JOBS_FOR_RAYLEIGH:
-            alarms: dict[str, Any] = {
-                "test": "rayleigh",
-                "threshold": rayleigh_threshold(len(phases), self.alarm.false_alarm),
-                "false_alarm": self.alarm.false_alarm,
-                "held_windows": self.alarm.hold,
-                "harmonics": [
-                    m
-                    for m, streak in zip((1, 2, 3), self.alarm.streak, strict=True)
-                    if streak >= self.alarm.hold
-                ],
-            }
-        else:
-            pairs = self.pair_locking()
-            alarms = {
-                "test": "phase-locking-value",
-                "harmonics": [],
-                "note": f"fewer than {MIN_JOBS_FOR_RAYLEIGH} jobs with phases: each pair's "
-                "phase-locking value over the last watches stands in for the Rayleigh test",
-                "pairs": pairs,
-                "locked_pairs": [p["jobs"] for p in pairs if p["locked"]],
-            }
-        clocks = {}
-        for node in sorted(telemetry):
-            offset = self.clocks.offset(node)
-            clocks[node] = (
-                None if offset is None else {"offset_s": offset.offset_s, "error_s": offset.error_s}
-            )
-        return {
-            "jobs": [
-                {
-                    "job_id": j.job_id,
-                    "period_s": j.period_s,
-                    "duty": j.duty,
-                    "phase": aligned.get(j.job_id),
-                    "nodes": spans.get(j.job_id, []),
-                }
-                for j in readings
-            ],
-            "order_parameters": order,
-            "alarms": alarms,
-            "clocks": clocks,
-        }
+        return self.phase_watch.doc(telemetry, job_readings(telemetry))
