@@ -4,10 +4,14 @@ Every data command takes `--json` and then prints one JSON document on stdout. E
 success (an infeasible request is a valid answer), 2 on bad input with a one-line message on
 stderr, 1 on other failures. Bad input never shows a traceback.
 
-    parser     the commands, their options and the checks on them
-    readers    job mixes, sweeps and power traces from files (`BadInputError` names the file)
-    commands   one function per command
-    output     JSON or tables
+    parser       the verbs, assembled into one parser
+    pfi, trace, allocate, quote, simulate, sync, agent, agent_token, gateway, lab, mock_vtn,
+    characterise, report, replay, doctor
+                 one module per verb: its options (`add_parser`) and its command
+    options      the parser class and the checks on option values, which every verb shares
+    environment  unknown FLEXGATE_* names refused; a refused setting in one line
+    readers      job mixes, sweeps and power traces from files (`BadInputError` names the file)
+    output       JSON or tables, progress bars and plots
 """
 
 from __future__ import annotations

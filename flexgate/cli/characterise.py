@@ -4,6 +4,9 @@ The gateway's answer is printed as it comes (`--json`: one document). A refusal 
 caused (no such job, a protected one, over the budget: 404, 422) is bad input, exit 2; one the
 site's state caused (an event, a probe running: 409), or a gateway that does not answer, is a
 failure, exit 1, with the gateway's reason on stderr.
+
+httpx is a gateway client's (the gateway's extra): it loads when the verb runs, as the parser
+is built for every command, on a GPU node's install too.
 """
 
 from __future__ import annotations
@@ -12,18 +15,47 @@ import argparse
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from flexgate.cli import output
+from flexgate.cli import options, output
 from flexgate.cli.readers import BadInputError
+
+if TYPE_CHECKING:
+    import httpx
 
 #: How often `--wait` asks how the probe goes [s].
 POLL_S = 1.0
 
 
+def add_parser(sub: Any) -> None:
+    verb = sub.add_parser(
+        "characterise", help="ask a running gateway to probe jobs' caps and measure their curves"
+    )
+    verb.add_argument(
+        "jobs", nargs="*", metavar="JOB", help="the jobs to probe (none: every unmeasured job)"
+    )
+    verb.add_argument(
+        "--gateway",
+        default="http://127.0.0.1:8000",
+        metavar="URL",
+        help="the gateway's base URL (default http://127.0.0.1:8000)",
+    )
+    verb.add_argument("--token", default=None, help="the API token (default: FLEXGATE_API_TOKEN)")
+    verb.add_argument("--wait", action="store_true", help="wait for the probe's end")
+    verb.add_argument(
+        "--timeout-s",
+        type=options.positive,
+        default=10.0,
+        metavar="S",
+        help="per request (default 10)",
+    )
+    verb.add_argument("--json", action="store_true", help="print one JSON document")
+    verb.set_defaults(command=run_characterise, name="characterise")
+
+
 def run_characterise(args: argparse.Namespace) -> int:
+    import httpx
+
     token = args.token or os.environ.get("FLEXGATE_API_TOKEN", "")
     if not token:
         raise BadInputError("no API token: give --token or set FLEXGATE_API_TOKEN")

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from flexgate.cli.environment import refuse_unknown_environment
+from flexgate.cli.readers import BadInputError
 from flexgate.doctor import Check, fail, failed
 
 #: Variables whose presence says a gateway runs here (its required ones, and its store).
@@ -89,9 +91,6 @@ def chosen(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[bool, 
 
 def environment_checks() -> list[Check]:
     """Misspelt FLEXGATE_* names, which each program alone would miss or refuse."""
-    from flexgate.cli.commands import refuse_unknown_environment
-    from flexgate.cli.readers import BadInputError
-
     try:
         refuse_unknown_environment()
     except BadInputError as exc:

@@ -1,19 +1,64 @@
-"""How the `flexgate` commands print: one JSON document with `--json`, else tables for people."""
+"""How the `flexgate` commands print: one JSON document with `--json`, else tables for people;
+a progress bar on a terminal, and the plot a long command was asked for."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from flexgate.cli.readers import BadInputError
 from flexmodel.jobs import JobMix
 
 
 def print_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+
+
+def progress(label: str, *columns: Any) -> Progress:
+    """A progress bar on stderr, shown only when stderr is a terminal."""
+    console = Console(stderr=True)
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        *columns,
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
+
+
+def check_plot(path: Path | None) -> None:
+    if path is not None and not path.parent.is_dir():
+        raise BadInputError(f"--plot: folder {path.parent} does not exist")
+
+
+def plot_and_print(
+    args: argparse.Namespace,
+    doc: dict[str, Any],
+    plotter: str,
+    data: Any,
+    show: Callable[[dict[str, Any]], None],
+) -> int:
+    """Draw the plot when asked, then print the document (JSON or for people)."""
+    if args.plot is not None:
+        from flexgate import plots  # matplotlib costs 0.2 s: load it when asked
+
+        getattr(plots, plotter)(data, args.plot)
+        doc["plot"] = str(args.plot)
+    if args.json:
+        print_json(doc)
+    else:
+        show(doc)
+    return 0
 
 
 def show_allocation(doc: dict[str, Any], mix: JobMix) -> None:

@@ -3,6 +3,9 @@ and written as the month's report (`flexgate report`'s CSV and HTML).
 
 The report covers the replayed days; a replay of a whole calendar month is titled and named
 by the month (`settlement-2026-06.html`), as `flexgate report --month` names it.
+
+The simulated site's modules (the gateway's) load when the verb runs: the parser is built for
+every command, on a GPU node's install too.
 """
 
 from __future__ import annotations
@@ -13,17 +16,119 @@ import calendar
 import shutil
 import time
 from datetime import date
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from flexgate.cli import output
+from flexgate.cli import options, output
 from flexgate.cli.readers import BadInputError
 from flexgate.cli.report import write_report
-from flexgate.replay import Replay, ReplayError, ReplayResult
+
+if TYPE_CHECKING:
+    from flexgate.replay import ReplayResult
+
+
+def add_parser(sub: Any) -> None:
+    verb = sub.add_parser(
+        "replay",
+        help="a lab replay of days of a site with events, settled as the month's report",
+        description="Synthesises the site's meter history into a gateway store (a daily "
+        "cycle, noise, weekends and a holiday lower), runs each event through the gateway's "
+        "loop on a simulated site, settles every event under the program's baselines and "
+        "writes the report's CSV and HTML (docs/operations.md, 'Settlement').",
+    )
+    _add_days_and_history(verb)
+    _add_site_and_settlement(verb)
+    verb.add_argument("--seed", type=options.seed, default=1, metavar="N", help="default 1")
+    verb.add_argument(
+        "--out", type=Path, default=Path("out"), metavar="DIR", help="folder (default out)"
+    )
+    verb.add_argument("--json", action="store_true", help="print one JSON document")
+    verb.set_defaults(command=run_replay, name="replay")
+
+
+def _add_days_and_history(verb: Any) -> None:
+    """The days replayed with their events, and the quiet history synthesised before them."""
+    verb.add_argument(
+        "--days",
+        type=options.positive_int,
+        default=30,
+        metavar="N",
+        help="days replayed (default 30)",
+    )
+    verb.add_argument(
+        "--events",
+        type=options.positive_int,
+        default=10,
+        metavar="N",
+        help="events, on distinct weekdays (default 10)",
+    )
+    verb.add_argument(
+        "--start",
+        type=_day,
+        default=date(2026, 6, 1),
+        metavar="YYYY-MM-DD",
+        help="the first day replayed (default 2026-06-01)",
+    )
+    verb.add_argument(
+        "--history-days",
+        type=options.positive_int,
+        default=21,
+        metavar="N",
+        help="quiet days of history before it, for the baselines (default 21)",
+    )
+    verb.add_argument(
+        "--resolution-s",
+        type=int,
+        choices=(60, 300),
+        default=60,
+        metavar="S",
+        help="the synthesised history's sample period: 60 or 300 (default 60)",
+    )
+
+
+def _add_site_and_settlement(verb: Any) -> None:
+    """The simulated site, and the baselines and interval its events are settled under."""
+    verb.add_argument(
+        "--nodes",
+        type=options.positive_int,
+        default=2,
+        metavar="N",
+        help="simulated nodes of 8 GPUs (default 2)",
+    )
+    verb.add_argument(
+        "--timezone",
+        default="America/New_York",
+        metavar="ZONE",
+        help="the site's time zone (default America/New_York)",
+    )
+    verb.add_argument(
+        "--rules",
+        default="10of10,sameday-3+2",
+        metavar="PRESETS",
+        help="baseline presets, comma-separated (default 10of10,sameday-3+2)",
+    )
+    verb.add_argument(
+        "--interval-min",
+        type=int,
+        choices=(1, 5, 15, 30, 60),
+        default=15,
+        metavar="MIN",
+        help="settlement interval: 1, 5, 15, 30 or 60 (default 15)",
+    )
+
+
+def _day(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a day as YYYY-MM-DD, got {text!r}") from None
 
 
 def run_replay(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from flexgate.replay import Replay, ReplayError
+
     began = time.monotonic()
     folder = args.out / "replay-site"
     if folder.exists():  # the previous replay's store and agents' state: this one starts anew

@@ -5,6 +5,9 @@ It reads `GET /v1/events`, each event's `GET /v1/events/{id}/settlement` and the
 history around it (`GET /v1/site/meter`). A month is the site's: an event belongs to it by
 its local day. An unknown event (404) or a refused parameter (422) is bad input, exit 2; a
 gateway that does not answer, a failure, exit 1.
+
+httpx is a gateway client's (the gateway's extra): it loads when the verb runs, as the parser
+is built for every command, on a GPU node's install too.
 """
 
 from __future__ import annotations
@@ -14,14 +17,15 @@ import os
 import sys
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-import httpx
-
-from flexgate.cli import output
+from flexgate.cli import options, output
 from flexgate.cli.readers import BadInputError
 from flexgate.settlementreport import render_html, write_csv
+
+if TYPE_CHECKING:
+    import httpx
 
 #: The meter history drawn either side of an event.
 CONTEXT = timedelta(hours=2)
@@ -31,7 +35,68 @@ class GatewayFailedError(Exception):
     """The gateway did not answer, or answered a failure."""
 
 
+def add_parser(sub: Any) -> None:
+    verb = sub.add_parser(
+        "report",
+        help="a month's or an event's settlement from a running gateway, as CSV and HTML",
+        description="Reads each event's settlement under the program's baselines from a "
+        "running gateway (GET /v1/events/ID/settlement) and writes a CSV of its intervals and "
+        "a self-contained HTML page with plots (docs/operations.md, 'Settlement').",
+    )
+    which = verb.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--month",
+        type=_month_option,
+        metavar="YYYY-MM",
+        help="every event on the site's days of it",
+    )
+    which.add_argument("--event", metavar="ID", help="one event")
+    verb.add_argument(
+        "--gateway",
+        default="http://127.0.0.1:8000",
+        metavar="URL",
+        help="the gateway's base URL (default http://127.0.0.1:8000)",
+    )
+    verb.add_argument(
+        "--token",
+        default=None,
+        help="the read token (default: FLEXGATE_READ_TOKEN, else FLEXGATE_API_TOKEN, else none)",
+    )
+    verb.add_argument(
+        "--rules", metavar="PRESETS", help="baseline presets, comma-separated (default: the site's)"
+    )
+    verb.add_argument(
+        "--interval-min",
+        type=int,
+        choices=(1, 5, 15, 30, 60),
+        metavar="MIN",
+        help="settlement interval: 1, 5, 15, 30 or 60 (default: the site's)",
+    )
+    verb.add_argument(
+        "--out", type=Path, default=Path("out"), metavar="DIR", help="folder (default out)"
+    )
+    verb.add_argument(
+        "--timeout-s",
+        type=options.positive,
+        default=30.0,
+        metavar="S",
+        help="per request (default 30)",
+    )
+    verb.add_argument("--json", action="store_true", help="print one JSON document")
+    verb.set_defaults(command=run_report, name="report")
+
+
+def _month_option(text: str) -> str:
+    try:
+        datetime.strptime(text, "%Y-%m")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a month as YYYY-MM, got {text!r}") from None
+    return text
+
+
 def run_report(args: argparse.Namespace) -> int:
+    import httpx
+
     token = (
         args.token
         or os.environ.get("FLEXGATE_READ_TOKEN")
@@ -89,6 +154,8 @@ def write_report(
 
 
 def _get(api: httpx.Client, path: str, params: dict[str, Any] | None = None) -> Any:
+    import httpx
+
     try:
         answer = api.get(path, params=params)
     except httpx.HTTPError as exc:
