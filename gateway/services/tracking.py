@@ -64,7 +64,7 @@ from gateway.meter.answercheck import OverheadGains
 from gateway.meter.watch import MeterWatch
 from gateway.services.fleet import Fleet, job_readings
 from gateway.services.jobbook import JobBook
-from gateway.services.site import SitePower
+from gateway.services.site import Sample, SitePower
 from gateway.services.staticstep import (
     AFTER_READINGS,
     FED_ANSWER_SHARE,
@@ -190,6 +190,8 @@ class Pursuit:
     #: the reduction takes it over, summed [kW]
     gpu_fed_s: float = -math.inf
     gpu_fed_meter_kw: float = 0.0
+    #: the job mix last changed then: which GPUs placed jobs hold changed with it [s]
+    mix_changed_s: float = -math.inf
     gpu_fed_kw: float = 0.0
 
 
@@ -440,6 +442,7 @@ class Tracker:
         if pursuit.baseline_kw is not None and baseline_kw != pursuit.baseline_kw:
             move_kw = self._reported(pursuit, baseline_kw - pursuit.baseline_kw)
             pursuit.moves.append((self.clock.monotonic(), move_kw))
+            pursuit.mix_changed_s = self.clock.monotonic()
             if pursuit.on_gain:  # the meter's move is not the plan's alone: the model's
                 pursuit.shed_kw = pursuit.gain * pursuit.achieved_kw
                 pursuit.answering, pursuit.before_kw = [], None
@@ -549,15 +552,25 @@ class Tracker:
         expected at the meter. True when it re-planned."""
         if pursuit.level_kw is None or not self._gpu_span_s():
             return False
-        since_s = self.targets.planned_at_s + self._actuated_s() + self.period_s
-        since_s = max(since_s, pursuit.gpu_fed_s)
-        since = itertools.takewhile(lambda s: s.at_s > since_s, reversed(self.site.history))
-        samples = list(itertools.islice(since, GPU_STEP_READINGS))[::-1]  # the latest, in order
-        gpu = np.array([s.all_gpu_kw for s in samples])
         gain = self.overhead_gains.gain or self.site.overhead.current().k
         floors = (GPU_NOISE_KW, STEP_FLOOR_SHARE * _asked_kw(pursuit) / gain)
         ramp = math.ceil(self._gpu_span_s() / self.period_s)
-        step_kw = gpu_step_kw(gpu, self._window_readings(), ramp, floors)
+        before = self._window_readings()
+        # Every GPU's power, once the last plan is actuated (its own moves are not a step
+        # no plan made); and the GPUs no placed job holds, which no plan moves, at once: a
+        # job starting on them before the scheduler reports it is seen while the loop is
+        # still re-planning, each period, towards a level.
+        planned_s = self.targets.planned_at_s + self._actuated_s() + self.period_s
+        every = self._gpu_since(max(planned_s, pursuit.gpu_fed_s))
+        unheld = self._gpu_since(max(pursuit.mix_changed_s, pursuit.gpu_fed_s))
+        # Unheld GPUs are idle or a job no plan caps: a shorter stretch before a step will do.
+        short = max(min(before, len(unheld) - ramp - AFTER_READINGS), 2)
+        samples = every
+        step_kw = gpu_step_kw(np.array([s.all_gpu_kw for s in every]), before, ramp, floors)
+        if step_kw == 0.0:
+            samples = unheld
+            power = np.array([s.all_gpu_kw - s.gpu_kw for s in unheld])
+            step_kw = gpu_step_kw(power, short, ramp, floors)
         if step_kw == 0.0:
             return False
         meter_kw = gain * step_kw
@@ -575,6 +588,11 @@ class Tracker:
         log.info("site loop: the GPU power stepped %+.2f kW with no plan: fed forward", step_kw)
         await self._plan(pursuit)
         return True
+
+    def _gpu_since(self, since_s: float) -> list[Sample]:
+        """The site's latest samples after `since_s`, in order (at most `GPU_STEP_READINGS`)."""
+        since = itertools.takewhile(lambda s: s.at_s > since_s, reversed(self.site.history))
+        return list(itertools.islice(since, GPU_STEP_READINGS))[::-1]
 
     @staticmethod
     def _reported(pursuit: Pursuit, move_kw: float) -> float:
