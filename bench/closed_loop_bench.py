@@ -67,7 +67,7 @@ async def one_event(folder: Path, seed: int, tracking: bool, event_s: float) -> 
         await site.tracker.pursue("ev", requested, None)
         started = site.clock.monotonic()
         trace = await site.run_for(event_s)
-        window_s = site.tracker.window_s
+        window_s = site.tracker.config.window_s
     finally:
         site.close()
     times = np.array([t - started for t, _ in trace])

@@ -210,12 +210,12 @@ async def record(site: SimulatedSite, run: LockRun, seconds: float, say: Any) ->
             say(f"{run.name}: t = {run.time_s[-1]:.0f} s, r1 {r1:.2f}, r2 {r2:.2f}, r3 {r3:.2f}")
     tracker = site.tracker
     run.loop = {
-        "window_s": tracker.window_s,
-        "gain": tracker.gain,
-        "integral_gain_per_s": tracker.integral_gain_per_s,
-        "delay_s": tracker.delay_s,
-        "verdict": tracker.verdict,
-        "reason": tracker.reason,
+        "window_s": tracker.config.window_s,
+        "gain": tracker.config.gain,
+        "integral_gain_per_s": tracker.config.integral_gain_per_s,
+        "delay_s": tracker.config.delay_s,
+        "verdict": tracker.config.verdict,
+        "reason": tracker.config.reason,
     }
     run.scattering = site.scatterer.doc()
     run.measured_order = (await site.fleet.phase_doc())["order_parameters"]

@@ -28,8 +28,9 @@ from sqlmodel import Session
 
 from flexmodel.quote import Delivered
 from gateway.clock import Clock
+from gateway.services.pursuit import Pursuit
 from gateway.services.site import Sample, SitePower
-from gateway.services.tracking import Pursuit, Tracker
+from gateway.services.tracking import Tracker
 from gateway.store import repo
 from gateway.store.db import Store
 from gateway.store.models import DeliveryRow, iso
@@ -57,7 +58,7 @@ class Deliveries:
         reference, target = pursuit.reference_kw, pursuit.target_kw
         if latest.facility_kw is None or reference is None or target is None:
             return  # a faulted meter: the time until it answers again is not counted
-        period_s = self.tracker.period_s
+        period_s = self.tracker.config.period_s
         seconds = period_s
         if self._last is not None and self._last[0] == pursuit.event_id:
             seconds = min(latest.at_s - self._last[1], MAX_GAP_PERIODS * period_s)

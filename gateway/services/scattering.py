@@ -99,8 +99,9 @@ class Scatterer:
         pursues an event, and the gateway's loops in the last plan."""
         plan = self.targets.last_plan
         verdicts = [str(plan["sync"]["verdict"])] if plan else []
-        if self.tracker.pursuit is not None and self.tracker.verdict in VERDICTS:
-            verdicts.append(str(self.tracker.verdict))  # a held loop does not act: it pulls none
+        loop_verdict = self.tracker.config.verdict
+        if self.tracker.pursuit is not None and loop_verdict in VERDICTS:
+            verdicts.append(str(loop_verdict))  # a held loop does not act: it pulls none
         return worst_verdict(verdicts)
 
     async def step(self) -> None:
@@ -198,8 +199,8 @@ class Scatterer:
         episode.coupling_per_s = coupling
         if coupling is None:
             return 0.0
-        tracker = self.tracker
-        delay_s = tracker.delay_s + (tracker.window_s + tracker.period_s) / 2.0
+        config = self.tracker.config
+        delay_s = config.delay_s + (config.window_s + config.period_s) / 2.0
         return unlocking_spread(coupling, longest_s, delay_s=delay_s)
 
     def _dephasing_s(self, episode: Episode) -> float:

@@ -170,7 +170,7 @@ def test_a_fleet_at_risk_under_an_attracting_loop_is_scattered_before_the_alarm(
         seen, plan = asyncio.run(run())
     finally:
         site.close()
-    assert site.tracker.verdict == "unsafe"
+    assert site.tracker.config.verdict == "unsafe"
     first = next(s for s in seen if s["scattering"]["active"])
     assert first["streak"][0] < site.fleet.alarm.hold  # before the alarm could be held
     reason = first["scattering"]["episode"]["reason"]

@@ -140,7 +140,7 @@ def test_the_open_loop_step_winds_nothing_up_where_the_model_is_right(tmp_path):
         uncapped = site.meter.true_facility_kw()
         await site.tracker.pursue("ev-1", REDUCTION_KW, None)
         corrections = []
-        for _ in range(round(2 * site.tracker.window_s)):
+        for _ in range(round(2 * site.tracker.config.window_s)):
             await site.run_for(site.settings.meter_period_s)
             corrections.append(site.tracker.doc()["correction_kw"])
         assert max(abs(c) for c in corrections) < 0.1 * REDUCTION_KW

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 from flexgate.simsite import SimulatedSite
-from gateway.services.tracking import Pursuit
+from gateway.services.pursuit import Pursuit
 from tests.gateway.test_tracking import REDUCTION_KW, WARM_UP_S, mismatched
 from tests.gateway.test_tracking_meters import make_site, sheds_for
 
@@ -36,10 +36,10 @@ def test_an_event_whose_meter_faulted_teaches_the_next_ones_nothing(tmp_path, ba
         site.meter.fault = None
         await site.run_for(300.0)
         assert site.tracker.pursuit.settled_share is not None  # it settled on something
-        last_gain = site.tracker.last_gain
+        last_gain = site.tracker.memory.last_gain
         site.tracker.release()
-        assert not site.tracker.model_errors
-        assert site.tracker.last_gain == last_gain
+        assert not site.tracker.memory.model_errors
+        assert site.tracker.memory.last_gain == last_gain
 
     try:
         asyncio.run(run())
@@ -58,9 +58,9 @@ def test_a_site_that_draws_nothing_teaches_no_gain_and_raises_nothing(tmp_path):
         await site.run_for(WARM_UP_S)
         await site.tracker.pursue("ev-1", REDUCTION_KW, None)
         await site.run_for(30.0)
-        assert site.tracker.verdict == "safe"  # a gain is learnt only from a safe loop
+        assert site.tracker.config.verdict == "safe"  # a gain is learnt only from a safe loop
         pursuit = Pursuit("ev-0", 1.0, None, 0.0, 0.0, 0, measured_kw=0.0)
-        site.tracker._learn(pursuit, 0.0, 0.0, short=True)
+        site.tracker.memory.learn(pursuit, 0.0, 0.0, short=True, safe=True)
         assert pursuit.gain == 1.0
 
     try:
@@ -105,6 +105,6 @@ def test_a_level_opens_on_the_gain_the_site_s_deltas_showed(tmp_path):
         sheds = asyncio.run(run())
     finally:
         site.close()
-    assert site.tracker.site_gain == pytest.approx(1.3, rel=0.05)
+    assert site.tracker.memory.site_gain == pytest.approx(1.3, rel=0.05)
     assert max(sheds) < 1.10 * REDUCTION_KW
     assert max(sheds) > 0.9 * REDUCTION_KW  # it opened: not short either

@@ -240,7 +240,7 @@ def test_a_meter_found_stuck_is_believed_again_before_the_next_event(tmp_path):
         site.meter.fault = None
         await site.run_for(60.0)
         assert (await site.power.doc())["meter"]["fault"] is None
-        read_kw = site.power.filtered_kw(site.tracker.window_s)  # the meter's, believed
+        read_kw = site.power.filtered_kw(site.tracker.config.window_s)  # the meter's, believed
         assert read_kw is not None
         await site.tracker.pursue("ev-2", REDUCTION_KW, None)
         assert site.tracker.pursuit.start_facility_kw == read_kw
@@ -400,7 +400,7 @@ def test_the_correction_s_bound_follows_the_model_error_past_events_needed(tmp_p
     finally:
         site.close()
     assert bounds[:3] == [REDUCTION_KW] * 3
-    errors = list(site.tracker.model_errors)
+    errors = list(site.tracker.memory.model_errors)
     assert len(errors) == 4
     assert all(0.2 < e < 0.5 for e in errors), errors  # the mismatched site: about a third
     assert bounds[3] == pytest.approx(2 * max(errors[:3]) * REDUCTION_KW)
@@ -427,7 +427,7 @@ def test_a_level_is_reached_where_the_model_puts_the_site_below_it(tmp_path, pas
         static_kw=20.0,
     )
     site = SimulatedSite(declared, truth, declared_overhead_factor=1.3, folder=tmp_path / "s")
-    site.tracker.model_errors.extend(past_errors)  # the loop's memory of past events
+    site.tracker.memory.model_errors.extend(past_errors)  # the loop's memory of past events
 
     async def run() -> tuple[float, float, float]:
         await site.start()

@@ -237,10 +237,10 @@ def test_the_site_loops_verdict_is_the_closed_loops(tmp_path, gain, verdict):
         asyncio.run(run())
     finally:
         site.close()
-    assert site.tracker.verdict == verdict
-    assert (site.tracker.coupling_per_s > 0) == (verdict == "unsafe")
+    assert site.tracker.config.verdict == verdict
+    assert (site.tracker.config.coupling_per_s > 0) == (verdict == "unsafe")
     # Every plan's verdict judges the same loop (it judged a 3-period window, 6 s, and the
     # reconciliation period as delay: a loop that does not run).
     loops = {loop["name"]: loop for loop in site.targets.last_plan["sync"]["loops"]}
     assert loops["gateway"]["verdict"] == verdict
-    assert loops["gateway"]["window_s"] == site.tracker.window_s
+    assert loops["gateway"]["window_s"] == site.tracker.config.window_s
