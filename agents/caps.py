@@ -5,12 +5,8 @@
 - Generations only rise: a command older than the last accepted one is refused (409), so a
   delayed retry cannot undo a newer plan. The same generation again renews the lease.
 - Every command is validated in full before anything changes (unknown or repeated GPU: 422).
-- Caps outside a GPU's constraints are clamped to them and the clamp is reported; every change
-  is read back (the enforced limit is the truth), with its time from the request's arrival.
-- Before its first change, each GPU's original limit is saved to disk (`OriginalLimits`).
-- Whether the agent may set limits at all (`can_cap`) is learnt from its sets: unknown until
-  the first, true once NVML accepts one, false once NVML refuses one for permission, and then
-  false until the agent restarts (the permission belongs to the process, not to one GPU).
+- Each GPU's limit is set, restored, read back and timed by `agents.actuation.GpuActuator`
+  (originals saved first, clamps reported, `can_cap` learnt from the sets).
 - The lease counts on the agent's monotonic clock from acceptance. When it runs out without
   renewal, every GPU gets its original limit back (`expire`); a restore that fails (a lost
   GPU) is retried at every check until it succeeds.
@@ -21,19 +17,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
-import numpy as np
-
+from agents.actuation import GpuActuator
 from agents.backend import GpuBackend
-from agents.errors import AgentError, InvalidCapError, NoPermissionError, StaleGenerationError
+from agents.errors import InvalidCapError, StaleGenerationError
 from agents.logs import decision
-from agents.protocol import DELAY_SAMPLES, CapCommand, CapResponse, CapResult, DelayStats
+from agents.protocol import CapCommand, CapResponse, CapResult, DelayStats
 from agents.state import OriginalLimits
-
-#: A limit that reads back more than this far from what was set is reported as an error.
-READBACK_TOLERANCE_W = 1.0
 
 
 class CapController:
@@ -53,13 +44,18 @@ class CapController:
         self.generation: int | None = None
         self.plan_id: str | None = None
         self.lease_until: float | None = None
-        self.delays: deque[float] = deque(maxlen=2000)
-        self._delays_added = 0  #: delays recorded so far: what `_delay_stats` was worked out at
-        self._delay_stats: tuple[int, DelayStats] | None = None
         self.restore_pending = False  #: a restore failed (lost GPU ...): the watcher retries
-        #: may this process set limits: None until a set says (see the module's docstring)
-        self.can_cap: bool | None = None
-        self.can_cap_reason: str | None = None  #: NVML's refusal, with can_cap False
+        self._gpus = GpuActuator(backend, originals, clock)
+
+    @property
+    def can_cap(self) -> bool | None:
+        """May this process set limits: None until a set says (`agents.actuation`)."""
+        return self._gpus.can_cap
+
+    @property
+    def can_cap_reason(self) -> str | None:
+        """NVML's refusal, with can_cap False."""
+        return self._gpus.can_cap_reason
 
     # --- commands --------------------------------------------------------------------------
 
@@ -72,14 +68,14 @@ class CapController:
                 )
             wanted = self._validate(command)
             count = self.backend.count()
-            before = {gpu: self._enforced_or_none(gpu) for gpu in range(count)}
-            uuids = self._save_originals(sorted(wanted))
+            before = {gpu: self._gpus.enforced_or_none(gpu) for gpu in range(count)}
+            uuids = self._gpus.save_originals(sorted(wanted))
             results = [
-                self._set(gpu, cap, received_at, uuids.get(gpu))
+                self._gpus.set(gpu, cap, received_at, uuids.get(gpu))
                 for gpu, cap in sorted(wanted.items())
             ]
-            results += self._restore_all(
-                [gpu for gpu in range(count) if gpu not in wanted and self._was_changed(gpu)],
+            results += self._gpus.restore(
+                [gpu for gpu in range(count) if gpu not in wanted and self._gpus.was_changed(gpu)],
                 received_at,
             )
             self.generation = command.generation
@@ -108,7 +104,7 @@ class CapController:
         with self._lock:
             self.lease_until = None
             saved = self.originals.saved()
-            results = self._restore_all([index for _, (index, _) in sorted(saved.items())], start)
+            results = self._gpus.restore([index for _, (index, _) in sorted(saved.items())], start)
             self.restore_pending = any(r.error for r in results)
             if results:
                 self._log_restore(reason, results)
@@ -126,23 +122,8 @@ class CapController:
         return None if self.lease_until is None else max(self.lease_until - self.clock(), 0.0)
 
     def delay_stats(self) -> DelayStats:
-        """The delays' percentiles, worked out again only after a new delay: every telemetry
-        summary carries them, and most come between commands."""
-        added = self._delays_added
-        if self._delay_stats is not None and self._delay_stats[0] == added:
-            return self._delay_stats[1]
-        values = np.array(self.delays)
-        if values.size == 0:
-            stats = DelayStats(p50_s=None, p99_s=None, count=0)
-        else:
-            stats = DelayStats(
-                p50_s=float(np.percentile(values, 50)),
-                p99_s=float(np.percentile(values, 99)),
-                count=int(values.size),
-                recent_s=[float(v) for v in values[-DELAY_SAMPLES:]],
-            )
-        self._delay_stats = (added, stats)
-        return stats
+        """The actuation delays' percentiles (`agents.actuation.DelayLog`)."""
+        return self._gpus.delays.stats()
 
     # --- the log ---------------------------------------------------------------------------
 
@@ -191,7 +172,7 @@ class CapController:
             **({"error": failed[0].error} if failed else {}),
         )
 
-    # --- one GPU ---------------------------------------------------------------------------
+    # --- the command -----------------------------------------------------------------------
 
     def _validate(self, command: CapCommand) -> dict[int, float]:
         count = self.backend.count()
@@ -203,117 +184,3 @@ class CapController:
                 raise InvalidCapError(f"caps: GPU {cap.gpu} appears twice")
             wanted[cap.gpu] = cap.cap_w
         return wanted
-
-    def _enforced_or_none(self, index: int) -> float | None:
-        try:
-            return self.backend.enforced_limit_w(index)
-        except AgentError:
-            return None
-
-    def _was_changed(self, index: int) -> bool:
-        """Whether flexgate changed this GPU's limit (its original is saved)."""
-        try:
-            return self.originals.original_w(self.backend.identity(index)[0]) is not None
-        except AgentError:
-            return False
-
-    def _save_originals(self, indices: list[int]) -> dict[int, str]:
-        """The original limits of the GPUs about to be capped for the first time, saved in one
-        write before any changes; the uuid of every GPU whose original is now saved (a GPU
-        that cannot be read is left to `_set`, which reports it and saves its original itself
-        before changing it)."""
-        limits, uuids = [], {}
-        for index in indices:
-            try:
-                uuid, _ = self.backend.identity(index)
-                if self.originals.original_w(uuid) is None:
-                    limits.append((uuid, index, self.backend.enforced_limit_w(index)))
-            except AgentError:
-                continue
-            uuids[index] = uuid
-        self.originals.remember_all(limits)
-        return uuids
-
-    def _set(
-        self, index: int, requested_w: float, received_at: float, saved_uuid: str | None = None
-    ) -> CapResult:
-        """One GPU to `requested_w` (within its constraints) and read back; `saved_uuid`: its
-        uuid, its original known to be saved (else both are read here first)."""
-        clamped = False
-        try:
-            limits = self.backend.constraints(index)
-            target = min(max(requested_w, limits.min_w), limits.max_w)
-            clamped = target != requested_w
-            if saved_uuid is None:
-                uuid, _ = self.backend.identity(index)
-                if self.originals.original_w(uuid) is None:
-                    self.originals.remember(uuid, index, self.backend.enforced_limit_w(index))
-            self._set_limit(index, target)
-            enforced = self.backend.enforced_limit_w(index)
-        except AgentError as exc:
-            return self._result(index, requested_w, None, clamped, received_at, str(exc))
-        error = None
-        if abs(enforced - target) > READBACK_TOLERANCE_W:
-            error = f"limit reads back as {enforced:g} W, not the {target:g} W set"
-        return self._result(index, requested_w, enforced, clamped, received_at, error)
-
-    def _set_limit(self, index: int, watts: float) -> None:
-        """One NVML set, and what it says of the process's permission to set limits."""
-        try:
-            self.backend.set_limit_w(index, watts)
-        except NoPermissionError as exc:
-            self.can_cap, self.can_cap_reason = False, str(exc)
-            raise
-        if self.can_cap is None:  # a refusal stays: a later success would be another GPU's luck
-            self.can_cap = True
-
-    def _restore_all(self, indices: list[int], received_at: float) -> list[CapResult]:
-        """These GPUs back to their original limits; the ones that read back are forgotten in
-        one write (a crash before it restores them again on restart: the same limits)."""
-        results, back = [], []
-        for index in indices:
-            result, uuid = self._restore(index, received_at)
-            results.append(result)
-            if uuid is not None:
-                back.append(uuid)
-        self.originals.forget_all(back)
-        return results
-
-    def _restore(self, index: int, received_at: float) -> tuple[CapResult, str | None]:
-        """A GPU back to its original limit: the result, and its uuid once it reads back."""
-        try:
-            uuid, _ = self.backend.identity(index)
-            original = self.originals.original_w(uuid)
-            if original is None:
-                enforced = self.backend.enforced_limit_w(index)
-                return self._result(index, None, enforced, False, received_at, None), None
-            self._set_limit(index, original)
-            enforced = self.backend.enforced_limit_w(index)
-        except AgentError as exc:
-            return self._result(index, None, None, False, received_at, str(exc)), None
-        if abs(enforced - original) > READBACK_TOLERANCE_W:
-            error = f"original limit {original:g} W reads back as {enforced:g} W"
-            return self._result(index, None, enforced, False, received_at, error), None
-        return self._result(index, None, enforced, False, received_at, None), uuid
-
-    def _result(
-        self,
-        index: int,
-        requested: float | None,
-        enforced: float | None,
-        clamped: bool,
-        received_at: float,
-        error: str | None,
-    ) -> CapResult:
-        elapsed = self.clock() - received_at
-        if error is None:
-            self.delays.append(elapsed)
-            self._delays_added += 1
-        return CapResult(
-            gpu=index,
-            requested_w=requested,
-            enforced_w=enforced,
-            clamped=clamped,
-            elapsed_s=elapsed,
-            error=error,
-        )

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,8 +23,6 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from agents.armed import ArmedController
 from agents.backend import GpuBackend
@@ -34,6 +32,7 @@ from agents.fastroutes import fast_router
 from agents.fasttrigger import TriggerGuard
 from agents.features import DramActivitySource, FeatureSampler
 from agents.logs import decision
+from agents.metrics import prometheus_text
 from agents.podresources import PodGpuReader
 from agents.protocol import (
     CapCommand,
@@ -276,6 +275,24 @@ def create_app(
     """
     if not prefixed and len(nodes) != 1:
         raise ValueError("serve several nodes with prefixed=True")
+    app = FastAPI(
+        title="flexgate agent",
+        version="0.1.0",
+        lifespan=_lifespan(nodes, lease_check_s, links),
+        description="Applies power caps on one GPU node, with leases and restore.",
+    )
+    resolve, prefix = _node_finder(nodes, prefixed)
+    app.include_router(node_router(resolve, token, prefix))
+    app.include_router(fast_router(resolve, token, fast or TriggerGuard(None, 1.0), prefix))
+    _answer_errors(app)
+    return app
+
+
+def _lifespan(
+    nodes: list[AgentNode], lease_check_s: float, links: Sequence[Link]
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The nodes started (restoring what a previous run left) with their lease watcher, then
+    the links; on the way out the links stopped first, then the watcher and the nodes."""
     stop = threading.Event()
 
     def watch() -> None:
@@ -303,12 +320,17 @@ def create_app(
             for node in nodes:
                 node.stop()
 
-    app = FastAPI(
-        title="flexgate agent",
-        version="0.1.0",
-        lifespan=lifespan,
-        description="Applies power caps on one GPU node, with leases and restore.",
-    )
+    return lifespan
+
+
+def _node_finder(nodes: list[AgentNode], prefixed: bool) -> tuple[Callable[..., Any], str]:
+    """The dependency that finds a request's node, and the prefix of the routes it serves."""
+    if not prefixed:
+
+        async def only() -> AgentNode:
+            return nodes[0]
+
+        return only, ""
     by_id = {node.node_id: node for node in nodes}
 
     async def find(node_id: str) -> AgentNode:
@@ -317,18 +339,12 @@ def create_app(
             raise NodeNotFoundError(f"no node '{node_id}' in this process")
         return node
 
-    async def only() -> AgentNode:
-        return nodes[0]
+    return find, "/nodes/{node_id}"
 
-    app.include_router(
-        node_router(find, token, "/nodes/{node_id}") if prefixed else node_router(only, token)
-    )
-    guard = fast or TriggerGuard(None, 1.0)
-    app.include_router(
-        fast_router(find, token, guard, "/nodes/{node_id}")
-        if prefixed
-        else fast_router(only, token, guard)
-    )
+
+def _answer_errors(app: FastAPI) -> None:
+    """Every error as `Problem`: a malformed request's where and what, an agent error's text
+    with its status code."""
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -338,119 +354,3 @@ def create_app(
     async def agent_error(_: Request, exc: AgentError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
         return JSONResponse({"detail": str(exc)}, status_code=exc.status_code, headers=headers)
-
-    return app
-
-
-#: The DCGM exporter's fields flexgate has: (name, type, help, reading of (backend, index)).
-DCGM_FIELDS: tuple[tuple[str, str, str, Callable[[GpuBackend, int], float | None]], ...] = (
-    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", lambda b, i: b.power_w(i)),
-    (
-        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
-        "gauge",
-        "Enforced power limit (in W).",
-        lambda b, i: b.enforced_limit_w(i),
-    ),
-    (
-        "DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN",
-        "gauge",
-        "Minimum power management limit (in W).",
-        lambda b, i: b.constraints(i).min_w,
-    ),
-    (
-        "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX",
-        "gauge",
-        "Maximum power management limit (in W).",
-        lambda b, i: b.constraints(i).max_w,
-    ),
-    (
-        "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF",
-        "gauge",
-        "Default power management limit (in W).",
-        lambda b, i: b.constraints(i).default_w,
-    ),
-    (
-        "DCGM_FI_DEV_MEM_COPY_UTIL",
-        "gauge",
-        "Memory utilization (in %).",
-        lambda b, i: None if (u := b.memory_utilisation(i)) is None else u * 100.0,
-    ),
-    (
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-        "counter",
-        "Total energy consumption since boot (in mJ).",
-        lambda b, i: None if (j := b.energy_j(i)) is None else j * 1000.0,
-    ),
-)
-
-
-def prometheus_text(node: AgentNode) -> str:
-    """Prometheus text (`prometheus_client`'s exposition: HELP and TYPE lines, label values
-    escaped): DCGM exporter names where DCGM has the quantity, `flexgate_` otherwise."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_NodeMetrics(node))
-    return generate_latest(registry).decode()
-
-
-class _NodeMetrics:
-    """A node's metric families, read from its GPUs and controller when scraped."""
-
-    def __init__(self, node: AgentNode) -> None:
-        self.node = node
-
-    def collect(self) -> Iterator[Metric]:
-        node, backend = self.node, self.node.backend
-        labels: dict[int, list[str]] = {}
-        for index in range(backend.count()):
-            try:
-                uuid, _ = backend.identity(index)
-            except AgentError:
-                continue
-            labels[index] = [str(index), uuid, node.node_id]
-        for name, kind, text, read in DCGM_FIELDS:
-            # dcgm-exporter's names, a counter's included (its energy has no `_total`), so
-            # its type is said only for gauges: the text format types a counter by that suffix.
-            family = Metric(name, text, "gauge" if kind == "gauge" else "unknown")
-            for index, label in labels.items():
-                try:
-                    value = read(backend, index)
-                except AgentError:
-                    continue
-                if value is not None:
-                    family.add_sample(name, dict(zip(DCGM_LABELS, label, strict=True)), value)
-            yield family
-        control = node.controller
-        generation = -1 if control.generation is None else control.generation
-        yield GaugeMetricFamily(
-            "flexgate_agent_generation", "Generation of the last accepted cap command.", generation
-        )
-        yield GaugeMetricFamily(
-            "flexgate_agent_lease_remaining_seconds",
-            "Time left on the cap lease.",
-            control.lease_remaining_s() or 0.0,
-        )
-        yield GaugeMetricFamily(
-            "flexgate_agent_saved_originals",
-            "GPUs whose original limit is saved (changed).",
-            len(control.originals.saved()),
-        )
-        yield CounterMetricFamily(
-            "flexgate_agent_power_read_errors",
-            "Failed power readings.",
-            node.sampler.read_errors,
-        )
-        delays = control.delay_stats()
-        summary = Metric(
-            "flexgate_agent_actuation_delay_seconds",
-            "Request to enforced limit, per GPU.",
-            "summary",
-        )
-        for quantile, value in (("0.5", delays.p50_s), ("0.99", delays.p99_s)):
-            if value is not None:
-                summary.add_sample(summary.name, {"quantile": quantile}, value)
-        summary.add_sample(f"{summary.name}_count", {}, delays.count)
-        yield summary
-
-
-#: dcgm-exporter's labels, in its order.
-DCGM_LABELS = ("gpu", "UUID", "Hostname")

@@ -14,11 +14,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agents.fasttrigger import TriggerGuard
 from agents.natsconnect import NatsOptions
-from agents.protocol import (
+from agents.protocol import NATS_NODE_ID
+from agents.protocol_settings import (
     AGENT_NAMESPACE,
     LAB_TOKEN,
     MIN_TOKEN_CHARS,
-    NATS_NODE_ID,
     PLACEHOLDER_TOKENS,
     unknown_variables,
 )

@@ -10,7 +10,8 @@ from agents.features import FeatureSampler
 from agents.nvml import NvmlBackend
 from agents.service import AgentNode, create_app
 from agents.settings import AgentSettings
-from agents.simulated import SimulatedBackend, job_features
+from agents.simjobs import job_features
+from agents.simulated import SimulatedBackend
 from flexgate.serve import ServerThread
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.predictor import DRAM_BASE, DRAM_SLOPE

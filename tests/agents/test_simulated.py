@@ -5,7 +5,8 @@ import pytest
 
 from agents.errors import InvalidSetupError
 from agents.irregularity import Irregularity
-from agents.simulated import CLOCK_STEP_MHZ, MAX_CLOCK_MHZ, SimulatedBackend
+from agents.simphysics import MAX_CLOCK_MHZ
+from agents.simulated import CLOCK_STEP_MHZ, SimulatedBackend
 from agents.telemetry import Sampler
 from flexmodel.curves import EXPONENT, STATIC_SHARE, clock_fraction, operating_point
 from flexmodel.jobmix import parse_job_mix
