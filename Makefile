@@ -69,7 +69,7 @@ bench: $(STAMP)
 # The lab in containers (docs/operations.md): needs a Docker engine and docker-compose.
 # COMPOSE_LAB_ARGS=--postgres puts the gateway on PostgreSQL; --keep leaves the stack up.
 compose-lab: $(STAMP)
-	$(BIN)/python -m flexgate.composelab $(COMPOSE_LAB_ARGS)
+	$(BIN)/python -m flexgate.lab.compose $(COMPOSE_LAB_ARGS)
 
 base-images:  # python:3.11-slim and debian:bookworm-slim made offline (root, debootstrap)
 	scripts/local-base-image.sh

@@ -92,6 +92,12 @@ class SimulatedBackend:
         self._physics = NodePhysics(gpus, self.jobs, self.enforcement, irregularity, clock())
         self._sensor = SimSensor(self.sensor, sensor_offset_s, self._physics)
 
+    @property
+    def gpus(self) -> list[SimGpu]:
+        """The simulated GPUs, each with the job it runs: labs end and start jobs under the
+        agent by setting it (`flexgate.lab.realsite`)."""
+        return self._physics.gpus
+
     # --- GpuBackend ------------------------------------------------------------------------
 
     def _gpu(self, index: int) -> SimGpu:

@@ -1,6 +1,6 @@
 """Benchmark: a campaign of unannounced events on realistic sites (issue 31, item 9).
 
-Random sites of 2-8 nodes (`flexgate.realsite.draw_site`: meter dead time 0-60 s, lag 1-60 s,
+Random sites of 2-8 nodes (`flexgate.lab.realsite.draw_site`: meter dead time 0-60 s, lag 1-60 s,
 averaging 0-60 s, noise, quantisation; the overhead factor off by up to 30%, job power off by
 up to 15% and drifting, cooling cycling) each take a series of events, one after another over
 simulated days, on a stepped clock. Each event: a target type (a delta `reduction_kw`, a
@@ -27,7 +27,7 @@ still on its way through the meter apart: `unseen_step`). Faulted events apart.
     python bench/campaign_bench.py [--events 200] [--loop-root ../base] [--out campaign]
 
 `--loop-root` runs the same events against another tree's gateway and loop (its `gateway`,
-`flexmodel`, `agents` and `flexgate.simsite`), with this tree's site model.
+`flexmodel`, `agents` and `flexgate.lab.simsite`), with this tree's site model.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ async def tick(site: Any, trace: Trace, start_s: float) -> None:
 
 
 async def run_event(site: Any, plan: Plan, name: str) -> dict[str, Any]:
-    from flexgate.realsite import DRIFT
+    from flexgate.lab.realsite import DRIFT
 
     sim, meter = site.sim, site.meter
     oracle0 = site.oracle_uncapped_kw()
@@ -326,7 +326,7 @@ def intervals_above(
 async def run_site(seed: int, plans: list[Plan], folder: Path) -> list[dict[str, Any]]:
     import numpy as np
 
-    from flexgate.realsite import RealisticSite, draw_site
+    from flexgate.lab.realsite import RealisticSite, draw_site
 
     draw = draw_site(np.random.default_rng(10_000 + seed))
     site = RealisticSite(draw, seed=seed, meter_period_s=METER_PERIOD_S, folder=folder)
@@ -508,6 +508,35 @@ def plot(docs: dict[str, dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def use_loop_root(loop_root: Path) -> None:
+    """Another tree's `gateway`, `flexmodel`, `agents` and simulated site (its
+    `flexgate/lab/simsite.py`, or `flexgate/simsite.py` in a tree from before `flexgate/lab/`)
+    under this tree's site model (`flexgate.lab`: `realsite`, `jobs`)."""
+    sys.path.insert(0, str(loop_root))
+    import flexgate
+
+    flexgate.__path__.append(str(ROOT / "flexgate"))
+    _load("flexgate.lab", ROOT / "flexgate" / "lab" / "__init__.py", package=True)
+    simsite = loop_root / "flexgate" / "lab" / "simsite.py"
+    _load(
+        "flexgate.lab.simsite",
+        simsite if simsite.exists() else simsite.parent.parent / "simsite.py",
+    )
+
+
+def _load(name: str, path: Path, *, package: bool = False) -> None:
+    """The module (or package) at `path`, imported as `name`."""
+    import importlib.util
+
+    where = [str(path.parent)] if package else None
+    spec = importlib.util.spec_from_file_location(name, path, submodule_search_locations=where)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path}: not a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=200)
@@ -528,10 +557,7 @@ def main() -> None:
         plot(docs, RESULTS / "campaign.png")
         return
     if args.loop_root:
-        sys.path.insert(0, str(args.loop_root))
-        import flexgate
-
-        flexgate.__path__.append(str(ROOT / "flexgate"))  # this tree's site model
+        use_loop_root(args.loop_root)
     begin = time.perf_counter()
     runs = campaign(args.events)
     doc = {

@@ -1,10 +1,10 @@
 """Benchmark: the site loop at the meter against the open-loop plan (results/closed_loop.json).
 
-Random mismatched sites (`flexgate.simsite.draw_truth`: PFI by the study's predictor error,
+Random mismatched sites (`flexgate.lab.simsite.draw_truth`: PFI by the study's predictor error,
 power per GPU by up to 15%, duty by up to 0.1, the overhead factor by up to 0.15, plus a
 static load the declaration does not know), 100 simulated nodes of 8 GPUs each. For each, the
 same event (20% of the declared GPU-attributable power) runs open loop and closed loop in the
-same process, on a stepped clock (`flexgate.simsite`), so a hundred events take minutes.
+same process, on a stepped clock (`flexgate.lab.simsite`), so a hundred events take minutes.
 
 Delivered = the site's uncapped facility power (the meter's truth before the event: same
 seed, no event) less the metered power, averaged over the loop's window; the error is
@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from flexgate.lab import lab_jobs
-from flexgate.simsite import SimulatedSite, draw_truth
+from flexgate.lab.jobs import lab_jobs
+from flexgate.lab.simsite import SimulatedSite, draw_truth
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

@@ -14,7 +14,7 @@ The gateway knows none of their PFIs: each job is probed as `flexgate characteri
 its declared curve (the fleet default), its uncapped level and three caps down to its probe
 floor (65% of its throughput by that curve), with the uncapped level again after the second
 cap and after the last (`flexmodel.drift.probe_steps`, FLEXGATE_PROBE_REFERENCE_EVERY=2), each
-held for P iteration periods (`flexgate.probesim`), and the stretches recorded are fitted with
+held for P iteration periods (`flexgate.lab.probesim`), and the stretches recorded are fitted with
 their drift as the gateway fits them (`gateway.services.curves.fit_probe_levels`). The same
 jobs probed down once with no references and fitted by the sweep rule alone
 (`gateway.services.curves.fit_points`, as before issue 34) are reported at P = 20 for
@@ -73,7 +73,7 @@ from typing import Any
 import numpy as np
 
 from agents.irregularity import Irregularity
-from flexgate.probesim import run_probe
+from flexgate.lab.probesim import run_probe
 from flexmodel.allocate import allocate
 from flexmodel.curves import FamilyShape, family_curves, throughput_at_power
 from flexmodel.jobmix import parse_job_mix
@@ -90,13 +90,9 @@ from flexmodel.workload import (
     STATIC_SHARE,
     study_predictor,
 )
-from gateway.services.curves import (
-    fields_in_force,
-    fit_points,
-    fit_probe_levels,
-    points_of,
-    verdict,
-)
+from gateway.services.curvefit import fit_points, fit_probe_levels
+from gateway.services.curveinforce import fields_in_force, verdict
+from gateway.services.curves import points_of
 from gateway.services.probecaps import probe_caps
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -7,7 +7,7 @@
 - the plots in docs/img/;
 - scattering in the live gateway (`scattering`): the time to unlock a fleet of 50 and 500 jobs
   started in step, and its throughput cost, through the gateway's own services on a stepped
-  clock (`flexgate.simsite`); the live verdict's cost per plan for 10k jobs (it runs on every
+  clock (`flexgate.lab.simsite`); the live verdict's cost per plan for 10k jobs (it runs on every
   plan) and the rate spread's (`loops.detune`).
 
     python bench/sync_bench.py             # everything: bench/results/sync.json, docs/img/
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from flexgate.plots import plot_sync
-from flexgate.simsite import SimulatedSite, Truth, in_step_ids
+from flexgate.lab.plots import plot_sync
+from flexgate.lab.simsite import SimulatedSite, Truth, in_step_ids
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.locking import gain_sweep, locking_gain
 from flexmodel.loopresponse import ClosedLoopResponse

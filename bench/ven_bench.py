@@ -29,7 +29,7 @@ from gateway_bench import (
     serve_gateway,
 )  # bench/ is on sys.path
 
-from flexgate.mockvtn import MockVtn
+from flexgate.lab.mockvtn import MockVtn
 from flexgate.serve import free_port
 
 LEAD_S = 3.0

@@ -8,7 +8,7 @@ the bundle; unset, the host's own is used where one of `HOST_CA_BUNDLES` exists;
 none is. A build that cannot reach or verify PyPI fails with one line naming the variable
 (`PypiUnreachableError`), not pages of pip's retries.
 
-Errors: `ComposeError` (flexgate.composelab's, raised through `run`) and its subclass
+Errors: `ComposeError` (flexgate.lab.compose's, raised through `run`) and its subclass
 `PypiUnreachableError`.
 """
 

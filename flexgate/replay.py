@@ -4,10 +4,10 @@
 store without running anything, then each event runs through the gateway's own services, and
 the month is settled as `GET /v1/events/{id}/settlement` settles it.
 
-- The site is `flexgate.simsite.SimulatedSite`: simulated agents and GPUs running the lab's job
+- The site is `flexgate.lab.simsite.SimulatedSite`: simulated agents and GPUs running the lab's job
   mix, the gateway's planner, targets, closed loop (`Tracker`) and site sampling on a stepped
   clock, a simulated facility meter. Its meter also reads the load besides the cluster
-  (`flexgate.loadshape.LoadShape.other_at`: cooling and offices on a daily cycle).
+  (`flexgate.lab.loadshape.LoadShape.other_at`: cooling and offices on a daily cycle).
 - Quiet stretches (every day without an event, and each event day outside the hours around
   its event) are synthesised from `LoadShape` at `resolution_s` and written through the meter
   history's own write path (`MeterHistory.record`, then its flush: the stored rollups are the
@@ -34,9 +34,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import numpy as np
 
-from flexgate.lab import lab_jobs
-from flexgate.loadshape import LoadShape
-from flexgate.simsite import SimulatedMeter, SimulatedSite, draw_truth
+from flexgate.lab.jobs import lab_jobs
+from flexgate.lab.loadshape import LoadShape
+from flexgate.lab.simsite import SimulatedMeter, SimulatedSite, draw_truth
 from gateway.services.meterhistory import MeterHistory
 from gateway.services.settlement import Settlement
 from gateway.store import repo

@@ -237,38 +237,7 @@ def _table(
         f"{head}<th class=l rowspan=2>meter marks</th></tr>",
         f"<tr>{sub}</tr>",
     ]
-    for doc in settlements:
-        by_rule = {r["rule"]: r for r in doc["rules"]}
-        cells = ""
-        for name in rules:
-            rule = by_rule.get(name)
-            if rule is None or rule["baseline"] is None:
-                why = escape(rule["reason"] or "") if rule else "not asked"
-                cells += f'<td colspan="3" class="l note" title="{why}">no baseline</td>'
-                continue
-            totals = rule["totals"]
-            cells += (
-                f"<td>{_num(totals['delivered_kwh'])}</td>"
-                f"<td>{_num(totals['mean_delivered_kw'])}</td>{_pct_cell(totals['compliance'])}"
-            )
-        first = doc["rules"][0]["totals"] if doc["rules"] else None
-        flags = []
-        if first and first["estimated_intervals"]:
-            flags.append(f"{len(first['estimated_intervals'])} estimated")
-        if first and first["fault_intervals"]:
-            flags.append(f"{len(first['fault_intervals'])} meter fault")
-        kept = doc.get("throughput_kept")
-        event = events.get(doc["event_id"], {})
-        out.append(
-            f'<tr><td class="l nowrap"><a href="#{escape(doc["event_id"])}">'
-            f"{escape(doc['event_id'])}</a></td><td class='l nowrap'>"
-            f"{_local(doc['start'], zone)}&ndash;{_local(doc['end'], zone, '%H:%M')}</td>"
-            f"<td class=l>{escape(doc['status'])}</td>"
-            f"<td>{_num(first['mean_target_kw'] if first else event.get('reduction_kw'))}</td>"
-            f"<td>{_num(first['target_kwh'] if first else None)}</td>"
-            f"<td>{'&ndash;' if kept is None else f'{100 * kept:.0f}%'}</td>{cells}"
-            f'<td class="l flag">{escape(", ".join(flags) or "none")}</td></tr>'
-        )
+    out += [_event_row(doc, events.get(doc["event_id"], {}), rules, zone) for doc in settlements]
     out.append(
         '</table><p class="note">Target: the reduction the event asked for, under the first '
         "rule's baseline. Throughput kept: the jobs' throughput under the event's caps, as a "
@@ -278,6 +247,41 @@ def _table(
         "intervals and by how much each fell short.</p>"
     )
     return out
+
+
+def _event_row(doc: dict[str, Any], event: dict[str, Any], rules: list[str], zone: ZoneInfo) -> str:
+    """One event's row of the table: its target, throughput kept, each rule's delivery and
+    compliance, and the first rule's meter marks."""
+    by_rule = {r["rule"]: r for r in doc["rules"]}
+    cells = ""
+    for name in rules:
+        rule = by_rule.get(name)
+        if rule is None or rule["baseline"] is None:
+            why = escape(rule["reason"] or "") if rule else "not asked"
+            cells += f'<td colspan="3" class="l note" title="{why}">no baseline</td>'
+            continue
+        totals = rule["totals"]
+        cells += (
+            f"<td>{_num(totals['delivered_kwh'])}</td>"
+            f"<td>{_num(totals['mean_delivered_kw'])}</td>{_pct_cell(totals['compliance'])}"
+        )
+    first = doc["rules"][0]["totals"] if doc["rules"] else None
+    flags = []
+    if first and first["estimated_intervals"]:
+        flags.append(f"{len(first['estimated_intervals'])} estimated")
+    if first and first["fault_intervals"]:
+        flags.append(f"{len(first['fault_intervals'])} meter fault")
+    kept = doc.get("throughput_kept")
+    return (
+        f'<tr><td class="l nowrap"><a href="#{escape(doc["event_id"])}">'
+        f"{escape(doc['event_id'])}</a></td><td class='l nowrap'>"
+        f"{_local(doc['start'], zone)}&ndash;{_local(doc['end'], zone, '%H:%M')}</td>"
+        f"<td class=l>{escape(doc['status'])}</td>"
+        f"<td>{_num(first['mean_target_kw'] if first else event.get('reduction_kw'))}</td>"
+        f"<td>{_num(first['target_kwh'] if first else None)}</td>"
+        f"<td>{'&ndash;' if kept is None else f'{100 * kept:.0f}%'}</td>{cells}"
+        f'<td class="l flag">{escape(", ".join(flags) or "none")}</td></tr>'
+    )
 
 
 def _event_section(

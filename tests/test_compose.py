@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from agents.settings import AgentSettings
-from flexgate.composelab import BUILD_CA, main
-from flexgate.mockvtn import read_scenario
+from flexgate.lab.compose import BUILD_CA, main
+from flexgate.lab.mockvtn import read_scenario
 from gateway.settings import GatewaySettings
 from tests.conftest import EXAMPLES, ROOT
 

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from rich.console import Console
 
-from flexgate.composelab import (
+from flexgate.lab.compose import (
     AGENTS,
     IMAGE,
     POSTGRES_IMAGE,

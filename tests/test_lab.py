@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flexgate.mockvtn import check_scenario
+from flexgate.lab.mockvtn import check_scenario
 from flexgate.serve import free_port
 from tests.conftest import ROOT
 from tests.test_cli import assert_bad_input, flexgate, write

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from flexgate.labmeter import LabMeter, create_app, parse_fault
+from flexgate.lab.meter import LabMeter, create_app, parse_fault
 from flexgate.serve import ServerThread, free_port
 from flexmodel.calibration import OverheadCalibration, fit_overhead
 from gateway.clock import SteppedClock

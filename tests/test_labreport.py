@@ -1,4 +1,4 @@
-"""The lab's report (flexgate.labreport): what it says about a finished event."""
+"""The lab's report (flexgate.lab.report): what it says about a finished event."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 from rich.console import Console
 
-from flexgate.labreport import ACHIEVED_WINDOW, RECORDED_WINDOW, report
+from flexgate.lab.report import ACHIEVED_WINDOW, RECORDED_WINDOW, report
 
 
 def test_the_lab_report_names_the_window_of_each_delivered_figure(tmp_path):

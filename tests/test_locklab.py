@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from flexgate.labreport import lock_report
-from flexgate.locklab import (
+from flexgate.lab.lock import (
     JOBS,
     METER_PERIOD_S,
     PERIOD_S,
@@ -24,6 +23,7 @@ from flexgate.locklab import (
     attractive_delay_s,
     run_lock,
 )
+from flexgate.lab.report import lock_report
 from gateway.settings import GatewaySettings
 from tests.test_cli import assert_bad_input, flexgate
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flexgate.plots import lab_figure, plot_lab, sync_figure
+from flexgate.lab.plots import lab_figure, plot_lab, sync_figure
 from flexmodel.syncsim import simulate_sync
 
 

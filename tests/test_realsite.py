@@ -1,11 +1,11 @@
-"""The campaign's site model (`flexgate.realsite`): its cooling steps where it says they do."""
+"""The campaign's site model (`flexgate.lab.realsite`): its cooling steps where it says they do."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flexgate.realsite import Cooling
+from flexgate.lab.realsite import Cooling
 
 
 @given(

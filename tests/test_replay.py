@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from flexgate.cli import main
-from flexgate.loadshape import LoadShape
+from flexgate.lab.loadshape import LoadShape
 from flexgate.replay import ReplayError, default_holiday, draw_events
 from gateway.store import repo
 from gateway.store.db import Store

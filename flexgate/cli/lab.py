@@ -113,7 +113,7 @@ def _add_event_lab_options(lab: Any) -> None:
 
 
 def _meter_fault(text: str) -> Any:
-    from flexgate.labmeter import parse_fault
+    from flexgate.lab.meter import parse_fault
 
     try:
         return parse_fault(text)
@@ -127,7 +127,7 @@ def run_lab(args: argparse.Namespace) -> int:
         return _run_lock_lab(args)
     if args.scenario == "fast":
         return _run_fast_lab(args)
-    from flexgate.lab import run_lab
+    from flexgate.lab.run import run_lab
 
     return run_lab(
         nodes=args.nodes,
@@ -162,8 +162,8 @@ def _run_lock_lab(args: argparse.Namespace) -> int:
     import shutil
     import tempfile
 
-    from flexgate.labreport import lock_report
-    from flexgate.locklab import run_lock
+    from flexgate.lab.lock import run_lock
+    from flexgate.lab.report import lock_report
 
     _refuse_event_options(
         args, "--scenario lock runs its own 64 jobs under the gateway's loop on a simulated clock"
@@ -185,7 +185,7 @@ def _run_lock_lab(args: argparse.Namespace) -> int:
 
 
 def _run_fast_lab(args: argparse.Namespace) -> int:
-    from flexgate.fastlab import fast_report, run_fast
+    from flexgate.lab.fast import fast_report, run_fast
 
     _refuse_event_options(
         args, "--scenario fast plays a frequency dip into the gateway's frequency trigger"

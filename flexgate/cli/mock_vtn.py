@@ -48,7 +48,7 @@ def run_mock_vtn(args: argparse.Namespace) -> int:
         return _run_mock_vtn31(args)
     if args.mqtt_broker:
         raise BadInputError("--mqtt-broker is for the 3.1 mock VTN (--openadr 3.1)")
-    from flexgate.mockvtn import DEFAULT_SCENARIO, MockVtn, read_scenario
+    from flexgate.lab.mockvtn import DEFAULT_SCENARIO, MockVtn, read_scenario
 
     try:
         scenario = read_scenario(args.scenario) if args.scenario else DEFAULT_SCENARIO
@@ -68,7 +68,7 @@ def run_mock_vtn(args: argparse.Namespace) -> int:
 
 
 def _run_mock_vtn31(args: argparse.Namespace) -> int:
-    from flexgate.mockvtn31 import LAB_CLIENT_ID, MockVtn31
+    from flexgate.lab.mockvtn31 import LAB_CLIENT_ID, MockVtn31
     from flexgate.serve import ServerThread
 
     if args.scenario:

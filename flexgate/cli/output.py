@@ -50,7 +50,7 @@ def plot_and_print(
 ) -> int:
     """Draw the plot when asked, then print the document (JSON or for people)."""
     if args.plot is not None:
-        from flexgate import plots  # matplotlib costs 0.2 s: load it when asked
+        from flexgate.lab import plots  # matplotlib costs 0.2 s: load it when asked
 
         getattr(plots, plotter)(data, args.plot)
         doc["plot"] = str(args.plot)

@@ -8,7 +8,7 @@ document as the Definition and User Guide (3.1.1 folder) describe them, the enum
 report-payloads.schema.yaml`) and the change log (`3.1.0/changeLog.md`: targets are plain
 strings (issue 316), `programID` left the report (253), resources are top-level objects (306),
 `GET /auth/server` names the token service (226)). Both sides use these models: the 3.1 VEN
-(`ven31`) reads what the VTN sends through them, and the mock VTN (`flexgate.mockvtn31`)
+(`ven31`) reads what the VTN sends through them, and the mock VTN (`flexgate.lab.mockvtn31`)
 validates what the VEN sends with the same ones, so neither can drift from the specification
 without a test failing.
 

@@ -3,7 +3,7 @@ the job's power shows its period once its uncapped level is measured (`after_ref
 and what a probe records at the end of each step (`record_stretch`: the agent's stretch at
 the step's cap, with when it was measured, from which the fit measures the job's drift).
 Pure functions: the gateway's probe (`gateway.services.characterise`) and the bench's
-simulated one (`flexgate.probesim`) plan and record by the same rule."""
+simulated one (`flexgate.lab.probesim`) plan and record by the same rule."""
 
 from __future__ import annotations
 

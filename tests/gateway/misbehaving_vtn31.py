@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flexgate.mockvtn31 import MockVtn31
+from flexgate.lab.mockvtn31 import MockVtn31
 
 
 class MisbehavingVtn31(MockVtn31):

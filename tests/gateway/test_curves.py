@@ -9,20 +9,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents.irregularity import Irregularity
-from flexgate.probesim import run_probe
+from flexgate.lab.probesim import run_probe
 from flexmodel.allocate import allocate_mix
 from flexmodel.curves import FamilyShape, family_point, operating_point, throughput_at_power
 from flexmodel.jobmix import parse_job_mix
 from flexmodel.pfi import grid_matrix, pfi_of_sweep, solve_insensitive_share
 from flexmodel.pficarry import pfi_on_own_grid
 from flexmodel.quote import quote
-from gateway.services.curves import (
-    fields_in_force,
-    fit_points,
-    fit_probe_levels,
-    points_of,
-    verdict,
-)
+from gateway.services.curvefit import fit_points, fit_probe_levels
+from gateway.services.curveinforce import fields_in_force, verdict
+from gateway.services.curves import points_of
 from gateway.services.probecaps import probe_caps
 from gateway.settings import GatewaySettings
 

@@ -12,7 +12,7 @@ from agents.nvml import NvmlBackend
 from agents.service import AgentNode
 from agents.service import create_app as agent_app
 from flexgate.cli import main
-from flexgate.mockvtn31 import MockVtn31
+from flexgate.lab.mockvtn31 import MockVtn31
 from flexgate.serve import ServerThread, free_port
 from gateway.app import create_app
 from gateway.settings import GatewaySettings

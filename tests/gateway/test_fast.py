@@ -21,7 +21,8 @@ from gateway.agentclient import AgentUnreachableError
 from gateway.agentclient.memory import InMemoryAgentClient
 from gateway.app import create_app
 from gateway.clock import SteppedClock
-from gateway.services.fast import FastPath, TriggerNotSentError
+from gateway.services.fast import FastPath
+from gateway.services.fasttriggers import TriggerNotSentError
 from gateway.settings import GatewaySettings
 from gateway.store import repo
 from gateway.store.db import Store

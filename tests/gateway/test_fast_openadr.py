@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from flexgate.mockvtn31 import LAB_CLIENT_ID
+from flexgate.lab.mockvtn31 import LAB_CLIENT_ID
 from flexgate.serve import free_port
 from gateway.openadr.oadr31 import Event
 from gateway.openadr.signals import SiteLoad, read_event

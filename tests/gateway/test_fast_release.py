@@ -12,7 +12,7 @@ import copy
 
 import pytest
 
-from flexgate.simsite import SimulatedSite, Truth
+from flexgate.lab.simsite import SimulatedSite, Truth
 from gateway.agentclient.fast import MemoryFast
 from gateway.services.fast import FastPath
 from tests.gateway.conftest import site_jobs

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from flexgate.simsite import SimulatedSite
+from flexgate.lab.simsite import SimulatedSite
 from gateway.services.quotes import Quotes
 from gateway.store import repo
 from gateway.store.models import EventRow

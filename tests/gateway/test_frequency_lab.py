@@ -8,7 +8,7 @@ import json
 
 from rich.console import Console
 
-from flexgate.fastlab import dip_hz, fast_report, run_fast
+from flexgate.lab.fast import dip_hz, fast_report, run_fast
 from tests.test_cli import assert_bad_input, flexgate
 
 

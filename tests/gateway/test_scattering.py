@@ -2,8 +2,8 @@
 
 Sixteen identical jobs (T = 2 s, d = 1/2) on four simulated nodes, started in step: their
 ids are chosen so that the simulated backend's starting phases (drawn from the id) lie within
-2% of a cycle of each other (`flexgate.simsite.in_step_ids`), and at one period nothing pulls
-them apart. The gateway's services run on a stepped clock (`flexgate.simsite.SimulatedSite`):
+2% of a cycle of each other (`flexgate.lab.simsite.in_step_ids`), and at one period nothing pulls
+them apart. The gateway's services run on a stepped clock (`flexgate.lab.simsite.SimulatedSite`):
 the agents sample their GPUs at 20 Hz and estimate each job's phase, and every
 reconciliation period the fleet watches them and the scatterer acts. No event: the caps
 scattering sets are its own.
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from flexgate.simsite import SimulatedSite, Truth, in_step_ids
+from flexgate.lab.simsite import SimulatedSite, Truth, in_step_ids
 from flexmodel.phases import rayleigh_threshold
 from gateway.settings import GatewaySettings
 

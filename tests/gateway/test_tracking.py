@@ -1,7 +1,7 @@
 """The closed site loop on a simulated site whose truth differs from what was declared.
 
 The agents run the true mix and a simulated meter reads the true static load, overhead factor
-and cooling lag; the gateway plans on the declared mix (`flexgate.simsite`). On a stepped
+and cooling lag; the gateway plans on the declared mix (`flexgate.lab.simsite`). On a stepped
 clock, so minutes of an event take a fraction of a second.
 """
 
@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from flexgate.simsite import SimulatedSite, Truth
+from flexgate.lab.simsite import SimulatedSite, Truth
 from gateway.services.delivery import delivery_doc
 from gateway.store import repo
 from tests.gateway.conftest import EXAMPLES, site_jobs

@@ -82,8 +82,8 @@ def test_a_small_move_s_noisy_answer_does_not_set_the_site_s_gain(tmp_path, seed
         await site.start()
         await site.run_for(60.0)
         uncapped = site.meter.true_facility_kw()
-        mine = [(b, g) for b in site.backends for g, gpu in enumerate(b._gpus) if gpu.job]
-        mine = [(b, g) for b, g in mine if b._gpus[g].job.id == ended]
+        mine = [(b, g) for b in site.backends for g, gpu in enumerate(b.gpus) if gpu.job]
+        mine = [(b, g) for b, g in mine if b.gpus[g].job.id == ended]
         job_kw = sum(b.mean_power_w(g) for b, g in mine) / 1000.0
         await site.tracker.pursue("ev-1", 8.0, None)
         await site.run_for(600.0)
@@ -92,7 +92,7 @@ def test_a_small_move_s_noisy_answer_does_not_set_the_site_s_gain(tmp_path, seed
         await site.run_for(600.0)
         assert site.tracker.pursuit.gain == first_gain
         for b, g in mine:
-            b._gpus[g].job = None  # the job ends: its GPUs idle
+            b.gpus[g].job = None  # the job ends: its GPUs idle
         idle_kw = sum(b.mean_power_w(g) for b, g in mine) / 1000.0
         await site.run_for(15.0)
         await site.book.replace([j for j in site.declared if j["id"] != ended], "scheduler")

@@ -1,6 +1,6 @@
 """An import limit held while a job ends and starts again under it (issue 31).
 
-On a stepped clock, `flexgate.realsite`'s site (the campaign benchmark's) of four nodes: the
+On a stepped clock, `flexgate.lab.realsite`'s site (the campaign benchmark's) of four nodes: the
 overhead factor 20% above the declared 1.3, a meter 30 s late through a 3 s lag, no cooling
 cycle; the scheduler reports each change of the job mix 60 s late.
 """
@@ -12,9 +12,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from flexgate.lab import lab_jobs
-from flexgate.realsite import Cooling, MeterPath, RealisticSite, SiteDraw
-from flexgate.simsite import draw_truth
+from flexgate.lab.jobs import lab_jobs
+from flexgate.lab.realsite import Cooling, MeterPath, RealisticSite, SiteDraw
+from flexgate.lab.simsite import draw_truth
 
 PERIOD_S = 5.0
 REPORT_S = 60.0

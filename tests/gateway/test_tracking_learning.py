@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from flexgate.simsite import SimulatedSite
+from flexgate.lab.simsite import SimulatedSite
 from gateway.services.pursuit import Pursuit
 from tests.gateway.test_tracking import REDUCTION_KW, WARM_UP_S, mismatched
 from tests.gateway.test_tracking_meters import make_site, sheds_for

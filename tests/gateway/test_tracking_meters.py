@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from flexgate.simsite import SimulatedSite, Truth
+from flexgate.lab.simsite import SimulatedSite, Truth
 from gateway.services.delivery import delivery_doc
 from gateway.store import repo
 from tests.gateway.conftest import EXAMPLES, site_jobs
@@ -467,13 +467,13 @@ def test_a_job_that_ends_mid_event_moves_the_target_by_its_draw_less_its_gpus_id
         await site.start()
         await site.run_for(WARM_UP_S)
         uncapped = site.meter.true_facility_kw()
-        gpus = [(b, g) for b in site.backends for g, gpu in enumerate(b._gpus) if gpu.job]
-        mine = [(b, g) for b, g in gpus if b._gpus[g].job.id == ended]
+        gpus = [(b, g) for b in site.backends for g, gpu in enumerate(b.gpus) if gpu.job]
+        mine = [(b, g) for b, g in gpus if b.gpus[g].job.id == ended]
         job_kw = sum(b.mean_power_w(g) for b, g in mine) / 1000.0
         await site.tracker.pursue("ev-1", REDUCTION_KW / 2, None)
         await site.run_for(120.0)
         for b, g in mine:
-            b._gpus[g].job = None  # the job ends: its GPUs idle
+            b.gpus[g].job = None  # the job ends: its GPUs idle
         idle_kw = sum(b.mean_power_w(g) for b, g in mine) / 1000.0
         await site.run_for(15.0)
         await site.book.replace([j for j in site.declared if j["id"] != ended], "scheduler")

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from flexgate.mockvtn31 import LAB_CLIENT_ID
+from flexgate.lab.mockvtn31 import LAB_CLIENT_ID
 from flexgate.serve import ServerThread, free_port
 from gateway.openadr.webhook31 import CALLBACK_PATH
 from tests.gateway.conftest import API, running_site

@@ -24,7 +24,7 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from flexgate.mockvtn31 import LAB_CLIENT_ID, LAB_CLIENT_SECRET
+from flexgate.lab.mockvtn31 import LAB_CLIENT_ID, LAB_CLIENT_SECRET
 from flexgate.serve import free_port
 from gateway.openadr.mqtt31 import broker_problem
 from tests.conftest import ROOT, wait_for

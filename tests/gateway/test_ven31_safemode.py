@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from flexgate.mockvtn31 import LAB_CLIENT_ID, MockVtn31
+from flexgate.lab.mockvtn31 import LAB_CLIENT_ID, MockVtn31
 from flexgate.serve import ServerThread, free_port
 from gateway.openadr.safemode31 import parse_limits
 from tests.gateway.test_ven31 import (

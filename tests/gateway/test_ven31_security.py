@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI
 from pydantic import SecretStr, ValidationError
 
-from flexgate.mockvtn31 import LAB_CLIENT_ID, LAB_CLIENT_SECRET, MockVtn31
+from flexgate.lab.mockvtn31 import LAB_CLIENT_ID, LAB_CLIENT_SECRET, MockVtn31
 from flexgate.serve import ServerThread
 from gateway.clock import SteppedClock
 from gateway.openadr.oauth import REFRESH_SHARE, TokenSource, VtnAuthError

@@ -32,7 +32,7 @@ from agents.telemetry import Sampler
 from flexmodel.curves import operating_point
 from flexmodel.drift import probe_steps
 from flexmodel.jobmix import parse_job_mix
-from flexmodel.jobs import Job
+from flexmodel.jobs import Job, JobMix
 from gateway.services.probecaps import after_reference, record_stretch
 
 SAMPLE_HZ = 20.0
@@ -83,7 +83,6 @@ def run_probe(
     gpus = min(int(doc["gpus"]), NODE_GPUS)
     doc |= {"gpus": gpus, "placement": [{"node": "sim", "gpus": list(range(gpus))}]}
     mix = parse_job_mix({"jobs": [doc]})
-    job = mix.jobs[0]
     clock = _Clock()
     backend = SimulatedBackend(
         gpus,
@@ -94,22 +93,7 @@ def run_probe(
         seed=seed,
         irregularity=irregularity,
     )
-
-    def at(cap: float) -> tuple[float, float, float]:
-        """(true mean power per GPU, throughput, the level's hold [s]) at `cap`."""
-        power, thr, period = (float(v[0]) for v in operating_point(mix.curves, cap))
-        return power, thr, periods * period + SETTLE_S + 0.5
-
-    longest_s = max(at(cap)[2] for cap in caps_w)  # the deepest planned level's
-    sampler = Sampler(
-        backend,
-        {job.id: list(range(gpus))},
-        sample_hz=SAMPLE_HZ,
-        window_s=longest_s + 5.0,
-        clock=clock,
-    )
-    rng = np.random.default_rng(seed + 1)
-    dt, k, seconds, truth = 1.0 / SAMPLE_HZ, 0, 0.0, {}
+    probe = _Probe(mix, backend, gpus, clock, periods, caps_w, seed)
     steps = (
         list(range(len(caps_w)))
         if reference_every is None
@@ -120,26 +104,66 @@ def run_probe(
         if level >= len(caps_w):  # the job goes no lower (`after_reference`)
             continue
         cap = caps_w[level]
-        power, thr, hold_s = at(cap)
-        truth[cap] = (power, thr)
-        for g in range(gpus):
-            backend.set_limit_w(g, cap)
-        for _ in range(int(hold_s * SAMPLE_HZ)):
-            k += 1
-            clock.now = k * dt + float(rng.uniform(-JITTER, JITTER)) * dt
-            sampler.sample_once()
-        seconds += hold_s
-        reading = sampler.job_telemetry()[0]
+        reading = probe.hold(cap)
         if step == 0 and keep_visible and reading.points:  # as the gateway's probe does
             caps_w, _ = after_reference(caps_w, reading.points[-1])
         if reference_every is not None:
             record_stretch(measured, level, cap, reading.stretches)
     return ProbeRun(
-        job=job,
+        job=mix.jobs[0],
         reading=reading,
-        truth=truth,
+        truth=probe.truth,
         caps_w=caps_w,
-        seconds=seconds,
+        seconds=probe.seconds,
         measured=measured,
         steps=steps,
     )
+
+
+class _Probe:
+    """The agent's sampler on the simulated node, each cap held for its level's time while the
+    sampling instants jitter about their schedule."""
+
+    def __init__(
+        self,
+        mix: JobMix,
+        backend: SimulatedBackend,
+        gpus: int,
+        clock: _Clock,
+        periods: float,
+        caps_w: list[float],
+        seed: int,
+    ) -> None:
+        self.mix, self.backend, self.gpus = mix, backend, gpus
+        self.clock, self.periods = clock, periods
+        longest_s = max(self.at(cap)[2] for cap in caps_w)  # the deepest planned level's
+        self.sampler = Sampler(
+            backend,
+            {mix.jobs[0].id: list(range(gpus))},
+            sample_hz=SAMPLE_HZ,
+            window_s=longest_s + 5.0,
+            clock=clock,
+        )
+        self.rng = np.random.default_rng(seed + 1)
+        self.samples = 0
+        self.seconds = 0.0  #: simulated time held so far [s]
+        self.truth: dict[float, tuple[float, float]] = {}  #: cap -> (mean power per GPU, thr.)
+
+    def at(self, cap: float) -> tuple[float, float, float]:
+        """(true mean power per GPU, throughput, the level's hold [s]) at `cap`."""
+        power, thr, period = (float(v[0]) for v in operating_point(self.mix.curves, cap))
+        return power, thr, self.periods * period + SETTLE_S + 0.5
+
+    def hold(self, cap: float) -> JobTelemetry:
+        """The cap held for its level's time, sampled; the agent's telemetry for the job then."""
+        power, thr, hold_s = self.at(cap)
+        self.truth[cap] = (power, thr)
+        for g in range(self.gpus):
+            self.backend.set_limit_w(g, cap)
+        dt = 1.0 / SAMPLE_HZ
+        for _ in range(int(hold_s * SAMPLE_HZ)):
+            self.samples += 1
+            self.clock.now = self.samples * dt + float(self.rng.uniform(-JITTER, JITTER)) * dt
+            self.sampler.sample_once()
+        self.seconds += hold_s
+        return self.sampler.job_telemetry()[0]

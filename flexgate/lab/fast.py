@@ -29,8 +29,8 @@ from agents.fasttrigger import TriggerGuard
 from agents.service import AgentNode
 from agents.service import create_app as agent_app
 from agents.simulated import SimulatedBackend
-from flexgate.lab import AGENT_TOKEN, OVERHEAD_FACTOR, lab_jobs
-from flexgate.plots import plot_fast
+from flexgate.lab.jobs import AGENT_TOKEN, OVERHEAD_FACTOR, lab_jobs
+from flexgate.lab.plots import plot_fast
 from flexgate.serve import ServerThread
 from flexmodel.jobmix import parse_job_mix
 from gateway.app import create_app

@@ -9,7 +9,7 @@ the clock by one meter period, so an hour of an event takes a second or two.
 `draw_truth` makes a mismatched truth from a declared mix, by the study's predictor error and
 the spreads a site sees (docs/gateway.md, "The closed site loop").
 
-For phase-locking (`flexgate.locklab`) the meter can read the GPUs' instantaneous power (the
+For phase-locking (`flexgate.lab.lock`) the meter can read the GPUs' instantaneous power (the
 jobs' swings, not their means: `waveform`) a dead time late (`delay_s`), and the agents sample
 their GPUs (`sample_hz`), so the gateway measures the jobs' phases; every reconciliation period
 the site then watches them, lets the scatterer act and renews the leases, as the reconciler.
@@ -202,33 +202,9 @@ class SimulatedSite:
         `SteppedClock`'s)."""
         self.clock = SteppedClock(start)
         self.folder = folder or Path(tempfile.mkdtemp(prefix="flexgate-simsite-"))
-        mix = parse_job_mix({"jobs": truth.jobs})
-        names = sorted({p.node for j in mix.jobs for p in j.placement or ()})
-        self.backends = [
-            SimulatedBackend(
-                gpus_per_node,
-                mix=mix,
-                node_id=n,
-                clock=self.clock.monotonic,
-                seed=seed,
-                sensor=sensor,
-            )
-            for n in names
-        ]
-        self.nodes = {
-            # No sampling thread (the meter reads the GPUs) and a short window: cheap telemetry.
-            f"mem://{b.node_id}": AgentNode(
-                b.node_id,
-                b,
-                self.folder / b.node_id,
-                jobs={j.id: j.gpus for j in b.jobs} if sample_hz else None,
-                clock=self.clock.monotonic,
-                sample_hz=sample_hz,  # sampled by `tick`: no thread
-                window_s=12.0 if sample_hz or read_power else 1.0,
-            )
-            for b in self.backends
-        }
         self.declared, self.truth = declared, truth
+        self.sample_hz, self.read_power = sample_hz, read_power
+        self._simulate_nodes(gpus_per_node, seed, sensor)
         self.settings = GatewaySettings(
             database_url=f"sqlite:///{self.folder / 'gateway.db'}",
             lab=True,
@@ -251,9 +227,31 @@ class SimulatedSite:
             waveform=waveform_meter,
             delay_s=meter_delay_s,
         )
-        self.sample_hz, self.read_power = sample_hz, read_power
-        self._next_round_s = self.clock.monotonic() + self.settings.reconcile_period_s
+        self._wire(metered)
+
+    def _simulate_nodes(self, gpus_per_node: int, seed: int, sensor: SensorModel | None) -> None:
+        """The simulated nodes running the truth (`backends`) and an agent on each (`nodes`,
+        by its `mem://` address)."""
+        self.backends = _backends(self.truth, gpus_per_node, self.clock, seed, sensor)
+        self.nodes = {
+            # No sampling thread (the meter reads the GPUs) and a short window: cheap telemetry.
+            f"mem://{b.node_id}": AgentNode(
+                b.node_id,
+                b,
+                self.folder / b.node_id,
+                jobs={j.id: j.gpus for j in b.jobs} if self.sample_hz else None,
+                clock=self.clock.monotonic,
+                sample_hz=self.sample_hz,  # sampled by `tick`: no thread
+                window_s=12.0 if self.sample_hz or self.read_power else 1.0,
+            )
+            for b in self.backends
+        }
+
+    def _wire(self, metered: bool) -> None:
+        """The gateway's services on the stepped clock, as the gateway's app wires them; the
+        first reconciliation round due."""
         settings, clock = self.settings, self.clock
+        self._next_round_s = clock.monotonic() + settings.reconcile_period_s
         self.client = InMemoryAgentClient(self.nodes, clock)
         self.store = Store(settings.database_url)
         self.fleet = Fleet(settings, self.store, clock, self.client)
@@ -262,7 +260,7 @@ class SimulatedSite:
         self.feed = MeterFeed(
             self.meter,
             clock=clock,
-            period_s=meter_period_s,
+            period_s=settings.meter_period_s,
             max_step_kw=settings.meter_max_step_kw,
             max_kw=settings.meter_max_kw,
         )
@@ -341,3 +339,26 @@ class SimulatedSite:
             a: [n.backend.enforced_limit_w(g) for g in range(n.backend.count())]
             for a, n in self.nodes.items()
         }
+
+
+def _backends(
+    truth: Truth,
+    gpus_per_node: int,
+    clock: SteppedClock,
+    seed: int,
+    sensor: SensorModel | None,
+) -> list[SimulatedBackend]:
+    """A simulated node per node the truth's jobs are placed on, running the truth."""
+    mix = parse_job_mix({"jobs": truth.jobs})
+    names = sorted({p.node for j in mix.jobs for p in j.placement or ()})
+    return [
+        SimulatedBackend(
+            gpus_per_node,
+            mix=mix,
+            node_id=n,
+            clock=clock.monotonic,
+            seed=seed,
+            sensor=sensor,
+        )
+        for n in names
+    ]

@@ -1,11 +1,11 @@
 """`make compose-lab`: the lab's chain in containers (docker-compose.yml), driven from the host.
 
-`python -m flexgate.composelab [--postgres] [--keep] [--out DIR]` builds the images (Docker's
+`python -m flexgate.lab.compose [--postgres] [--keep] [--out DIR]` builds the images (Docker's
 layer cache makes an unchanged tree cost seconds), starts the two simulated agents and the
 gateway (and, with `--postgres`, PostgreSQL first), waits on their healthchecks, puts the job
 mix in, then starts the mock VTN, whose scenario issues the event once the VEN has registered.
 It watches the gateway's published API from the host and prints `flexgate lab`'s report
-(flexgate/labreport.py); exit 0 when the site met the target within 5%. `docker-compose down
+(flexgate/lab/report.py); exit 0 when the site met the target within 5%. `docker-compose down
 --volumes` follows unless `--keep`.
 
 The secrets are taken from the environment (FLEXGATE_API_TOKEN, FLEXGATE_AGENT_TOKEN,
@@ -41,11 +41,11 @@ from flexgate.imagebuild import BUILD_CA as BUILD_CA
 from flexgate.imagebuild import IMAGE as IMAGE
 from flexgate.imagebuild import POSTGRES_IMAGE as POSTGRES_IMAGE
 from flexgate.imagebuild import ComposeError, build_images, run
-from flexgate.labreport import read_result, report, watch
-from flexgate.mockvtn import read_scenario
+from flexgate.lab.mockvtn import read_scenario
+from flexgate.lab.report import read_result, report, watch
 from flexgate.serve import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 SITE = ROOT / "examples" / "compose-site.json"
 SCENARIO = ROOT / "examples" / "compose-scenario.json"
@@ -205,7 +205,7 @@ def run_compose_lab(stack: Stack, *, out: Path, console: Console, keep: bool = F
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flexgate.composelab", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m flexgate.lab.compose", description=__doc__)
     parser.add_argument("--postgres", action="store_true", help="the gateway on PostgreSQL")
     parser.add_argument("--keep", action="store_true", help="leave the stack up afterwards")
     parser.add_argument("--project", default="flexgate-lab", help="docker-compose project name")

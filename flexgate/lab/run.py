@@ -1,7 +1,7 @@
 """`flexgate lab`: the whole chain on loopback, and a report (docs/cli.md).
 
 Simulated agents (N nodes of G GPUs in one process, under `/nodes/N`), a lab facility meter
-(`flexgate.labmeter`: the agents' true GPU power through a static load, an overhead factor, a
+(`flexgate.lab.meter`: the agents' true GPU power through a static load, an overhead factor, a
 cooling lag and noise), a mock VTN (openleadr's VTN) and the gateway with its VEN, each on a
 free loopback port, with SQLite in a temporary folder. The job mix is drawn from the PFI
 study's job types. The VTN issues a LOAD_DISPATCH delta of `reduction` times the site's
@@ -10,15 +10,15 @@ PNG plot. What was delivered is read at the meter: its mean before the event les
 over the settled part of the event.
 
 With `mismatch`, the agents run a truth drawn away from the declared mix and the meter a
-different overhead factor and a static load (`flexgate.simsite.draw_truth`), and the lab runs
+different overhead factor and a static load (`flexgate.lab.simsite.draw_truth`), and the lab runs
 the event twice, open loop (the model's plan alone) and closed loop (the site loop at the
 meter). Exit 0 when the (closed-loop) site met the target within 5%.
 
 With `characterise`, the gateway is told no PFIs: every job is probed first, and the report
 compares the estimates with the truth and the event's throughput kept with an oracle plan on
-the true curves (`flexgate.labcharacterise`).
+the true curves (`flexgate.lab.characterise`).
 
-With `openadr="3.1"` the VTN is the OpenADR 3.1 mock VTN (`flexgate.mockvtn31`) and the event
+With `openadr="3.1"` the VTN is the OpenADR 3.1 mock VTN (`flexgate.lab.mockvtn31`) and the event
 the 3.1 form of the same request (CONTROL_SETPOINT, -requested kW), delivered by webhook.
 """
 
@@ -30,6 +30,7 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,19 +42,20 @@ from agents.run import jobs_on_node
 from agents.service import AgentNode
 from agents.service import create_app as agent_app
 from agents.simulated import SimulatedBackend
-from flexgate import labcharacterise, labmeter
-from flexgate.labreport import START_AFTER_S, read_result, report, watch
-from flexgate.mockvtn import MockVtn
-from flexgate.mockvtn31 import LAB_CLIENT_ID, LAB_CLIENT_SECRET, MockVtn31
+from flexgate.lab import characterise as lab_characterise
+from flexgate.lab.jobs import AGENT_TOKEN, OVERHEAD_FACTOR, lab_jobs
+from flexgate.lab.meter import LabMeter, MeterFault
+from flexgate.lab.meter import create_app as meter_app
+from flexgate.lab.mockvtn import MockVtn
+from flexgate.lab.mockvtn31 import LAB_CLIENT_ID, LAB_CLIENT_SECRET, MockVtn31
+from flexgate.lab.report import START_AFTER_S, read_result, report, watch
+from flexgate.lab.simsite import Truth, draw_truth
 from flexgate.serve import ServerThread, free_port
-from flexgate.simsite import Truth, draw_truth
 from flexmodel.jobmix import parse_job_mix
-from flexmodel.workload import MAIN_TYPES, POWER_W
 from gateway.app import create_app
 from gateway.openadr.webhook31 import CALLBACK_PATH
 from gateway.settings import LAB_API_TOKEN, GatewaySettings
 
-OVERHEAD_FACTOR = 1.3
 #: The mismatched truth's static load (the declared site has none) [kW]
 STATIC_KW = 5.0
 METER_PERIOD_S = 0.5
@@ -61,40 +63,26 @@ METER_TIME_CONSTANT_S = 1.0
 #: The lab meter averages the agents' GPU samples over this before its lag [s].
 METER_INTEGRATION_S = 1.0
 METER_NOISE_KW = 0.05
-AGENT_TOKEN = "lab-agent-token-0123"
 
 
-def lab_jobs(nodes: int, gpus_per_node: int, seed: int = 7) -> list[dict[str, Any]]:
-    """Jobs of the study's types filling every GPU: one job per node or per group of nodes."""
-    rng = np.random.default_rng(seed)
-    jobs, node = [], 0
-    order = rng.permutation(len(MAIN_TYPES))
-    while node < nodes:
-        for t in (MAIN_TYPES[i] for i in order):
-            span = max(t.gpus // gpus_per_node, 1)
-            if node + span > nodes:
-                continue
-            low, high = POWER_W[(t.group, t.task)]
-            jobs.append(
-                {
-                    "id": f"{t.name}-{len(jobs)}",
-                    "gpus": span * gpus_per_node,
-                    "power_w": round(float(rng.uniform(low, high)), 1),
-                    "throughput": round(float(rng.uniform(2e3, 6e3)) * span * gpus_per_node, 1),
-                    "pfi": t.pfi,
-                    "pfi_stderr": 0.1,
-                    "period_s": round(float(rng.uniform(0.8, 2.5)), 2),
-                    "duty": round(float(rng.uniform(0.6, 0.85)), 2),
-                    "placement": [
-                        {"node": f"node-{node + k + 1:02d}", "gpus": list(range(gpus_per_node))}
-                        for k in range(span)
-                    ],
-                }
-            )
-            node += span
-            if node >= nodes:
-                break
-    return jobs
+@dataclass(frozen=True)
+class LabEvent:
+    """What the lab asks for, of which site: the declared jobs and the truth they run."""
+
+    jobs: list[dict[str, Any]]
+    truth: Truth
+    attributable_kw: float  #: the site's GPU-attributable facility power
+    requested_kw: float
+
+
+@dataclass(frozen=True)
+class LabSite:
+    """The lab's servers, running: the agents under `/nodes/N` and the meter."""
+
+    folder: Path
+    agent_urls: list[str]
+    meter: LabMeter
+    meter_url: str  #: the meter's reading (`/meter`)
 
 
 def run_lab(
@@ -110,17 +98,52 @@ def run_lab(
     openadr: str = "2.0b",
     characterise: bool = False,
     meter_dead_s: float = 0.0,
-    fault: labmeter.MeterFault | None = None,
+    fault: MeterFault | None = None,
 ) -> int:
     """`meter_dead_s`: the lab meter's own transport delay (the gateway is told it, as a
     calibration would identify it); `fault`: a meter fault from that long into the event."""
     console = console or Console()
     # openleadr's advice to VTN implementers (ven_lookup, report handlers) is not for lab users.
     logging.getLogger("openleadr").setLevel(logging.ERROR)
+    event = lab_event(nodes, gpus_per_node, reduction, seed, mismatch)
+    tmp = Path(tempfile.mkdtemp(prefix="flexgate-lab-"))
+    agents = lab_agents(event, nodes, gpus_per_node, tmp, characterise)
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, tmp, ignore_errors=True)  # last: after every server
+        site = serve_site(stack, agents, event.truth, tmp, seed, meter_dead_s)
+        console.print(
+            f"lab: {nodes} nodes x {gpus_per_node} GPUs, {len(event.jobs)} jobs; the VTN asks "
+            f"for {event.requested_kw:.1f} kW ({reduction:.0%} of {event.attributable_kw:.1f} "
+            f"kW) for {duration_s:g} s"
+        )
+        if mismatch:
+            _say_mismatch(event, console)
+        told, found = event.jobs, None
+        extra: dict[str, Any] = {"meter_dead_s": meter_dead_s}
+        if characterise:
+            told = lab_characterise.undeclared(event.jobs)
+            extra |= lab_characterise.PROBE_SETTINGS
+            found = lab_characterise.characterise(
+                tmp / "gateway", gateway_settings(site.agent_urls, site.meter_url), told, console
+            )
+        on_active = None if fault is None else lambda: site.meter.fault_after(fault)
+        results = run_passes(
+            site, event, told, duration_s, mismatch, console, openadr, extra, on_active
+        )
+        code = report(results, event.jobs, event.requested_kw, out, console)
+        if found is not None:
+            _report_characterisation(found, results[-1]["plan"], event.truth.jobs, out, console)
+        return code
+
+
+def lab_event(
+    nodes: int, gpus_per_node: int, reduction: float, seed: int, mismatch: bool
+) -> LabEvent:
+    """The lab's jobs, the truth they run (with `mismatch`, drawn away from what is declared)
+    and what the VTN asks for: `reduction` of the site's GPU-attributable facility power."""
     jobs = lab_jobs(nodes, gpus_per_node, seed)
     mix = parse_job_mix({"overhead_factor": OVERHEAD_FACTOR, "jobs": jobs})
     attributable = mix.overhead_factor * mix.baseline_gpu_kw
-    requested = round(reduction * attributable, 1)
     truth = (
         draw_truth(
             jobs,
@@ -131,86 +154,101 @@ def run_lab(
         if mismatch
         else Truth(jobs, OVERHEAD_FACTOR, 0.0)
     )
-    tmp = Path(tempfile.mkdtemp(prefix="flexgate-lab-"))
-    names = [f"node-{i + 1:02d}" for i in range(nodes)]
-    true_mix = parse_job_mix({"jobs": truth.jobs})
-    agents = [
+    return LabEvent(jobs, truth, attributable, round(reduction * attributable, 1))
+
+
+def lab_agents(
+    event: LabEvent, nodes: int, gpus_per_node: int, folder: Path, characterise: bool
+) -> list[AgentNode]:
+    """One simulated agent per node, running the truth."""
+    true_mix = parse_job_mix({"jobs": event.truth.jobs})
+    return [
         AgentNode(
             n,
             SimulatedBackend(gpus_per_node, mix=true_mix, node_id=n),
-            tmp / n,
+            folder / n,
             sample_hz=20,
             # the jobs' telemetry (periods per cap level) is what characterisation measures
             jobs=jobs_on_node(true_mix, n, gpus_per_node) if characterise else None,
         )
-        for n in names
+        for n in (f"node-{i + 1:02d}" for i in range(nodes))
     ]
-    with contextlib.ExitStack() as stack:
-        stack.callback(shutil.rmtree, tmp, ignore_errors=True)  # last: after every server
-        agents_url = stack.enter_context(
-            ServerThread(agent_app(agents, AGENT_TOKEN, prefixed=True))
+
+
+def serve_site(
+    stack: contextlib.ExitStack,
+    agents: list[AgentNode],
+    truth: Truth,
+    folder: Path,
+    seed: int,
+    meter_dead_s: float,
+) -> LabSite:
+    """The agents and the lab meter reading them through the truth, each on a loopback port
+    (stopped when `stack` closes)."""
+    agents_url = stack.enter_context(ServerThread(agent_app(agents, AGENT_TOKEN, prefixed=True)))
+    agent_urls = [f"{agents_url}/nodes/{a.node_id}" for a in agents]
+    meter = LabMeter(
+        agent_urls,
+        static_kw=truth.static_kw,
+        overhead_factor=truth.overhead_factor,
+        noise_kw=METER_NOISE_KW,
+        time_constant_s=METER_TIME_CONSTANT_S,
+        integration_s=METER_INTEGRATION_S,
+        period_s=METER_PERIOD_S / 2,
+        seed=seed,
+        dead_s=meter_dead_s,
+    )
+    meter_url = stack.enter_context(ServerThread(meter_app(meter)))
+    return LabSite(folder, agent_urls, meter, f"{meter_url}/meter")
+
+
+def _say_mismatch(event: LabEvent, console: Console) -> None:
+    truth = event.truth
+    console.print(
+        f"mismatch: the truth's overhead factor {truth.overhead_factor:g} (declared "
+        f"{OVERHEAD_FACTOR:g}), static load {truth.static_kw:g} kW (declared 0), "
+        + ", ".join(
+            f"{d['id']}: {t['power_w']:g} W (declared {d['power_w']:g}), "
+            f"duty {t['duty']:g} ({d['duty']:g})"
+            for d, t in zip(event.jobs, truth.jobs, strict=True)
         )
-        agent_urls = [f"{agents_url}/nodes/{n}" for n in names]
-        meter = labmeter.LabMeter(
-            agent_urls,
-            static_kw=truth.static_kw,
-            overhead_factor=truth.overhead_factor,
-            noise_kw=METER_NOISE_KW,
-            time_constant_s=METER_TIME_CONSTANT_S,
-            integration_s=METER_INTEGRATION_S,
-            period_s=METER_PERIOD_S / 2,
-            seed=seed,
-            dead_s=meter_dead_s,
+    )
+
+
+def run_passes(
+    site: LabSite,
+    event: LabEvent,
+    told: list[dict[str, Any]],
+    duration_s: float,
+    mismatch: bool,
+    console: Console,
+    openadr: str,
+    extra: dict[str, Any],
+    on_active: Callable[[], None] | None,
+) -> list[dict[str, Any]]:
+    """The event once (closed loop), or with `mismatch` twice: open loop, then closed loop."""
+    passes = [("open loop", False), ("closed loop", True)] if mismatch else [("", True)]
+    results: list[dict[str, Any]] = []
+    for name, tracking in passes:
+        if name:
+            console.print(f"[bold]{name}[/]")
+        results.append(
+            run_event(
+                site.folder / "gateway",  # one store: the generation goes on rising
+                site.agent_urls,
+                site.meter_url,
+                told,
+                event.requested_kw,
+                duration_s,
+                tracking,
+                console,
+                frozenset(r["event"]["id"] for r in results if r["event"]),
+                openadr,
+                extra,
+                on_active=on_active,
+            )
         )
-        meter_url = stack.enter_context(ServerThread(labmeter.create_app(meter)))
-        console.print(
-            f"lab: {nodes} nodes x {gpus_per_node} GPUs, {len(jobs)} jobs; the VTN asks "
-            f"for {requested:.1f} kW ({reduction:.0%} of {attributable:.1f} kW) for "
-            f"{duration_s:g} s"
-        )
-        if mismatch:
-            console.print(
-                f"mismatch: the truth's overhead factor {truth.overhead_factor:g} (declared "
-                f"{OVERHEAD_FACTOR:g}), static load {truth.static_kw:g} kW (declared 0), "
-                + ", ".join(
-                    f"{d['id']}: {t['power_w']:g} W (declared {d['power_w']:g}), "
-                    f"duty {t['duty']:g} ({d['duty']:g})"
-                    for d, t in zip(jobs, truth.jobs, strict=True)
-                )
-            )
-        told, found = jobs, None
-        extra: dict[str, Any] = {"meter_dead_s": meter_dead_s}
-        if characterise:
-            told = labcharacterise.undeclared(jobs)
-            extra |= labcharacterise.PROBE_SETTINGS
-            found = labcharacterise.characterise(
-                tmp / "gateway", gateway_settings(agent_urls, f"{meter_url}/meter"), told, console
-            )
-        passes = [("open loop", False), ("closed loop", True)] if mismatch else [("", True)]
-        results = []
-        for name, tracking in passes:
-            if name:
-                console.print(f"[bold]{name}[/]")
-            results.append(
-                run_event(
-                    tmp / "gateway",  # one store: the generation goes on rising
-                    agent_urls,
-                    f"{meter_url}/meter",
-                    told,
-                    requested,
-                    duration_s,
-                    tracking,
-                    console,
-                    frozenset(r["event"]["id"] for r in results if r["event"]),
-                    openadr,
-                    extra,
-                    on_active=None if fault is None else lambda: meter.fault_after(fault),
-                )
-            )
-        code = report(results, jobs, requested, out, console)
-        if found is not None:
-            _report_characterisation(found, results[-1]["plan"], truth.jobs, out, console)
-        return code
+    return results
 
 
 def _report_characterisation(
@@ -220,10 +258,10 @@ def _report_characterisation(
     out: Path,
     console: Console,
 ) -> None:
-    truth, default = labcharacterise.mixes(truth_jobs, OVERHEAD_FACTOR)
-    rows = labcharacterise.estimates(found["curves"], truth)
-    kept = labcharacterise.throughput_kept(plan, truth, default)
-    labcharacterise.show(rows, kept, console)
+    truth, default = lab_characterise.mixes(truth_jobs, OVERHEAD_FACTOR)
+    rows = lab_characterise.estimates(found["curves"], truth)
+    kept = lab_characterise.throughput_kept(plan, truth, default)
+    lab_characterise.show(rows, kept, console)
     doc = {"probe": found["probe"], "estimates": rows, "throughput": kept}
     out.mkdir(parents=True, exist_ok=True)
     (out / "lab-characterise.json").write_text(json.dumps(doc, indent=2, default=str))

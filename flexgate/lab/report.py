@@ -4,7 +4,7 @@
 is back at the baseline; `read_result` reads what the event did; `delivered_kw` is what it shed
 at the meter; `report` prints the table (requested against delivered, throughput kept, every
 loop's delay against T/2, the sync verdict), draws the PNG and writes `lab-report.json`. The
-lab (`flexgate.lab`) and the compose lab (`flexgate.composelab`) both use them.
+lab (`flexgate.lab.run`) and the compose lab (`flexgate.lab.compose`) both use them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from flexgate.plots import plot_lab, plot_lock
+from flexgate.lab.plots import plot_lab, plot_lock
 
 TOLERANCE = 0.05
 #: The windows of the two "delivered" figures a lab shows (they differ: the gateway's counts
@@ -126,13 +126,42 @@ def report(
     out: Path,
     console: Console,
 ) -> int:
+    """The lab's report on its runs of the event (the last one's is the verdict): the table of
+    requested against delivered and throughput kept, every loop's delay against T/2, the sync
+    verdict; `lab-site-power.png` and `lab-report.json` in `out`. 0 when the last run
+    delivered the request within 5% at the meter."""
     final = results[-1]
-    event, plan = final["event"], final["plan"]
-    if event is None:
+    if final["event"] is None:
         console.print("[red]the VTN's event never reached the gateway[/]")
         return 1
-    achieved = final["delivered_kw"]
-    ok = abs(achieved - requested) <= TOLERANCE * requested
+    console.print(_delivery_table(results, requested))
+    console.print(
+        f"settled half: {ACHIEVED_WINDOW}; whole event: {RECORDED_WINDOW}, so it reads lower"
+    )
+    console.print(_loops_table(final, jobs))
+    console.print(
+        "T/2 is for reading; the verdict is the sync analysis': the attractive windows repeat "
+        "every period, an integrating loop's begin at T/4, harmonic 3's at T/6 (docs/sync.md)"
+    )
+    console.print(f"sync verdict: {final['sync']['verdict']}")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "lab-site-power.png"
+    plot_lab(final["trace"], requested, path)
+    ok = _met(final["delivered_kw"], requested)
+    doc = _report_doc(results, requested, ok)
+    (out / "lab-report.json").write_text(json.dumps(doc, indent=2, default=str))
+    console.print(f"plot: {path}")
+    return 0 if ok else 1
+
+
+def _met(delivered: float, requested: float) -> bool:
+    return abs(delivered - requested) <= TOLERANCE * requested
+
+
+def _delivery_table(results: list[dict[str, Any]], requested: float) -> Table:
+    """The event, requested against delivered at the meter (each run) and as the gateway
+    recorded it, and the throughput the plan kept."""
+    event, plan = results[-1]["event"], results[-1]["plan"]
     table = Table(title="flexgate lab report", show_header=False)
     table.add_column(no_wrap=True)
     table.add_column(justify="right", overflow="fold")  # an id is never cut short
@@ -142,13 +171,12 @@ def report(
     for result in results:
         label = "closed loop" if result["tracking"] else "open loop"
         delivered = result["delivered_kw"]
-        within = abs(delivered - requested) <= TOLERANCE * requested
         table.add_row(
             f"delivered at the meter ({label}, settled half)"
             if len(results) > 1
             else "achieved at the meter (settled half)",
             f"{delivered:.2f} kW ({(delivered - requested) / requested:+.1%}) "
-            + ("[green]within 5%[/]" if within else "[red]outside 5%[/]"),
+            + ("[green]within 5%[/]" if _met(delivered, requested) else "[red]outside 5%[/]"),
         )
     recorded = event.get("delivery")
     if recorded:
@@ -162,10 +190,12 @@ def report(
         table.add_row("throughput kept, site", f"{after / before:.1%}")
         for j in plan["jobs"]:
             table.add_row(f"  {j['id']}", f"{j['throughput_fraction']:.1%} at {j['cap_w']:.0f} W")
-    console.print(table)
-    console.print(
-        f"settled half: {ACHIEVED_WINDOW}; whole event: {RECORDED_WINDOW}, so it reads lower"
-    )
+    return table
+
+
+def _loops_table(final: dict[str, Any], jobs: list[dict[str, Any]]) -> Table:
+    """Every loop's delay against the shortest T/2 it meets: each agent's, then the sync
+    analysis' loops with their verdicts."""
     periods: dict[str, list[float]] = {p["node"]: [] for j in jobs for p in j["placement"]}
     for j in jobs:
         for p in j["placement"]:
@@ -185,8 +215,7 @@ def report(
             if delay is None
             else f"safe: couples no jobs ({'below' if delay < half else 'above'} T/2)",
         )
-    sync = final["sync"]
-    for loop in sync["loops"]:
+    for loop in final["sync"]["loops"]:
         loops.add_row(
             loop["name"],
             f"{loop['delay_s']:.3g} s (window {loop['window_s']:.3g} s)",
@@ -195,42 +224,31 @@ def report(
             else f"{loop['shortest_half_period_s']:.2f} s",
             loop["verdict"],
         )
-    console.print(loops)
-    console.print(
-        "T/2 is for reading; the verdict is the sync analysis': the attractive windows repeat "
-        "every period, an integrating loop's begin at T/4, harmonic 3's at T/6 (docs/sync.md)"
-    )
-    console.print(f"sync verdict: {sync['verdict']}")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "lab-site-power.png"
-    plot_lab(final["trace"], requested, path)
-    (out / "lab-report.json").write_text(
-        json.dumps(
+    return loops
+
+
+def _report_doc(results: list[dict[str, Any]], requested: float, ok: bool) -> dict[str, Any]:
+    """`lab-report.json`: the request, the last run's delivery and records, every run's."""
+    final = results[-1]
+    return {
+        "requested_kw": requested,
+        "achieved_kw": final["delivered_kw"],
+        "achieved_window": ACHIEVED_WINDOW,
+        #: `event.delivery.delivered_kw` is the gateway's figure, over this window
+        "delivery_window": RECORDED_WINDOW,
+        "met": ok,
+        "event": final["event"],
+        "plan": final["plan"],
+        "sync": final["sync"],
+        "runs": [
             {
-                "requested_kw": requested,
-                "achieved_kw": achieved,
-                "achieved_window": ACHIEVED_WINDOW,
-                #: `event.delivery.delivered_kw` is the gateway's figure, over this window
-                "delivery_window": RECORDED_WINDOW,
-                "met": ok,
-                "event": event,
-                "plan": plan,
-                "sync": sync,
-                "runs": [
-                    {
-                        "loop": "closed" if r["tracking"] else "open",
-                        "delivered_kw": r["delivered_kw"],
-                        "error": (r["delivered_kw"] - requested) / requested,
-                    }
-                    for r in results
-                ],
-            },
-            indent=2,
-            default=str,
-        )
-    )
-    console.print(f"plot: {path}")
-    return 0 if ok else 1
+                "loop": "closed" if r["tracking"] else "open",
+                "delivered_kw": r["delivered_kw"],
+                "error": (r["delivered_kw"] - requested) / requested,
+            }
+            for r in results
+        ],
+    }
 
 
 def lock_report(result: dict[str, Any], out: Path, console: Console) -> int:

@@ -1,6 +1,6 @@
 """A simulated site as real ones are: for the campaign benchmark (issue 31, item 8).
 
-`flexgate.simsite` builds agents, a meter and the gateway's services on a stepped clock with
+`flexgate.lab.simsite` builds agents, a meter and the gateway's services on a stepped clock with
 the meter the loop believes in. `RealisticSite` keeps that site and swaps its meter for one
 that behaves as facility meters do, and lets the site change under an event:
 
@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from agents.simulated import IDLE_W, SimulatedBackend
-from flexgate.lab import lab_jobs
-from flexgate.simsite import SimulatedSite, draw_truth
+from flexgate.lab.jobs import lab_jobs
+from flexgate.lab.simsite import SimulatedSite, draw_truth
 from flexmodel.sensors import SENSORS
 from gateway.errors import MeterError
 from gateway.settings import GatewaySettings
@@ -207,7 +207,7 @@ class RealisticMeter:
 def drifted_w(backend: SimulatedBackend, index: int, drift: dict[str, float]) -> float:
     """A GPU's mean power at its cap with its job's drift (a share of its power), never above
     the limit it enforces [W]."""
-    job = backend._gpus[index].job
+    job = backend.gpus[index].job
     mean_w = backend.mean_power_w(index)
     factor = 1.0 if job is None else drift.get(job.id, 1.0)
     if factor <= 1.0:
@@ -230,7 +230,7 @@ class MeanReadings:
 
 
 class RealisticSite:
-    """`flexgate.simsite.SimulatedSite` with the realistic meter and a site that changes.
+    """`flexgate.lab.simsite.SimulatedSite` with the realistic meter and a site that changes.
 
     Only the simulated site's constructor and its `clock`, `backends`, `book`, `feed`,
     `tracker`, `power` and `run_for` are used, so the same site runs against an older loop
@@ -246,7 +246,7 @@ class RealisticSite:
         folder: Path | None = None,
         **settings: Any,
     ) -> None:
-        from flexgate.simsite import Truth
+        from flexgate.lab.simsite import Truth
 
         self.draw = draw
         known = GatewaySettings.model_fields
@@ -299,7 +299,7 @@ class RealisticSite:
 
     def _gpu_jobs(self) -> list[tuple[SimulatedBackend, int, str | None]]:
         return [
-            (b, i, None if (job := b._gpus[i].job) is None else job.id)
+            (b, i, None if (job := b.gpus[i].job) is None else job.id)
             for b in self.backends
             for i in range(b.count())
         ]
@@ -339,16 +339,16 @@ class RealisticSite:
         """The job ends: its GPUs idle at once (the truth); the book hears of it later."""
         gone = []
         for b in self.backends:
-            for gpu in b._gpus:
+            for gpu in b.gpus:
                 if gpu.job is not None and gpu.job.id == job_id:
-                    gone.append((b, b._gpus.index(gpu), gpu.job))
+                    gone.append((b, b.gpus.index(gpu), gpu.job))
                     gpu.job = None
         self.ended[job_id] = gone
 
     def start_job(self, job_id: str) -> None:
         """An ended job starts again on its GPUs, under whatever caps they hold."""
         for _b, index, job in self.ended.pop(job_id, []):
-            _b._gpus[index].job = job
+            _b.gpus[index].job = job
             job.stale = True
 
     async def report_jobs(self) -> None:

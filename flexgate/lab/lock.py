@@ -1,7 +1,7 @@
 """`flexgate lab --scenario lock`: a site loop that makes jobs phase-lock, and what undoes it.
 
 64 identical-looking training jobs (T = 2 s within 0.3%, d = 1/2, one GPU each, eight to a
-simulated node) under the gateway's own services on a stepped clock (`flexgate.simsite`): the
+simulated node) under the gateway's own services on a stepped clock (`flexgate.lab.simsite`): the
 facility meter reads the GPUs' instantaneous power a dead time late, the agents sample their
 GPUs and the gateway measures the jobs' phases. An event asks for 10% of the site; three runs:
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from flexgate.simsite import SimulatedSite, Truth
+from flexgate.lab.simsite import SimulatedSite, Truth
 from flexmodel.loopresponse import ClosedLoopResponse
 from flexmodel.phases import order_parameters, rayleigh_threshold
 
@@ -245,6 +245,30 @@ def run_lock(
         f"the event asks for {reduction_kw:.1f} kW; the meter's delay {delay_s:.2f} s (most "
         f"attractive for the site loop as it runs, window {UNSAFE_WINDOW_S:g} s)"
     )
+    lengths = (lock_s, default_s, scatter_s)
+    records = asyncio.run(three_runs(mix, delay_s, reduction_kw, lengths, folder, say))
+    return {
+        "jobs": jobs,
+        "period_s": PERIOD_S,
+        "duty": DUTY,
+        "meter_delay_s": delay_s,
+        "requested_kw": reduction_kw,
+        **figures(records, jobs),
+        "records": records,
+    }
+
+
+async def three_runs(
+    mix: list[dict[str, Any]],
+    delay_s: float,
+    reduction_kw: float,
+    lengths: tuple[float, float, float],
+    folder: Path,
+    say: Any,
+) -> list[LockRun]:
+    """The unsafe loop's event, the default loop's, then scattering switched on on the unsafe
+    loop's locked site (each run's length in `lengths`, in that order)."""
+    lock_s, default_s, scatter_s = lengths
 
     async def event(site: SimulatedSite, run: LockRun, seconds: float) -> None:
         await site.start()
@@ -252,25 +276,26 @@ def run_lock(
         await site.tracker.pursue(f"lock-{run.name}", reduction_kw, None)
         await record(site, run, seconds, say)
 
-    async def runs() -> list[LockRun]:
-        unsafe = open_site(mix, delay_s, True, folder / "unsafe")
-        default = open_site(mix, delay_s, False, folder / "default")
-        try:
-            locked, safe, scattered = (
-                LockRun("unsafe loop"),
-                LockRun("default loop"),
-                LockRun("scattering"),
-            )
-            await event(unsafe, locked, lock_s)
-            await event(default, safe, default_s)
-            unsafe.scatterer.mode = "auto"  # switched on, on the running, locked site
-            await record(unsafe, scattered, scatter_s, say)
-            return [locked, safe, scattered]
-        finally:
-            unsafe.close()
-            default.close()
+    unsafe = open_site(mix, delay_s, True, folder / "unsafe")
+    default = open_site(mix, delay_s, False, folder / "default")
+    try:
+        locked, safe, scattered = (
+            LockRun("unsafe loop"),
+            LockRun("default loop"),
+            LockRun("scattering"),
+        )
+        await event(unsafe, locked, lock_s)
+        await event(default, safe, default_s)
+        unsafe.scatterer.mode = "auto"  # switched on, on the running, locked site
+        await record(unsafe, scattered, scatter_s, say)
+        return [locked, safe, scattered]
+    finally:
+        unsafe.close()
+        default.close()
 
-    records = asyncio.run(runs())
+
+def figures(records: list[LockRun], jobs: int) -> dict[str, Any]:
+    """The runs' summaries, the Rayleigh threshold, scattering's unlock time and its cost."""
     summaries = [r.summary() for r in records]
     locked_throughput = summaries[0]["throughput"]
     cost = 1.0 - summaries[2]["throughput"] / locked_throughput if locked_throughput else 0.0
@@ -278,11 +303,6 @@ def run_lock(
     scattered = records[2]
     below = [t for t, r in zip(scattered.time_s, scattered.order, strict=True) if r[0] < threshold]
     return {
-        "jobs": jobs,
-        "period_s": PERIOD_S,
-        "duty": DUTY,
-        "meter_delay_s": delay_s,
-        "requested_kw": reduction_kw,
         "threshold": threshold,
         "sqrt_n": float(np.sqrt(jobs)),
         "runs": summaries,
@@ -292,5 +312,4 @@ def run_lock(
         "unlock_s": below[0] - scattered.time_s[0] + METER_PERIOD_S if below else None,
         #: the jobs' true throughput: scattering's settled part against the locked run's
         "scattering_throughput_cost": cost,
-        "records": records,
     }

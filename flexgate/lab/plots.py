@@ -176,9 +176,9 @@ def plot_lock(runs: list[Any], threshold: float, path: Path) -> None:
 
 
 def lock_figure(runs: list[Any], threshold: float) -> Figure:
-    """`plot_lock`'s figure: per run (`flexgate.locklab.LockRun`) the order parameters over
+    """`plot_lock`'s figure: per run (`flexgate.lab.lock.LockRun`) the order parameters over
     time against the Rayleigh threshold and the facility power; below, the three spectra."""
-    from flexgate.locklab import spectrum  # the lab's own computation, not repeated here
+    from flexgate.lab.lock import spectrum  # the lab's own computation, not repeated here
 
     fig = plt.figure(figsize=(14, 10), constrained_layout=True)
     grid = fig.add_gridspec(3, len(runs))
