@@ -138,6 +138,37 @@ class FeedForward:
         log.info("site loop: the GPU power stepped %+.2f kW with no plan: fed forward", step_kw)
         return True
 
+    def reported_at_s(self, pursuit: Pursuit, move_kw: float) -> float:
+        """When the agents' GPU power showed the job mix's move the scheduler reports now
+        (`move_kw` at the meter: a job that ended or started): the largest step of every
+        GPU's power since the mix last changed, the plans' own moves taken out, the same way
+        as the move and beyond the GPU feed-forward's floor. Expected at the meter from
+        the report instead, a move the meter has been showing since would be counted twice:
+        under a level the loop gave a job's end back twice, 5% over a limit for minutes.
+        Now where no such step shows (the feed-forward took it, or the agents send no power)."""
+        now_s = self.clock.monotonic()
+        samples = self._gpu_since(pursuit.mix_changed_s)
+        span_s = self.config.gpu_span_s()
+        ramp = math.ceil(span_s / self.config.period_s)
+        edge = AFTER_READINGS
+        if move_kw == 0.0 or not span_s or len(samples) < 2 * edge + ramp:
+            return now_s
+        at_s = np.array([s.at_s for s in samples])
+        actuated_s = self.config.actuated_s()
+        made = pursuit.planned_gpu
+        planned_kw = np.array([sum(kw for s, kw in made if s + actuated_s <= t) for t in at_s])
+        residual_kw = np.array([s.all_gpu_kw for s in samples]) - planned_kw
+        # A job ends or starts capped: its GPUs step by its capped draw, not by the baseline's
+        # move, so any step the same way beyond the feed-forward's floor is taken.
+        gain = self.overhead_gains.gain or self.site.overhead.current().k
+        stepped_s, largest_kw = now_s, STEP_FLOOR_SHARE * asked_at_meter_kw(pursuit) / gain
+        for i in range(edge, len(samples) - ramp - edge + 1):
+            after_kw = float(np.mean(residual_kw[i + ramp : i + ramp + edge]))
+            step_kw = after_kw - float(np.mean(residual_kw[i - edge : i]))
+            if step_kw * move_kw > 0.0 and abs(step_kw) >= largest_kw:
+                stepped_s, largest_kw = float(at_s[i + ramp]) - span_s, abs(step_kw)
+        return stepped_s
+
     def _gpu_since(self, since_s: float) -> list[Sample]:
         """The site's latest samples after `since_s`, in order (at most `GPU_STEP_READINGS`)."""
         since = itertools.takewhile(lambda s: s.at_s > since_s, reversed(self.site.history))

@@ -11,6 +11,8 @@ import numpy as np
 #: Settled corrections at reductions this far apart (a share of the larger) tell an offset
 #: from a gain.
 SPREAD = 0.2
+#: The plans' moves of the GPU power kept (more than the agents' readings a step is looked for in).
+PLANNED_KEPT = 120
 
 
 @dataclass
@@ -74,6 +76,9 @@ class Pursuit:
     gpu_fed_meter_kw: float = 0.0
     #: the job mix last changed then: which GPUs placed jobs hold changed with it [s]
     mix_changed_s: float = -math.inf
+    #: (when, GPU kW) each plan moved the GPUs' power by, by the model (the latest
+    #: `PLANNED_KEPT`): what a step of the agents' GPU power that was the plans' own shows
+    planned_gpu: list[tuple[float, float]] = field(default_factory=list)
     gpu_fed_kw: float = 0.0
 
 

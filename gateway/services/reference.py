@@ -17,19 +17,27 @@ from gateway.settings import GatewaySettings
 
 class SiteReference:
     def __init__(
-        self, settings: GatewaySettings, clock: Clock, site: SitePower, config: LoopConfig
+        self,
+        settings: GatewaySettings,
+        clock: Clock,
+        site: SitePower,
+        config: LoopConfig,
+        feed_forward: FeedForward,
     ) -> None:
         self.settings, self.clock, self.site, self.config = settings, clock, site, config
+        self.feed_forward = feed_forward
 
     def follow_mix(self, pursuit: Pursuit, mix: JobMix) -> None:
-        """The job mix's move, by the model, expected at the meter from now on."""
+        """The job mix's move, by the model, expected at the meter from when the agents'
+        GPU power showed it (a report comes seconds to a minute after a job ends or starts),
+        else from now on."""
         if pursuit.start_facility_kw is None:
             # No whole window of the meter before the event: the model's baseline stands in.
             pursuit.start_facility_kw = self.site.facility_kw(pursuit.start_baseline_gpu_kw)
         baseline_kw = self.site.facility_kw(self._uncapped_gpu_kw(pursuit, mix))
         if pursuit.baseline_kw is not None and baseline_kw != pursuit.baseline_kw:
             move_kw = FeedForward.reported(pursuit, baseline_kw - pursuit.baseline_kw)
-            pursuit.moves.append((self.clock.monotonic(), move_kw))
+            pursuit.moves.append((self.feed_forward.reported_at_s(pursuit, move_kw), move_kw))
             pursuit.mix_changed_s = self.clock.monotonic()
             if pursuit.on_gain:  # the meter's move is not the plan's alone: the model's
                 pursuit.shed_kw = pursuit.gain * pursuit.achieved_kw

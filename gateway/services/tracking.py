@@ -58,7 +58,12 @@ from gateway.services.gainhold import DEADBAND, GainHold
 from gateway.services.jobbook import JobBook
 from gateway.services.loopconfig import LoopConfig
 from gateway.services.loopmemory import LoopMemory
-from gateway.services.pursuit import Pursuit, asked_at_meter_kw, carried_correction_kw
+from gateway.services.pursuit import (
+    PLANNED_KEPT,
+    Pursuit,
+    asked_at_meter_kw,
+    carried_correction_kw,
+)
 from gateway.services.reference import SiteReference
 from gateway.services.site import SitePower
 from gateway.services.smithpredictor import SmithPredictor
@@ -86,13 +91,13 @@ class Tracker:
         self.pursuit: Pursuit | None = None
         self.config = LoopConfig(settings, site, fleet)
         self.predictor = SmithPredictor(clock, site, self.config)
-        self.reference = SiteReference(settings, clock, site, self.config)
         self.memory = LoopMemory(settings)
         #: the meter's answers checked on the agents' GPU power (a static step under one)
         self.overhead_gains = OverheadGains()
         parts = (clock, site, targets, self.config, self.memory, self.overhead_gains)
         self.gain_hold = GainHold(*parts)
         self.feed_forward = FeedForward(*parts)
+        self.reference = SiteReference(settings, clock, site, self.config, self.feed_forward)
         self._ready_s = -math.inf  #: no loop step before (the last re-plan's end plus its length)
         targets.site_loop = self.loop_model  # every plan's sync verdict judges this loop
 
@@ -192,6 +197,9 @@ class Tracker:
             # Each planned kW is expected at the meter as the site has answered the plans so far.
             move_kw = pursuit.gain * (pursuit.achieved_kw - achieved_kw)
             pursuit.moves.append((self.targets.planned_at_s, move_kw))
+            gpu_kw = (pursuit.achieved_kw - achieved_kw) / self.site.overhead.current().k
+            planned = (self.targets.planned_at_s, gpu_kw)
+            pursuit.planned_gpu = [*pursuit.planned_gpu[-PLANNED_KEPT + 1 :], planned]
             if pursuit.on_gain:
                 shed_kw = achieved_kw - pursuit.achieved_kw
                 pursuit.answering.append((self.targets.planned_at_s, shed_kw))
