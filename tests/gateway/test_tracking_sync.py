@@ -49,6 +49,8 @@ class _Site:
         self.clock, self.path, self.history = clock, path, []
         self.window = SitePower.window.__get__(self)
         self.filtered_kw = SitePower.filtered_kw.__get__(self)
+        # the overhead model `facility_kw` follows: a facility kW per GPU kW
+        self.overhead = SimpleNamespace(current=lambda: SimpleNamespace(k=1.0))
 
     def facility_kw(self, gpu_kw: float) -> float:
         return gpu_kw
@@ -68,11 +70,6 @@ class _Targets:
     async def hold(self, requested_kw: float, event_id: str, doc: dict) -> None:
         self.planned_at_s = self.clock.monotonic()
         self.plans.append((self.planned_at_s, requested_kw))
-
-
-class _Quiet(Tracker):
-    def _window_noise_kw(self) -> float:
-        return 0.0
 
 
 def lock_in(
@@ -107,7 +104,8 @@ def lock_in(
     fleet = SimpleNamespace(
         loop_measurements=lambda: SimpleNamespace(actuation_s=[loop.actuation_s]), last=None
     )
-    tracker = _Quiet(settings, clock, site, targets, book, fleet)
+    tracker = Tracker(settings, clock, site, targets, book, fleet)
+    tracker.predictor.window_noise_kw = lambda: 0.0  # the lock-in reads every correction
     dt = h / FINE
     alpha = math.exp(-dt / loop.lag_s) if loop.lag_s > 0 else 0.0
     averaged = max(round(loop.averaging_s / dt), 1)
