@@ -133,7 +133,7 @@ class FeedForward:
         pursuit.gpu_fed_kw += pursuit.correction_kw - taken_kw
         # The step is on its way to the meter: expected there from when the agents showed it.
         pursuit.moves.append((samples[-AFTER_READINGS].at_s - self.config.gpu_span_s(), meter_kw))
-        pursuit.gpu_fed_s = self.clock.monotonic()
+        pursuit.gpu_fed_s, pursuit.churned = self.clock.monotonic(), True
         pursuit.corrections.append((pursuit.gpu_fed_s, pursuit.correction_kw, pursuit.gain))
         log.info("site loop: the GPU power stepped %+.2f kW with no plan: fed forward", step_kw)
         return True

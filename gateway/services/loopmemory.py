@@ -146,8 +146,10 @@ class LoopMemory:
         pursuit.settled_share = (pursuit.reduction_kw + pursuit.correction_kw) / asked_kw - 1
 
     def remember(self, pursuit: Pursuit) -> None:
-        """An event ended: what it settled on, unless its meter faulted, for the next."""
-        if pursuit.settled_share is not None and not pursuit.faulted:
+        """An event ended: what it settled on, for the next, unless its meter faulted or its
+        job mix changed (a job's end left a limit 96% of its reduction it did not need, and
+        the next delta opened 10% short on the gain it read)."""
+        if pursuit.settled_share is not None and not (pursuit.faulted or pursuit.churned):
             self.model_errors.append(pursuit.settled_share)
             self.last_gain = pursuit.gain
             if pursuit.on_gain and pursuit.achieved_kw > 0:  # its shed over its plan, not a slope

@@ -62,6 +62,9 @@ class Pursuit:
     #: the meter faulted or was suspected during the event: what it settled on is not the
     #: model's error, and the events after it do not learn from it
     faulted: bool = False
+    #: the job mix changed under the event, or the GPU power stepped with no plan: what it
+    #: settled on is the model's baseline for the jobs that came and went, not the caps'
+    churned: bool = False
     #: a static load step was last fed forward then: the readings before it are not read again
     fed_s: float = -math.inf
     #: the agents' GPU power over the window before the event, from the site at rest [kW]

@@ -38,7 +38,7 @@ class SiteReference:
         if pursuit.baseline_kw is not None and baseline_kw != pursuit.baseline_kw:
             move_kw = FeedForward.reported(pursuit, baseline_kw - pursuit.baseline_kw)
             pursuit.moves.append((self.feed_forward.reported_at_s(pursuit, move_kw), move_kw))
-            pursuit.mix_changed_s = self.clock.monotonic()
+            pursuit.mix_changed_s, pursuit.churned = self.clock.monotonic(), True
             if pursuit.on_gain:  # the meter's move is not the plan's alone: the model's
                 pursuit.shed_kw = pursuit.gain * pursuit.achieved_kw
                 pursuit.answering, pursuit.before_kw = [], None
