@@ -15,9 +15,9 @@ its declared curve (the fleet default), its uncapped level and three caps down t
 floor (65% of its throughput by that curve), with the uncapped level again after the second
 cap and after the last (`flexmodel.drift.probe_steps`, FLEXGATE_PROBE_REFERENCE_EVERY=2), each
 held for P iteration periods (`flexgate.lab.probesim`), and the stretches recorded are fitted with
-their drift as the gateway fits them (`gateway.services.curves.fit_probe_levels`). The same
+their drift as the gateway fits them (`gateway.services.curvefit.fit_probe_levels`). The same
 jobs probed down once with no references and fitted by the sweep rule alone
-(`gateway.services.curves.fit_points`, as before issue 34) are reported at P = 20 for
+(`gateway.services.curvefit.fit_points`, as before issue 34) are reported at P = 20 for
 comparison (`without_references`).
 
 Reported for each P: the PFI error against the truth *on the probed grid* (Eq. 1 on the true
@@ -38,7 +38,7 @@ corrects it at the meter (`gap_closed`; a plan believing a job draws more than i
 otherwise count the watts it never sheds as cut for free). `gap_closed_as_planned` is the
 share as the plan itself believes its shed (this bench's figure before issue 34's
 references). `measured` is what the gateway
-plans on (`gateway.services.curves.fields_in_force`): a fit whose PFI's standard error is at
+plans on (`gateway.services.curveinforce.fields_in_force`): a fit whose PFI's standard error is at
 most 0.15 or below its prediction's is the job's curve, the fleet family on its grid through
 its uncapped level nearest its levels in least squares (`FLEXGATE_CURVE_SHAPE=family`,
 `sweep_interpolation: family`, `flexmodel.pfi.fitted_family_pfi`); a fit not good enough for
@@ -228,7 +228,7 @@ def probe_once(truth: dict, periods: float, seed: int, references: bool = True) 
 
 def beliefs(jobs: list[dict], rows: list[dict], seed: int = 5) -> dict[str, list[dict]]:
     """The job mix each planner believes: the default PFI, predicted PFIs, and the measured
-    curves as the gateway uses them (`gateway.services.curves.fields_in_force` over each
+    curves as the gateway uses them (`gateway.services.curveinforce.fields_in_force` over each
     job's prediction), the same planned on the measured points (`curve_shape=points`: a
     cubic between the levels, the family below them), those with straight lines between the
     levels and with nothing below them, and no weighing of fits not good enough with the

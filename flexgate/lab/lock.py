@@ -89,7 +89,7 @@ def attractive_delay_s(
 ) -> float:
     """The meter's dead time [s] within one period at which the site loop as it runs (sampled
     every `hold_s`, a window of readings, the Smith predictor, `integral_gain_per_s`: the
-    `flexmodel.sync.ClosedLoopResponse`) attracts the fundamental most. The predictor takes
+    `flexmodel.loopresponse.ClosedLoopResponse`) attracts the fundamental most. The predictor takes
     the loop's own moves out of the delay, not the jobs' swing: that reaches the correction
     through the meter's dead time, so the dead time still places the loop's phase."""
     delays = np.linspace(0.0, period_s, 401)[:-1]

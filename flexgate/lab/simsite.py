@@ -60,7 +60,7 @@ OVERHEAD_SPREAD = 0.15  #: the overhead factor, up to +-0.15
 
 
 def in_step_ids(count: int, within: float = 0.02) -> list[str]:
-    """`count` job ids whose simulated starting phases (`agents.simulated.job_phase`, drawn
+    """`count` job ids whose simulated starting phases (`agents.simjobs.job_phase`, drawn
     from the id) lie within `within` of a cycle of each other."""
     found: list[str] = []
     k = 0

@@ -70,7 +70,7 @@ def fields_in_force(
     `shape="family"` the fleet family's shape at its PFI on its grid through its uncapped
     point (`sweep_interpolation: family`, the points kept for what they say). A fit not good
     enough on its own still says something: with `combine`, its PFI, carried to the job's
-    own grid through the fleet family (`flexmodel.jobs.pfi_on_own_grid`), is weighed with the
+    own grid through the fleet family (`flexmodel.pficarry.pfi_on_own_grid`), is weighed with the
     PFI it would replace (a prediction, a declaration with its error, the default) by their
     precisions. A declared sweep, or a PFI declared without an error, is kept as it is.
     `carry_shape_rel`: the family shape's own relative error in that carrying (0 where the

@@ -174,7 +174,7 @@ class LoopConfig:
         log.warning("site loop: %s", self.reason)
 
     def _verdict(self, mix: JobMix, periods: np.ndarray, duties: np.ndarray) -> tuple[str, str]:
-        """The sync analysis on the loop as it runs (`flexmodel.sync.ClosedLoopResponse`):
+        """The sync analysis on the loop as it runs (`flexmodel.loopresponse.ClosedLoopResponse`):
         sampled every period, the window's readings through the meter path, the Smith
         predictor and the integral gain in closed loop, the correction applied after the
         plan and the agents' measured actuation. (An integrator with the lag counted as delay

@@ -2,8 +2,9 @@
 
 Grid rules for large loads bound the oscillation a load injects in a band (by default
 0.1-20 Hz, `FLEXGATE_OSCILLATION_BAND_*_HZ`). Each check reads the site's power from the two
-sources the gateway has and gives, per source, the swing at the fleet's dominant periods and the
-RMS within the band (`flexmodel.sync.site_oscillation`), each clamped to what the source can see:
+sources the gateway has and gives, per source, the swing at the fleet's dominant periods and
+the RMS within the band (`flexmodel.oscillation.site_oscillation`), each clamped to what the
+source can see:
 
 - `meter`: the facility meter's readings (every `FLEXGATE_METER_PERIOD_S`: a meter read every
   5 s sees nothing above 0.1 Hz, so the default band is out of its reach: null, and why);

@@ -6,7 +6,7 @@ known agent cannot be capped, so they give nothing. While the jobs' phases are b
 (within the same bounds, at the same total power during an event). Each node gets its whole
 desired state: a cap for every GPU of every capped job placed on it; GPUs not listed return to
 their original limit. The sync verdict of the site's control loops is attached: the site loop's
-from its closed-loop response as it runs (`site_loop`, `flexmodel.sync.ClosedLoopResponse`).
+from its closed-loop response as it runs (`site_loop`, `flexmodel.loopresponse.ClosedLoopResponse`).
 """
 
 from __future__ import annotations

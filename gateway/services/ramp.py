@@ -8,7 +8,7 @@ at once: a target reached after a long hold ramps from then on, not from the hol
 After a restart the first plan ramps from the newest stored plan while its caps may still be
 held (within a lease), not from nothing.
 A target the bound holds back is re-planned every step until it is reached
-(`gateway.services.targets`). A shed (the reduction growing) is the power falling: the down
+(`gateway.services.desiredstate`). A shed (the reduction growing) is the power falling: the down
 limit; a release (the reduction shrinking, the end-of-event rebound) is the up limit.
 
 Each event's record (`RampReport`) counts the plans the bound held back, and the steepest

@@ -4,7 +4,7 @@ A lock-in on the real `Tracker`: its site, plans and clock are a light harness (
 no planner), the GPUs' power a sinusoid at the harmonic's frequency plus the loop's own
 reduction, read by a meter of dead time, first-order lag and averaging simulated on a fine
 grid (50 points a period, the lag integrated exactly). The loop's correction in kW, fitted
-to the sinusoid, is compared with `flexmodel.sync.ClosedLoopResponse.correction`.
+to the sinusoid, is compared with `flexmodel.loopresponse.ClosedLoopResponse.correction`.
 
 The harness turns off the two gates that are not linear: the window-noise gate (a sinusoid's
 own changes read as noise, and errors within it are skipped: it lowers the coupling, so the
