@@ -5,16 +5,14 @@ controller's state as `flexgate_agent_*`."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from agents.backend import GpuBackend
+from agents.caps import CapController
 from agents.errors import AgentError
-
-if TYPE_CHECKING:  # a type only: the service imports this module
-    from agents.service import AgentNode
+from agents.telemetry import Sampler
 
 #: The DCGM exporter's fields flexgate has: (name, type, help, reading of (backend, index)).
 DCGM_FIELDS: tuple[tuple[str, str, str, Callable[[GpuBackend, int], float | None]], ...] = (
@@ -58,29 +56,34 @@ DCGM_FIELDS: tuple[tuple[str, str, str, Callable[[GpuBackend, int], float | None
 )
 
 
-def prometheus_text(node: AgentNode) -> str:
+def prometheus_text(
+    node_id: str, backend: GpuBackend, controller: CapController, sampler: Sampler
+) -> str:
     """Prometheus text (`prometheus_client`'s exposition: HELP and TYPE lines, label values
     escaped): DCGM exporter names where DCGM has the quantity, `flexgate_` otherwise."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_NodeMetrics(node))
+    registry.register(_NodeMetrics(node_id, backend, controller, sampler))
     return generate_latest(registry).decode()
 
 
 class _NodeMetrics:
     """A node's metric families, read from its GPUs and controller when scraped."""
 
-    def __init__(self, node: AgentNode) -> None:
-        self.node = node
+    def __init__(
+        self, node_id: str, backend: GpuBackend, controller: CapController, sampler: Sampler
+    ) -> None:
+        self.node_id, self.backend = node_id, backend
+        self.controller, self.sampler = controller, sampler
 
     def collect(self) -> Iterator[Metric]:
-        node, backend = self.node, self.node.backend
+        backend = self.backend
         labels: dict[int, list[str]] = {}
         for index in range(backend.count()):
             try:
                 uuid, _ = backend.identity(index)
             except AgentError:
                 continue
-            labels[index] = [str(index), uuid, node.node_id]
+            labels[index] = [str(index), uuid, self.node_id]
         for name, kind, text, read in DCGM_FIELDS:
             # dcgm-exporter's names, a counter's included (its energy has no `_total`), so
             # its type is said only for gauges: the text format types a counter by that suffix.
@@ -93,7 +96,7 @@ class _NodeMetrics:
                 if value is not None:
                     family.add_sample(name, dict(zip(DCGM_LABELS, label, strict=True)), value)
             yield family
-        control = node.controller
+        control = self.controller
         generation = -1 if control.generation is None else control.generation
         yield GaugeMetricFamily(
             "flexgate_agent_generation", "Generation of the last accepted cap command.", generation
@@ -111,7 +114,7 @@ class _NodeMetrics:
         yield CounterMetricFamily(
             "flexgate_agent_power_read_errors",
             "Failed power readings.",
-            node.sampler.read_errors,
+            self.sampler.read_errors,
         )
         delays = control.delay_stats()
         summary = Metric(

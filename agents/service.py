@@ -204,7 +204,7 @@ class AgentNode:
             return None
 
     def metrics(self) -> str:
-        return prometheus_text(self)
+        return prometheus_text(self.node_id, self.backend, self.controller, self.sampler)
 
 
 class Link(Protocol):
