@@ -46,6 +46,42 @@ def minute_means(samples: list[tuple[float, float]]) -> list[float]:
     ]
 
 
+class Churn:
+    """A limit `share` of the site's draw held on `site`, and the job the campaign churns:
+    the true power sampled every meter period while the test holds."""
+
+    def __init__(self, site: RealisticSite, share: float) -> None:
+        self.site, self.share = site, share
+        self.samples: list[tuple[float, float]] = []
+
+    async def start(self, settle_s: float) -> str:
+        """The limit pursued `settle_s` after a window at rest; the job it will churn."""
+        site = self.site
+        await site.start()
+        await site.run_for(300.0)
+        self.level_kw = self.share * site.oracle_uncapped_kw()
+        await self.pursue()
+        await site.run_for(settle_s)
+        running = sorted({j for _, _, j in site._gpu_jobs() if j is not None})
+        return running[len(running) // 2]
+
+    async def pursue(self) -> None:
+        site = self.site
+        modelled_kw = site.sim.power.facility_kw(site.book.mix().baseline_gpu_kw)
+        reduction_kw = max(modelled_kw - self.level_kw, 0.0)
+        await site.tracker.pursue("ev-1", reduction_kw, self.level_kw, ceiling=True)
+
+    async def hold(self, seconds: float) -> None:
+        for _ in range(round(seconds / PERIOD_S)):
+            await self.site.sim.tick()
+            self.samples.append((self.site.clock.monotonic(), self.site.true_facility_kw()))
+
+    async def report(self) -> None:
+        """The scheduler's report of the job mix, and the limit's reduction on it."""
+        await self.site.report_jobs()
+        await self.pursue()
+
+
 @pytest.mark.parametrize("restart_s", [120.0, 10.0])
 def test_a_job_that_starts_under_a_limit_is_answered_before_the_meter_shows_it(tmp_path, restart_s):
     """An import limit 20% under the site's draw; then the job the campaign churns (a
@@ -63,44 +99,26 @@ def test_a_job_that_starts_under_a_limit_is_answered_before_the_meter_shows_it(t
     towards the level the end left room for, so no stretch of every GPU's power is free of
     its own moves: the GPUs no placed job holds, which no plan moves, show the step then."""
     site = make_site(tmp_path)
+    churn = Churn(site, 0.8)
 
-    async def run() -> tuple[float, float, list[tuple[float, float]]]:
-        await site.start()
-        await site.run_for(300.0)
-        level_kw = 0.8 * site.oracle_uncapped_kw()
-        await site.tracker.pursue("ev-1", reduction_kw(level_kw), level_kw, ceiling=True)
-        await site.run_for(420.0)
-        running = sorted({j for _, _, j in site._gpu_jobs() if j is not None})
-        job = running[len(running) // 2]
-        samples: list[tuple[float, float]] = []
-
-        async def hold(seconds: float) -> None:
-            for _ in range(round(seconds / PERIOD_S)):
-                await site.sim.tick()
-                samples.append((site.clock.monotonic(), site.true_facility_kw()))
-
-        async def report() -> None:
-            await site.report_jobs()
-            await site.tracker.pursue("ev-1", reduction_kw(level_kw), level_kw, ceiling=True)
-
+    async def run() -> float:
+        job = await churn.start(420.0)
         site.end_job(job)
-        await hold(REPORT_S)
-        await report()
-        await hold(restart_s)
+        await churn.hold(REPORT_S)
+        await churn.report()
+        await churn.hold(restart_s)
         site.start_job(job)
         changed_s = site.clock.monotonic()
-        await hold(REPORT_S)
-        await report()
-        await hold(240.0)
-        return level_kw, changed_s, samples
-
-    def reduction_kw(level_kw: float) -> float:
-        return max(site.sim.power.facility_kw(site.book.mix().baseline_gpu_kw) - level_kw, 0.0)
+        await churn.hold(REPORT_S)
+        await churn.report()
+        await churn.hold(240.0)
+        return changed_s
 
     try:
-        level_kw, changed_s, samples = asyncio.run(run())
+        changed_s = asyncio.run(run())
     finally:
         site.close()
+    level_kw, samples = churn.level_kw, churn.samples
     after = [(t - changed_s, kw) for t, kw in samples if t > changed_s]
     above = [t for t, kw in after if kw > 1.03 * level_kw]
     assert not above or max(above) < 30.0, above
@@ -118,35 +136,16 @@ def test_a_job_that_ends_while_the_loop_settles_is_given_back_once(tmp_path):
     and the site averaged 3.7% above the limit over a minute. The move is now expected from
     when the agents' GPU power showed it: no minute after the end is above the limit."""
     site = make_site(tmp_path, MeterPath(dead_s=50.0, lag_s=27.0, noise_kw=0.02))
+    churn = Churn(site, 0.55)
 
-    async def run() -> tuple[float, float, list[tuple[float, float]]]:
-        await site.start()
-        await site.run_for(300.0)
-        level_kw = 0.55 * site.oracle_uncapped_kw()
-        await site.tracker.pursue("ev-1", reduction_kw(level_kw), level_kw, ceiling=True)
-        await site.run_for(120.0)
-        running = sorted({j for _, _, j in site._gpu_jobs() if j is not None})
-        samples: list[tuple[float, float]] = []
-
-        async def hold(seconds: float) -> None:
-            for _ in range(round(seconds / PERIOD_S)):
-                await site.sim.tick()
-                samples.append((site.clock.monotonic(), site.true_facility_kw()))
-
-        site.end_job(running[len(running) // 2])
-        ended_s = site.clock.monotonic()
-        await hold(REPORT_S)
-        await site.report_jobs()
-        await site.tracker.pursue("ev-1", reduction_kw(level_kw), level_kw, ceiling=True)
-        await hold(900.0)
-        return level_kw, ended_s, samples
-
-    def reduction_kw(level_kw: float) -> float:
-        return max(site.sim.power.facility_kw(site.book.mix().baseline_gpu_kw) - level_kw, 0.0)
+    async def run() -> None:
+        site.end_job(await churn.start(120.0))
+        await churn.hold(REPORT_S)
+        await churn.report()
+        await churn.hold(900.0)
 
     try:
-        level_kw, ended_s, samples = asyncio.run(run())
+        asyncio.run(run())
     finally:
         site.close()
-    assert samples[0][0] > ended_s
-    assert max(minute_means(samples)) <= level_kw
+    assert max(minute_means(churn.samples)) <= churn.level_kw
