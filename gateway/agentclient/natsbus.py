@@ -16,7 +16,8 @@
   summary's age, so the phases align as over HTTP. A summary that does not parse is dropped
   and counted.
 
-An agent's address over NATS is its node id.
+An agent's address over NATS is its node id. A fan-out's bookkeeping is in `natsfanout`,
+the summaries kept in `natstelemetry`.
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ import logging
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import nats
-from nats.aio.client import NO_RESPONDERS_STATUS, Client
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.errors import BadRequestError
@@ -43,7 +43,6 @@ from agents.protocol import (
     DESIRED_BUCKET,
     TELEMETRY_SUBJECTS,
     CapCommand,
-    CapResponse,
     Health,
     NatsAnswer,
     TelemetryResponse,
@@ -51,7 +50,9 @@ from agents.protocol import (
     caps_subject,
     health_subject,
 )
-from gateway.agentclient import Ack, AgentUnreachableError, gpu_errors
+from gateway.agentclient import Ack, AgentUnreachableError
+from gateway.agentclient.natsfanout import FanOut, body_of, describe
+from gateway.agentclient.natstelemetry import KeptSummary
 from gateway.clock import Clock, SystemClock
 from gateway.retries import command_backoff
 
@@ -97,7 +98,7 @@ class NatsAgentClient:
         self._nc: Client | None = None
         self._bucket: KeyValue | None = None
         #: node -> its last summary, with when it came
-        self.latest: dict[str, _Kept] = {}
+        self.latest: dict[str, KeptSummary] = {}
         self.rejected_summaries = 0
         self.unremembered = 0  #: desired states that could not be written to the bucket
         self._asking = asyncio.Semaphore(HEALTH_AT_ONCE)
@@ -175,7 +176,7 @@ class NatsAgentClient:
             msg = await self._client().request(subject, body, timeout=timeout_s, **kw)
             return NatsAnswer.model_validate_json(msg.data)
         except (NatsError, TimeoutError, ValidationError) as exc:
-            raise AgentUnreachableError(_describe(exc)) from exc
+            raise AgentUnreachableError(describe(exc)) from exc
 
     async def health(self, address: str) -> Health:
         async with self._asking:  # discovery asks every node at once: not all in one burst
@@ -223,7 +224,7 @@ class NatsAgentClient:
         if summary.node_id != node:  # a node speaks for itself only
             self.rejected_summaries += 1
             return
-        self.latest[node] = _Kept(self._clock.monotonic(), summary)
+        self.latest[node] = KeptSummary(self._clock.monotonic(), summary)
 
     def _headers(self, node: str) -> dict[str, str]:
         headers = self._headers_of.get(node)
@@ -244,7 +245,7 @@ class NatsAgentClient:
         backoff. No task, future or timer per node: at 10,000 nodes those cost more than the
         messages."""
         nc = self._client()
-        fan = _FanOut(self._clock, [body_of(c) for _, _, c in targets])
+        fan = FanOut(self._clock, [body_of(c) for _, _, c in targets])
         inbox = nc.new_inbox()
         subscription = await nc.subscribe(f"{inbox}.*", cb=fan.answered)
         try:
@@ -268,7 +269,7 @@ class NatsAgentClient:
                             headers=self._headers(node),
                         )
                     except NatsError as exc:
-                        fan.settle(i, _describe(exc), final=False)
+                        fan.settle(i, describe(exc), final=False)
                     if k % PUBLISH_CHUNK == PUBLISH_CHUNK - 1:
                         await asyncio.sleep(0)
                 if fan.waiting:
@@ -294,107 +295,6 @@ class NatsAgentClient:
         except (NatsError, AgentUnreachableError) as exc:
             self.unremembered += 1
             log.warning("desired state of %s not written to the bucket: %s", address, exc)
-
-
-def body_of(command: CapCommand) -> bytes:
-    return command.model_dump_json().encode()
-
-
-class _FanOut:
-    """One fan-out's state, by a node's place in it; `answered` is its inbox's callback."""
-
-    def __init__(self, clock: Clock, bodies: list[bytes]) -> None:
-        n = len(bodies)
-        self.clock, self.bodies = clock, bodies
-        self.sent_at: list[datetime | None] = [None] * n
-        self.start_s = [0.0] * n
-        self.attempts = [0] * n
-        self.answers: list[CapResponse | None] = [None] * n
-        self.acked_at: list[datetime | None] = [None] * n
-        self.delay_s: list[float | None] = [None] * n
-        self.errors = ["not sent"] * n
-        self.retry = [True] * n  #: not answered yet, or answered something worth a retry
-        self.waiting: set[int] = set()  #: sent in this attempt, not answered yet
-        self.done = asyncio.Event()  #: set when nothing is waiting
-
-    def sent(self, i: int) -> None:
-        self.sent_at[i], self.start_s[i] = self.clock.now(), self.clock.monotonic()
-
-    def settle(self, i: int, error: str | None, *, final: bool) -> None:
-        self.waiting.discard(i)
-        if error is not None:
-            self.errors[i] = error
-        self.retry[i] = not final
-        if not self.waiting:
-            self.done.set()
-
-    async def answered(self, msg: Msg) -> None:
-        i = int(msg.subject.rsplit(".", 1)[1])
-        if i not in self.waiting:  # a late answer to an attempt already given up on
-            return
-        if msg.headers and msg.headers.get("Status") == NO_RESPONDERS_STATUS:
-            self.settle(i, "NoRespondersError: nats: no responders available", final=False)
-            return
-        try:
-            answer = NatsAnswer.model_validate_json(msg.data)
-        except ValidationError as exc:
-            self.settle(i, _describe(exc), final=False)
-            return
-        if answer.status == 200 and answer.caps is not None:
-            self.answers[i], self.acked_at[i] = answer.caps, self.clock.now()
-            self.delay_s[i] = self.clock.monotonic() - self.start_s[i]
-            self.settle(i, None, final=True)
-            return
-        self.settle(i, f"status {answer.status}: {answer.detail}", final=answer.status < 500)
-
-    def ack(self, i: int, node: str) -> Ack:
-        sent_at = self.sent_at[i] or self.clock.now()
-        answer = self.answers[i]
-        if answer is None:
-            return Ack(node, "failed", self.attempts[i], sent_at, None, None, None, self.errors[i])
-        acked_at, delay_s = self.acked_at[i], self.delay_s[i]
-        return Ack(
-            node, "acked", self.attempts[i], sent_at, acked_at, delay_s, answer, gpu_errors(answer)
-        )
-
-
-class _Kept:
-    """A node's last summary, as it arrived, and as the telemetry the fleet reads: converted
-    when first read, not on arrival (2,000 summaries a second come at 10,000 nodes; the fleet
-    reads them at most once a `telemetry_max_age_s`, and not at all while no one asks)."""
-
-    __slots__ = ("_telemetry", "arrived", "summary")
-
-    def __init__(self, arrived: float, summary: TelemetrySummary) -> None:
-        self.arrived, self.summary = arrived, summary
-        self._telemetry: TelemetryResponse | None = None
-
-    def telemetry(self) -> TelemetryResponse:
-        if self._telemetry is None:
-            self._telemetry = as_telemetry(self.summary)
-        return self._telemetry
-
-
-def as_telemetry(summary: TelemetrySummary) -> TelemetryResponse:
-    """A summary as the telemetry the fleet reads: each GPU's mean power, one sample. Its
-    jobs and delays are the summary's own, already validated, and pass through as they are."""
-    gpus = [
-        {"index": i, "power_w": [] if p is None else [p], "sample_interval_s": summary.period_s}
-        for i, p in enumerate(summary.gpu_power_w)
-    ]
-    return TelemetryResponse.model_validate(
-        {
-            "node_id": summary.node_id,
-            "gpus": gpus,
-            "jobs": summary.jobs,
-            "actuation_delay": summary.actuation_delay,
-            "agent_time_s": summary.agent_time_s,
-        }
-    )
-
-
-def _describe(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 async def check(options: NatsOptions) -> None:

@@ -90,12 +90,7 @@ def read_event31(
 
     Raises `RefusedEventError` for an event whose timing or values cannot be read.
     """
-    default = event.interval_period
-    randomize = default.randomize_start if default and default.randomize_start else timedelta(0)
-    if randomize < timedelta(0):
-        raise RefusedEventError(f"randomizeStart {randomize} is negative")
-    half = randomize.total_seconds()
-    offset = (rng or random.Random()).uniform(-half, half) if half > 0 else 0.0
+    offset = _start_offset_s(event, rng)
     out = ExternalEvent(
         event_id=str(event.id),
         modification=modification_of(event),
@@ -106,15 +101,49 @@ def read_event31(
     )
     if not event.intervals:
         raise RefusedEventError("the event has no intervals")
-    # The event's own descriptors win over the program's defaults.
+    pieces = _pieces(event, site, now, offset, _units_of(event, program), out)
+    if party is not None and (elsewhere := party.untargeted_reason(event)):
+        out.opt_out_reason = elsewhere
+    live = [p for p in pieces if p.end > now]
+    if out.opt_out_reason is None and not live:
+        why = out.ignored or (["every interval has ended"] if pieces else ["none"])
+        out.opt_out_reason = "no payload flexgate can act on: " + "; ".join(why)
+    out.intervals = [] if out.opt_out_reason else _strictest(live)
+    return out
+
+
+def _start_offset_s(event: Event, rng: random.Random | None) -> float:
+    """The one random shift of every start, drawn uniformly in [-r, +r] (randomizeStart)."""
+    default = event.interval_period
+    randomize = default.randomize_start if default and default.randomize_start else timedelta(0)
+    if randomize < timedelta(0):
+        raise RefusedEventError(f"randomizeStart {randomize} is negative")
+    half = randomize.total_seconds()
+    return (rng or random.Random()).uniform(-half, half) if half > 0 else 0.0
+
+
+def _units_of(event: Event, program: Program | None) -> dict[str, str | None]:
+    """Each payload type's units: the event's own descriptors win over the program's."""
     from_program = [
         d
         for d in (program.payload_descriptors or [] if program else [])
         if isinstance(d, EventPayloadDescriptor)
     ]
-    units = _units(from_program) | _units(event.payload_descriptors)
+    return _units(from_program) | _units(event.payload_descriptors)
+
+
+def _pieces(
+    event: Event,
+    site: SiteLoad,
+    now: datetime,
+    offset_s: float,
+    units: dict[str, str | None],
+    out: ExternalEvent,
+) -> list[Interval]:
+    """Each value's target over its share of its interval; the payloads and values not acted
+    on are noted in `out` (`ignored`, and an opt-out's reason)."""
     pieces: list[Interval] = []
-    for begin, end, interval in periods(event, now, timedelta(seconds=offset)):
+    for begin, end, interval in periods(event, now, timedelta(seconds=offset_s)):
         for payload in interval.payloads:
             label = f"interval {interval.id} {payload.type}"
             if payload.type not in ACTED_ON:
@@ -135,14 +164,7 @@ def read_event31(
                     continue
                 assert target is not None
                 pieces.append(_timed(target, begin + k * step, begin + (k + 1) * step))
-    if party is not None and (elsewhere := party.untargeted_reason(event)):
-        out.opt_out_reason = elsewhere
-    live = [p for p in pieces if p.end > now]
-    if out.opt_out_reason is None and not live:
-        why = out.ignored or (["every interval has ended"] if pieces else ["none"])
-        out.opt_out_reason = "no payload flexgate can act on: " + "; ".join(why)
-    out.intervals = [] if out.opt_out_reason else _strictest(live)
-    return out
+    return pieces
 
 
 def _units(descriptors: list[EventPayloadDescriptor] | None) -> dict[str, str | None]:

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from gateway.api.schemas import Health
+from gateway.api.schemas.health import Health
 from tests.conftest import EXAMPLES
 from tests.gateway.conftest import API, API_TOKEN, now_iso, running_site
 from tests.promtext import samples

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from gateway.api.schemas import Event, Events
+from gateway.api.schemas.events import Event, Events
 from tests.gateway.conftest import API, lease_ends, now_iso, past_and_renewed, running_site
 
 

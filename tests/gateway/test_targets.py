@@ -157,7 +157,7 @@ def test_the_plan_as_answered_is_the_plan_its_schema_describes_built_once_per_fa
     """`plan_json` (what `GET /v1/plans/{id}` sends, cached per fan-out) is exactly the plan
     document validated by the API's `Plan` schema, with a failed node's answer and a fresh
     shed figure; a new fan-out's answers show at once."""
-    from gateway.api.schemas import Plan
+    from gateway.api.schemas.plans import Plan
     from gateway.units import rounded
 
     async def answered() -> tuple[dict, dict]:

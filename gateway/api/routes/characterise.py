@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.protocol import problems
 from gateway.api.deps import Services, ServicesDep, Writer, v1_router
-from gateway.api.schemas import JobCurve, JobDetail, Probe, ProbeState
+from gateway.api.schemas.characterise import JobCurve, JobDetail, Probe, ProbeState
 from gateway.errors import NotFoundError
 from gateway.services.characterise import Characteriser
 from gateway.services.curves import JobCurves

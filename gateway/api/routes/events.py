@@ -9,7 +9,8 @@ from fastapi.responses import JSONResponse
 
 from agents.protocol import problems
 from gateway.api.deps import ServicesDep, Writer, v1_router
-from gateway.api.schemas import Event, EventCreate, Events, Settlement
+from gateway.api.schemas.events import Event, EventCreate, Events
+from gateway.api.schemas.settlement import Settlement
 
 router = v1_router()
 #: The most events one page of the list gives.

@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from agents.protocol import problems
 from gateway.api.deps import READ, ServicesDep
-from gateway.api.schemas import Health
+from gateway.api.schemas.health import Health
 
 router = APIRouter()
 

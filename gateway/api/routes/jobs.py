@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from agents.protocol import problems
 from gateway.api.deps import ServicesDep, Writer, v1_router
-from gateway.api.schemas import JobList, JobPut, JobsBody, JobSourceNudged, JobsReplaced
+from gateway.api.schemas.jobs import JobList, JobPut, JobsBody, JobSourceNudged, JobsReplaced
 from gateway.errors import ConflictError, InvalidRequestError
 
 router = v1_router()

@@ -6,7 +6,7 @@ from fastapi import Response
 
 from agents.protocol import problems
 from gateway.api.deps import ServicesDep, v1_router
-from gateway.api.schemas import Plan
+from gateway.api.schemas.plans import Plan
 
 router = v1_router()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.api.deps import ServicesDep, v1_router
-from gateway.api.schemas import Predictor
+from gateway.api.schemas.predictor import Predictor
 from gateway.services.predictions import Predictions
 
 router = v1_router()

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from agents.protocol import problems
 from gateway.api.deps import Services, ServicesDep, v1_router
-from gateway.api.schemas import Quote, QuoteRequest
+from gateway.api.schemas.quotes import Quote, QuoteRequest
 from gateway.services.counted import QUOTE_SHEDS
 
 router = v1_router()

@@ -10,7 +10,7 @@ from fastapi import Query
 
 from agents.protocol import problems
 from gateway.api.deps import ServicesDep, v1_router
-from gateway.api.schemas import MeterHistoryDoc, Nodes, SiteState, SyncState
+from gateway.api.schemas.site import MeterHistoryDoc, Nodes, SiteState, SyncState
 from gateway.errors import InvalidRequestError
 from gateway.services.planner import loops_report
 from gateway.units import rounded
