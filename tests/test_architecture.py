@@ -52,7 +52,7 @@ GATEWAY_LAYERS = {
     "api": ("gateway.api",),
     "grid protocol": ("gateway.openadr",),
     "services": ("gateway.services",),
-    "settings": ("gateway.settings", "gateway.settingsfiles"),
+    "settings": ("gateway.settings", "gateway.settingsfiles", "gateway.settingsgroups"),
     "outside world": ("gateway.agentclient", "gateway.meter", "gateway.jobsource"),
     "store": ("gateway.store",),
     "base": ("gateway.clock", "gateway.retries", "gateway.errors", "gateway.units", "gateway"),

@@ -23,7 +23,7 @@ from gateway.agentclient import AgentUnreachableError
 from gateway.agentclient.fast import FastTransport
 from gateway.clock import Clock
 from gateway.errors import GatewayError
-from gateway.settings import GatewaySettings
+from gateway.settingsgroups.fast import FastSettings
 
 #: Trigger-to-enforced buckets [s]: the targets are 0.1 s (1,000 nodes) and 0.5 s (10,000).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -41,7 +41,7 @@ class TriggerNotSentError(GatewayError):
 
 class TriggerSender:
     def __init__(
-        self, settings: GatewaySettings, clock: Clock, transport: FastTransport | None
+        self, settings: FastSettings, clock: Clock, transport: FastTransport | None
     ) -> None:
         self.settings, self.clock, self.transport = settings, clock, transport
         self.last_seq = 0

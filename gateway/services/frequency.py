@@ -31,7 +31,7 @@ from gateway.errors import GatewayError, MeterError
 from gateway.meter.frequency import FrequencySource
 from gateway.services.fast import FastPath
 from gateway.services.periodic import Every
-from gateway.settings import GatewaySettings
+from gateway.settingsgroups.fast import FastSettings
 
 log = logging.getLogger("flexgate.gateway")
 
@@ -43,7 +43,7 @@ class FrequencyRefusedError(GatewayError):
 class FrequencyTrigger:
     def __init__(
         self,
-        settings: GatewaySettings,
+        settings: FastSettings,
         clock: Clock,
         fast: FastPath,
         feed: FrequencySource | None,

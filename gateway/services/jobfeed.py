@@ -29,7 +29,7 @@ from gateway.errors import GatewayError
 from gateway.jobsource import JobChanges, JobProblem, JobSource, SourceJob, SourceReading, changes
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
-from gateway.settings import GatewaySettings
+from gateway.settingsgroups.jobsource import JobSourceSettings
 from gateway.store.models import iso
 
 log = logging.getLogger("flexgate.gateway")
@@ -49,7 +49,7 @@ def without_time_left(doc: dict[str, Any]) -> dict[str, Any]:
 class JobFeed:
     def __init__(
         self,
-        settings: GatewaySettings,
+        settings: JobSourceSettings,
         clock: Clock,
         book: JobBook,
         fleet: Fleet,

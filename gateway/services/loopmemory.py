@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from gateway.services.pursuit import Pursuit, asked_at_meter_kw
-from gateway.settings import GatewaySettings
+from gateway.settingsgroups.loop import LoopSettings
 
 #: A ceiling's margin: the loop's settled errors kept, how many it needs before it trusts
 #: them, and the margin's floor and its default before then (shares of the limit).
@@ -37,7 +37,7 @@ GAIN_WEIGHT = 0.03
 
 
 class LoopMemory:
-    def __init__(self, settings: GatewaySettings) -> None:
+    def __init__(self, settings: LoopSettings) -> None:
         self.settings = settings
         #: the error at the meter (measured - target) once each event had settled [kW]
         self.settled_errors_kw: deque[float] = deque(maxlen=LIMIT_ERRORS)

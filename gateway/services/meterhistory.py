@@ -39,7 +39,7 @@ from sqlmodel import Session
 from gateway.clock import Clock
 from gateway.meter import MeterFeed
 from gateway.services.site import SitePower
-from gateway.settings import GatewaySettings
+from gateway.settingsgroups.meter import MeterSettings
 from gateway.store import repo
 from gateway.store.db import Store
 from gateway.store.models import (
@@ -91,7 +91,7 @@ def roll_up(points: Sequence[Point], *, length_s: int, period_s: float) -> list[
 class MeterHistory:
     def __init__(
         self,
-        settings: GatewaySettings,
+        settings: MeterSettings,
         store: Store,
         clock: Clock,
         site: SitePower | None = None,

@@ -44,7 +44,7 @@ from gateway.services.fleet import Fleet
 from gateway.services.oscillation import OscillationWatch
 from gateway.services.targets import Targets
 from gateway.services.tracking import Tracker
-from gateway.settings import GatewaySettings
+from gateway.settingsgroups.loop import SyncSettings
 from gateway.store.models import iso
 
 log = logging.getLogger("flexgate.gateway")
@@ -78,7 +78,7 @@ class Episode:
 class Scatterer:
     def __init__(
         self,
-        settings: GatewaySettings,
+        settings: SyncSettings,
         clock: Clock,
         fleet: Fleet,
         targets: Targets,

@@ -24,13 +24,13 @@ from gateway.meter import MeterFeed, open_meter
 from gateway.services.fleet import Fleet
 from gateway.services.jobbook import JobBook
 from gateway.services.overhead import Overhead, meter_path_doc
-from gateway.settings import GatewaySettings
+from gateway.settingsgroups.meter import MeterSettings
 
 log = logging.getLogger("flexgate.gateway")
 ESTIMATE = "estimate"
 
 
-def open_feed(settings: GatewaySettings, *, clock: Clock) -> MeterFeed | None:
+def open_feed(settings: MeterSettings, *, clock: Clock) -> MeterFeed | None:
     """The feed `FLEXGATE_METER_*` describe, or None without a meter URL (the site's estimate
     stands in, labelled `estimated`)."""
     meter = open_meter(
@@ -63,7 +63,7 @@ class Sample:
 class SitePower:
     def __init__(
         self,
-        settings: GatewaySettings,
+        settings: MeterSettings,
         clock: Clock,
         fleet: Fleet,
         book: JobBook,
