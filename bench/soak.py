@@ -11,7 +11,9 @@ list, an event created and cancelled, a malformed event (422 expected). One more
 polls `/v1/site` and `/v1/sync` once a second, as a dashboard does
 (each asks every node for telemetry).
 
-Then the clients stop and the fan-outs go on alone for `--fan-out-s`: the gateway's resident
+Then the clients stop and the fan-outs go on alone for `--fan-out-s`, and longer (up to ten
+times as long) until at least `--fan-outs-alone` of them are counted, so that a loaded machine's
+slow fan-outs still give that phase something to measure: the gateway's resident
 memory is sampled against the count of fan-outs (its `/metrics`), to show whether repeated
 fan-outs grow it: the growth from the second quarter of that phase to the last, and the
 fitted slope per 100 fan-outs (the first quarter warms up).
@@ -25,7 +27,7 @@ telemetry summaries every 5 s, which the gateway aggregates; nothing is asked of
 `/v1/site` or `/v1/sync`); results/soak_nats.json.
 
     python bench/soak.py [--seconds 60] [--clients 50] [--nodes 1000] [--reconcile-s 0.5]
-                         [--fan-out-s 90] [--transport http|nats]
+                         [--fan-out-s 90] [--fan-outs-alone 2] [--transport http|nats]
 """
 
 from __future__ import annotations
@@ -193,6 +195,11 @@ def percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
+def counted(samples: list[tuple[float, float, int]]) -> int:
+    """The fan-outs between the first sample and the last."""
+    return samples[-1][2] - samples[0][2] if samples else 0
+
+
 def memory_report(samples: list[tuple[float, float, int]]) -> dict[str, object]:
     """RSS [MB] against fan-outs: growth from the second quarter to the last, and the slope."""
     rss = np.array([s[1] for s in samples])
@@ -203,7 +210,7 @@ def memory_report(samples: list[tuple[float, float, int]]) -> dict[str, object]:
     slope = float(np.polyfit(count[warm], rss[warm], 1)[0]) if np.ptp(count[warm]) > 0 else 0.0
     return {
         "samples": len(samples),
-        "fan_outs": int(count[-1] - count[0]),
+        "fan_outs": counted(samples),
         "rss_start_mb": float(rss[0]),
         "rss_second_quarter_median_mb": float(np.median(second)),
         "rss_last_quarter_median_mb": float(np.median(last)),
@@ -220,6 +227,7 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--reconcile-s", type=float, default=0.5)
     parser.add_argument("--fan-out-s", type=float, default=90.0)
+    parser.add_argument("--fan-outs-alone", type=int, default=2)
     parser.add_argument("--transport", choices=["http", "nats"], default="http")
     parser.add_argument("--out", type=Path, default=None, help="default results/soak[_nats].json")
     args = parser.parse_args()
@@ -297,6 +305,9 @@ def soak(args: argparse.Namespace, tmp: Path, mix: dict, reach: dict, out_path: 
         elapsed = asyncio.run(clients(url, event, args.clients, args.seconds, rec))
         under_load = len(samples)
         time.sleep(args.fan_out_s)  # the fan-outs alone
+        deadline = time.monotonic() + 9 * args.fan_out_s
+        while counted(samples[under_load:]) < args.fan_outs_alone and time.monotonic() < deadline:
+            time.sleep(0.5)
         done.set()
         sampler.join()
     finally:
