@@ -190,12 +190,13 @@ class RealisticMeter:
         if self.fault == "stop":
             raise MeterError("the simulated meter does not answer (a dropout)")
         if self.fault == "freeze":
-            return self._frozen_kw
-        reading = self._clean_kw(now_s)
-        if self.path.noise_kw:
-            reading += float(self.rng.normal(0.0, self.path.noise_kw))
-        if self.fault == "offset":
-            reading += self.offset_kw
+            reading = self._frozen_kw  # a register holding its last value, in its own steps
+        else:
+            reading = self._clean_kw(now_s)
+            if self.path.noise_kw:
+                reading += float(self.rng.normal(0.0, self.path.noise_kw))
+            if self.fault == "offset":
+                reading += self.offset_kw
         if self.path.quantum_kw:
             reading = round(reading / self.path.quantum_kw) * self.path.quantum_kw
         return reading

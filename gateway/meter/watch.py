@@ -12,11 +12,18 @@ period) with the predicted one, when that is at least `check_kw`:
 - `wrong_sign`: against it by more than a quarter;
 - `implausible`: more than three times it.
 
-A meter whose readings wandered (as a meter's noise does) and then hold one value exactly for
-a settling time is `stuck` too, with no move of the loop's needed (a delta held on the site's
+A meter whose readings wandered (as a meter's noise does) and then hold one value exactly for a
+settling time is `stuck` too, with no move of the loop's needed (a delta held on the site's
 gain makes none for hours). How the readings moved is remembered over the last `WANDER_MEMORY`
 changes, not only over the interval judged: a freeze after a long steady hold, or after a gap
-in the samples, still has the meter's past to be compared with.
+in the samples, still has the meter's past to be compared with. A meter whose readings come in
+steps (a register in 0.5 kW, say: the smallest change seen, every change a whole number of it)
+holds one value at a steady level for as long as its noise stays inside a step: with steps of
+at least twice the meter's noise (`noise_kw`), a hold is no evidence at all and such a meter's
+freeze is caught only by the loop's moves it does not answer (one value held while the loop
+predicts a move of a step and twice the noise: `stuck` too, whatever `check_kw`); with finer
+steps, a hold counts once its chance at the worst place in a step (the middle) is below
+`CHANCE_HOLD`, and never with fewer than `FROZEN_READINGS` readings.
 
 Two `stuck` verdicts in a row make the feed `suspect` (`MeterFeed.suspect`); the others must
 hold for two whole settling times, since a disturbance the loop answers (a cooling step, a job
@@ -34,6 +41,7 @@ corrects that), but not by a factor of four, and not in sign.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -58,6 +66,10 @@ FROZEN_READINGS = 4
 WANDERED = 0.25
 #: The last this many changes of the readings are what "wandered" is judged on.
 WANDER_MEMORY = 24
+#: Changes of the readings smaller than this are no steps of the meter's [kW] (a watt).
+MIN_STEP_KW = 1e-3
+#: A hold of a meter in steps is a freeze when its noise makes one as long less likely.
+CHANCE_HOLD = 1e-3
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,10 @@ class MeterWatch:
         self._last_kw: float | None = None  #: the last fresh reading [kW]
         #: the signs of the readings' last changes (a reading equal to the one before: none)
         self._change_signs: deque[float] = deque(maxlen=WANDER_MEMORY)
+        #: the sizes of the readings' last changes [kW], and how many readings the value now
+        #: has been held
+        self._steps: deque[float] = deque(maxlen=WANDER_MEMORY)
+        self._held = 0
 
     def reset(self) -> None:
         """A new prediction (another event): the old one's points no longer compare (how the
@@ -112,6 +128,9 @@ class MeterWatch:
             return  # no fresh reading: the feed says why
         if self._last_kw is not None and last.power_kw != self._last_kw:
             self._change_signs.append(float(np.sign(last.power_kw - self._last_kw)))
+            self._steps.append(abs(last.power_kw - self._last_kw))
+            self._held = 0
+        self._held += 1
         self._last_kw = last.power_kw
         self._points.append(_Point(at_s, *predicted_kw, last.power_kw))
         while self._points[0].at_s < at_s - 3 * settle_s:
@@ -148,18 +167,28 @@ class MeterWatch:
     ) -> None:
         small_kw, large_kw = self._expected(points, then)
         span = meter[then:]
-        frozen = _frozen(meter[then:], np.array(self._change_signs))
-        if not frozen and abs(small_kw) < check_kw:
+        step_kw = _step_kw(self._steps)
+        held_long = self._held >= _hold_needed(step_kw, self.noise_kw)
+        frozen = held_long and _frozen(span, np.array(self._change_signs))
+        # A meter in steps its noise does not cross (a hold is no evidence) shows a move of a
+        # step and twice its noise as another step at least.
+        coarse = step_kw > 0.0 and step_kw >= 2.0 * self.noise_kw
+        unmoved = coarse and abs(small_kw) >= step_kw + 2.0 * self.noise_kw
+        unmoved = unmoved and span.size >= FROZEN_READINGS and bool(np.all(span == span[0]))
+        if not frozen and not unmoved and abs(small_kw) < check_kw:
             self._bad = 0
             return
         moved_kw = float(meter[-1] - meter[then])
         along = moved_kw / abs(small_kw) * (1 if small_kw > 0 else -1) if small_kw else 0.0
-        if not frozen and along >= LOW and moved_kw / large_kw <= HIGH:
+        if not frozen and not unmoved and along >= LOW and moved_kw / large_kw <= HIGH:
             self._bad = 0
             return
         if frozen:
             reason = "stuck"
             detail = f"{len(span)} readings all {span[-1]:g} kW, where they wandered before"
+        elif unmoved:
+            reason = "stuck"
+            detail = f"{len(span)} readings all {span[-1]:g} kW, in steps of {step_kw:g} kW"
         elif float(span.max() - span.min()) <= self.noise_kw:
             reason = "stuck"
             detail = f"{len(span)} readings within {self.noise_kw:g} kW (the meter's noise)"
@@ -213,6 +242,32 @@ def _frozen(span: np.ndarray, change_signs: np.ndarray) -> bool:
     if change_signs.size < FROZEN_READINGS:
         return False
     return float(np.mean(np.diff(change_signs) != 0)) >= WANDERED
+
+
+def _step_kw(changes: deque[float]) -> float:
+    """The step the readings come in [kW]: the smallest of their last changes, where every
+    change is a whole number of it (0: no steps seen)."""
+    if len(changes) < FROZEN_READINGS:
+        return 0.0
+    step = min(changes)
+    if step < MIN_STEP_KW:
+        return 0.0  # a meter in watts or finer (or a float's last bits): no steps to speak of
+    ratios = np.array(changes) / step
+    return step if bool(np.all(np.abs(ratios - np.round(ratios)) < 0.05)) else 0.0
+
+
+def _hold_needed(step_kw: float, noise_kw: float) -> float:
+    """The readings one value must be held to be a freeze: never where the meter's steps are
+    twice its noise or more (a level inside a step reads the same for as long as it stays);
+    otherwise as many as make the hold less likely than `CHANCE_HOLD` at a step's middle,
+    where a reading repeats the last with probability erf(step / (2 sqrt(2) noise)), and at
+    least `FROZEN_READINGS`."""
+    if step_kw <= 0.0:
+        return FROZEN_READINGS
+    if step_kw >= 2.0 * noise_kw:
+        return math.inf
+    repeats = math.erf(step_kw / (2.0 * math.sqrt(2.0) * noise_kw))
+    return max(FROZEN_READINGS, 1 + math.ceil(math.log(CHANCE_HOLD) / math.log(repeats)))
 
 
 def _mid(point: _Point) -> float:
