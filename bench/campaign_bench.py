@@ -11,9 +11,11 @@ jobs that end and restart mid-event (the scheduler's report 5-60 s late), a job'
 drifting, and in at least a fifth of events a meter fault (frozen, a dropout, an offset).
 
 Strides: every meter period is simulated while the loop ramps and settles, and for a while
-after anything changes (a job, the cooling, a drift, a fault); in between, a steady hold is
-stepped through in one stride of the clock (the truth held as it was). Scores weigh each
-sample by the time it stands for.
+after anything changes (a job, the cooling, a drift, a fault), and for as long as the true
+power still moves by more than 1% of the request (`STEADY`: a loop that cycles on a coarse
+meter's steps is ticked through, not frozen at one phase of its cycle); in between, a steady
+hold is stepped through in one stride of the clock (the truth held as it was). Scores weigh
+each sample by the time it stands for.
 
 Scored on the site's true power (before the meter): deltas against the oracle's uncapped power
 now, setpoints and limits against their level; where a job that ended left the site unable
@@ -24,7 +26,7 @@ the limit after the ramp allowance; time to 90% of the request on the true power
 meter; the largest overshoot of the step response (an event begun while a cooling step was
 still on its way through the meter apart: `unseen_step`). Faulted events apart.
 
-    python bench/campaign_bench.py [--events 200] [--loop-root ../base] [--out campaign]
+    python bench/campaign_bench.py [--events 200] [--jobs 2] [--loop-root ../base] [--out campaign]
 
 `--loop-root` runs the same events against another tree's gateway and loop (its `gateway`,
 `flexmodel`, `agents` and `flexgate.lab.simsite`), with this tree's site model.
@@ -34,6 +36,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import contextlib
 import importlib
 import inspect
 import json
@@ -54,6 +58,9 @@ EVENTS_PER_SITE = 10
 METER_PERIOD_S = 5.0
 INTERVAL_S = 60.0  #: the program's averaging interval for limits
 WITHIN = 0.05
+#: The clock strides between the site's changes only while the true power holds within this
+#: share of the request (over the last watch): a loop that still moves is ticked through.
+STEADY = 0.01
 
 
 @dataclass
@@ -110,6 +117,14 @@ class Trace:
 
     def __init__(self) -> None:
         self.rows: list[tuple[float, float, float, float, float | None, str | None]] = []
+
+    def moving(self, span_s: float, within_kw: float) -> bool:
+        """The true power moved by more than `within_kw` over the last `span_s`: a loop still
+        settling, or cycling (a coarse meter's readings jump a whole step at a time), which a
+        stride would freeze at whatever phase it had then."""
+        since_s = self.rows[-1][0] - span_s if self.rows else 0.0
+        recent = [row[1] for row in self.rows if row[0] >= since_s]
+        return bool(recent) and max(recent) - min(recent) > within_kw
 
     def add(self, site: Any, start_s: float, reading: float | None) -> None:
         fault = site.sim.feed.state().get("fault")
@@ -200,7 +215,7 @@ async def run_event(site: Any, plan: Plan, name: str) -> dict[str, Any]:
                     meter.fault, meter.offset_kw = "offset", plan.fault_kw * oracle0
             elif what == "clear" and plan.fault != "offset":
                 meter.fault = None
-        if now_s < dense_until_s:
+        if now_s < dense_until_s or trace.moving(watch_s, STEADY * depth_kw):
             await tick(site, trace, start_s)
             continue
         next_s = min([actions[0][0] if actions else plan.duration_s, plan.duration_s])
@@ -462,20 +477,31 @@ def faults(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def campaign(events: int, seed: int = 31) -> list[dict[str, Any]]:
+def campaign(events: int, seed: int = 31, jobs: int = 1) -> list[dict[str, Any]]:
+    """The events on their sites, `jobs` sites at a time (each site's run is its own: one
+    process each, results in site order)."""
     import numpy as np
 
     plans = draw_plans(np.random.default_rng(seed), events)
     tmp = Path(tempfile.mkdtemp(prefix="campaign-bench-"))
+    sites = [
+        (s, plans[s * EVENTS_PER_SITE : (s + 1) * EVENTS_PER_SITE], tmp / f"site-{s}")
+        for s in range(math.ceil(events / EVENTS_PER_SITE))
+    ]
     runs: list[dict[str, Any]] = []
     try:
-        for s in range(math.ceil(events / EVENTS_PER_SITE)):
-            chunk = plans[s * EVENTS_PER_SITE : (s + 1) * EVENTS_PER_SITE]
-            runs += asyncio.run(run_site(s, chunk, tmp / f"site-{s}"))
-            print(f"site {s}: {len(runs)} events", file=sys.stderr, flush=True)
+        pool = concurrent.futures.ProcessPoolExecutor(jobs) if jobs > 1 else None
+        with pool or contextlib.nullcontext():
+            for s, site_runs in enumerate((pool.map if pool else map)(_run_site, sites)):
+                runs += site_runs
+                print(f"site {s}: {len(runs)} events", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return runs
+
+
+def _run_site(site: tuple[int, list[Plan], Path]) -> list[dict[str, Any]]:
+    return asyncio.run(run_site(*site))
 
 
 def plot(docs: dict[str, dict[str, Any]], path: Path) -> None:
@@ -546,6 +572,7 @@ def main() -> None:
         help="another checkout's loop, e.g. ../base from git worktree add ../base d96b321",
     )
     parser.add_argument("--out", default="campaign", help="bench/results/<out>.json")
+    parser.add_argument("--jobs", type=int, default=1, help="sites run at once, one process each")
     parser.add_argument("--plot", nargs="+", type=Path, help="only plot these results")
     args = parser.parse_args()
     if args.plot:
@@ -559,7 +586,7 @@ def main() -> None:
     if args.loop_root:
         use_loop_root(args.loop_root)
     begin = time.perf_counter()
-    runs = campaign(args.events)
+    runs = campaign(args.events, jobs=args.jobs)
     doc = {
         "benchmark": "campaign",
         "loop": str(args.loop_root or "this tree"),
@@ -569,7 +596,9 @@ def main() -> None:
         "strides": "every meter period while the loop ramps and settles (300 s plus the "
         "meter's dead time, 3 lags and averaging, then 120 s more) and for 60 s plus 1.5 "
         "times that settling after every change (job end, start, report, drift, cooling step, "
-        "fault); steady holds between are stepped through in one stride",
+        "fault), and while the true power moves by more than 1% of the request over that "
+        "last watch; steady holds between are stepped through in one stride",
+        "jobs": args.jobs,
         "wall_s": time.perf_counter() - begin,
         "summary": summary(runs),
         "runs": runs,
