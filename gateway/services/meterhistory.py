@@ -6,7 +6,9 @@ suspected (`fault`: its value is then the estimate the site's figures fell back 
 suspicion dates from before it is raised (`MeterFeed.suspect_since_s`): the samples kept from
 then on are marked too, and their intervals rolled up again.
 
-Recording a sample only appends it to a buffer. Every `FLEXGATE_METER_HISTORY_FLUSH_S`, at
+Recording a sample only appends it to a buffer, keyed by its UTC millisecond (a sample taken
+within the same millisecond as the last, as when a slow sample is followed at once by the next,
+is kept a millisecond later). Every `FLEXGATE_METER_HISTORY_FLUSH_S`, at
 every read, and when the gateway stops, the buffer is written in one batch in a worker thread
 (never a commit per sample on the event loop), so a clean stop loses nothing the history was
 given; a crash, at most one flush period. A batch the store refuses goes back to the buffer.
@@ -109,6 +111,7 @@ class MeterHistory:
         self._suspect_since_s: float | None = None
         self._task: asyncio.Task[None] | None = None
         self.dropped = 0  #: samples dropped from a full buffer
+        self._last_ms = 0  #: the last sample's key [UTC ms]
 
     def start(self) -> None:
         """Write what was recorded every flush period (`on_sample` follows the site's
@@ -129,7 +132,12 @@ class MeterHistory:
     def record(self, *, at: datetime, kw: float, estimated: bool, fault: bool) -> None:
         """Keep one sample (written at the next flush)."""
         with self._buffer_lock:
-            self._buffer.append((epoch_ms(at), kw, estimated, fault))
+            # Samples are keyed by their millisecond: two taken within one (a sample that took
+            # longer than the meter period is followed at once by the next) keep both, the
+            # later a millisecond on, where the store would keep only the first.
+            at_ms = max(epoch_ms(at), self._last_ms + 1)
+            self._last_ms = at_ms
+            self._buffer.append((at_ms, kw, estimated, fault))
             if len(self._buffer) > MAX_BUFFER:
                 del self._buffer[0]
                 self.dropped += 1

@@ -225,6 +225,31 @@ def test_samples_taken_while_the_meter_faulted_or_was_suspected_are_marked(tmp_p
     assert (minute1.estimated_share, minute1.fault) == (0.75, True)
 
 
+def test_two_samples_taken_within_one_millisecond_are_both_kept(database_url):
+    """A sample that took longer than the meter period is followed at once by the next: on a
+    loaded machine the two fell in one millisecond, the samples' key, and the store kept only
+    the first (`test_a_clean_stop_writes_every_sample_taken_...` failed in CI so)."""
+    clock = SteppedClock(T0)
+    store = Store(database_url)
+    history = MeterHistory(settings_for(database_url, meter_period_s=0.05), store, clock)
+
+    async def scenario():
+        for kw in (10.0, 11.0, 12.0):
+            history.record(at=clock.now(), kw=kw, estimated=False, fault=False)
+        clock.step(0.05)
+        history.record(at=clock.now(), kw=13.0, estimated=False, fault=False)
+        await history.flush()
+        return samples(store, T0, T0 + timedelta(seconds=1))
+
+    try:
+        kept = asyncio.run(scenario())
+    finally:
+        store.close()
+    assert [p.kw for p in kept] == [10.0, 11.0, 12.0, 13.0]
+    assert [p.at - T0 for p in kept][:3] == [timedelta(milliseconds=ms) for ms in (0, 1, 2)]
+    assert kept[3].at - T0 == timedelta(milliseconds=50)
+
+
 def test_samples_and_intervals_are_pruned_when_their_time_is_up(database_url):
     clock = SteppedClock(T0)
     store = Store(database_url)
