@@ -68,7 +68,10 @@ WANDERED = 0.25
 WANDER_MEMORY = 24
 #: Changes of the readings smaller than this are no steps of the meter's [kW] (a watt).
 MIN_STEP_KW = 1e-3
-#: A hold of a meter in steps is a freeze when its noise makes one as long less likely.
+#: Steps of at least this many of the meter's noise: its noise does not cross them, and a
+#: hold of one is no evidence of a freeze.
+COARSE_STEP_SIGMAS = 2.0
+#: A hold of a meter in finer steps is a freeze when its noise makes one as long less likely.
 CHANCE_HOLD = 1e-3
 
 
@@ -172,7 +175,7 @@ class MeterWatch:
         frozen = held_long and _frozen(span, np.array(self._change_signs))
         # A meter in steps its noise does not cross (a hold is no evidence) shows a move of a
         # step and twice its noise as another step at least.
-        coarse = step_kw > 0.0 and step_kw >= 2.0 * self.noise_kw
+        coarse = step_kw > 0.0 and step_kw >= COARSE_STEP_SIGMAS * self.noise_kw
         unmoved = coarse and abs(small_kw) >= step_kw + 2.0 * self.noise_kw
         unmoved = unmoved and span.size >= FROZEN_READINGS and bool(np.all(span == span[0]))
         if not frozen and not unmoved and abs(small_kw) < check_kw:
@@ -258,13 +261,14 @@ def _step_kw(changes: deque[float]) -> float:
 
 def _hold_needed(step_kw: float, noise_kw: float) -> float:
     """The readings one value must be held to be a freeze: never where the meter's steps are
-    twice its noise or more (a level inside a step reads the same for as long as it stays);
+    `COARSE_STEP_SIGMAS` of its noise or more (a level inside a step reads the same for as long
+    as it stays);
     otherwise as many as make the hold less likely than `CHANCE_HOLD` at a step's middle,
     where a reading repeats the last with probability erf(step / (2 sqrt(2) noise)), and at
     least `FROZEN_READINGS`."""
     if step_kw <= 0.0:
         return FROZEN_READINGS
-    if step_kw >= 2.0 * noise_kw:
+    if step_kw >= COARSE_STEP_SIGMAS * noise_kw:
         return math.inf
     repeats = math.erf(step_kw / (2.0 * math.sqrt(2.0) * noise_kw))
     return max(FROZEN_READINGS, 1 + math.ceil(math.log(CHANCE_HOLD) / math.log(repeats)))
