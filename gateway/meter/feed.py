@@ -12,6 +12,12 @@ but do not answer the GPUs as the meter should (stuck, no response, implausible:
 meter answer again, but not believed until it does. While it is faulted the last good reading
 is still shown, with its age, but `believed_kw` and `filtered_kw` give None: the site loop then
 holds its correction and the plan falls back to the model.
+
+The feed also knows the step its meter reads in (`step_kw`: a register in 0.5 kW, say): the
+smallest of the good readings' last `STEP_MEMORY` changes, when every one is a whole number
+of it (none below `MIN_STEP_KW`, a watt). A reading's change of one step is a true change
+anywhere from none to two steps: the meter watch and the site loop's static-step test read
+such a meter by its steps.
 """
 
 from __future__ import annotations
@@ -22,12 +28,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypedDict
 
+import numpy as np
+
 from gateway.clock import Clock
 from gateway.errors import MeterError
 from gateway.meter.sources import Meter
 
 REJECT_REASONS = ("error", "not_finite", "negative", "above_max", "jump")
 SUSPECT_REASONS = ("stuck", "no_response", "wrong_sign", "implausible")
+#: The readings' last this many changes show the step the meter reads in, once there are
+#: `STEP_CHANGES` of them; changes below `MIN_STEP_KW` are no step (a meter in watts or
+#: finer, or a float's last bits).
+STEP_MEMORY = 24
+STEP_CHANGES = 4
+MIN_STEP_KW = 1e-3
 
 
 class MeterState(TypedDict):
@@ -85,6 +99,8 @@ class MeterFeed:
         #: from when the readings are not believed (the start of the interval judged wrong)
         self.suspect_since_s: float | None = None
         self._unconfirmed_kw: float | None = None  #: a jump waiting for the next reading
+        #: the sizes of the good readings' last changes [kW]
+        self._changes: deque[float] = deque(maxlen=STEP_MEMORY)
 
     async def run(self) -> None:
         """Sample every period until cancelled, then close the meter's connections."""
@@ -110,6 +126,8 @@ class MeterFeed:
         self._unconfirmed_kw, self._fault = None, None
         self.readings += 1
         now_s = self.clock.monotonic()
+        if self._history and power_kw != self._history[-1].power_kw:
+            self._changes.append(abs(power_kw - self._history[-1].power_kw))
         self._history.append(Reading(power_kw, self.clock.now(), now_s))
         while self._history[0].monotonic_s < now_s - self.history_s:
             self._history.popleft()
@@ -173,6 +191,18 @@ class MeterFeed:
             "estimated": False,
             "fault": fault,
         }
+
+    @property
+    def step_kw(self) -> float:
+        """The step the meter reads in [kW]: the smallest of the readings' last changes,
+        where every change is a whole number of it (0: no steps seen)."""
+        if len(self._changes) < STEP_CHANGES:
+            return 0.0
+        step = min(self._changes)
+        if step < MIN_STEP_KW:
+            return 0.0
+        ratios = np.array(self._changes) / step
+        return step if bool(np.all(np.abs(ratios - np.round(ratios)) < 0.05)) else 0.0
 
     def believed_kw(self) -> float | None:
         """The last good reading [kW], or None while the feed is faulted."""

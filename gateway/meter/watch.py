@@ -17,13 +17,13 @@ settling time is `stuck` too, with no move of the loop's needed (a delta held on
 gain makes none for hours). How the readings moved is remembered over the last `WANDER_MEMORY`
 changes, not only over the interval judged: a freeze after a long steady hold, or after a gap
 in the samples, still has the meter's past to be compared with. A meter whose readings come in
-steps (a register in 0.5 kW, say: the smallest change seen, every change a whole number of it)
-holds one value at a steady level for as long as its noise stays inside a step: with steps of
-at least twice the meter's noise (`noise_kw`), a hold is no evidence at all and such a meter's
-freeze is caught only by the loop's moves it does not answer (one value held while the loop
-predicts a move of a step and twice the noise: `stuck` too, whatever `check_kw`); with finer
-steps, a hold counts once its chance at the worst place in a step (the middle) is below
-`CHANCE_HOLD`, and never with fewer than `FROZEN_READINGS` readings.
+steps (a register in 0.5 kW, say: `MeterFeed.step_kw`) holds one value at a steady level for as
+long as its noise stays inside a step: with steps of at least twice the meter's noise
+(`noise_kw`), a hold is no evidence at all and such a meter's freeze is caught only by the
+loop's moves it does not answer (one value held while the loop predicts a move of a step and
+twice the noise: `stuck` too, whatever `check_kw`); with finer steps, a hold counts once its
+chance at the worst place in a step (the middle) is below `CHANCE_HOLD`, and never with fewer
+than `FROZEN_READINGS` readings.
 
 Two `stuck` verdicts in a row make the feed `suspect` (`MeterFeed.suspect`); the others must
 hold for two whole settling times, since a disturbance the loop answers (a cooling step, a job
@@ -66,8 +66,6 @@ FROZEN_READINGS = 4
 WANDERED = 0.25
 #: The last this many changes of the readings are what "wandered" is judged on.
 WANDER_MEMORY = 24
-#: Changes of the readings smaller than this are no steps of the meter's [kW] (a watt).
-MIN_STEP_KW = 1e-3
 #: Steps of at least this many of the meter's noise: its noise does not cross them, and a
 #: hold of one is no evidence of a freeze.
 COARSE_STEP_SIGMAS = 2.0
@@ -95,10 +93,7 @@ class MeterWatch:
         self._last_kw: float | None = None  #: the last fresh reading [kW]
         #: the signs of the readings' last changes (a reading equal to the one before: none)
         self._change_signs: deque[float] = deque(maxlen=WANDER_MEMORY)
-        #: the sizes of the readings' last changes [kW], and how many readings the value now
-        #: has been held
-        self._steps: deque[float] = deque(maxlen=WANDER_MEMORY)
-        self._held = 0
+        self._held = 0  #: how many readings the value now has been held
 
     def reset(self) -> None:
         """A new prediction (another event): the old one's points no longer compare (how the
@@ -131,7 +126,6 @@ class MeterWatch:
             return  # no fresh reading: the feed says why
         if self._last_kw is not None and last.power_kw != self._last_kw:
             self._change_signs.append(float(np.sign(last.power_kw - self._last_kw)))
-            self._steps.append(abs(last.power_kw - self._last_kw))
             self._held = 0
         self._held += 1
         self._last_kw = last.power_kw
@@ -170,7 +164,7 @@ class MeterWatch:
     ) -> None:
         small_kw, large_kw = self._expected(points, then)
         span = meter[then:]
-        step_kw = _step_kw(self._steps)
+        step_kw = self.feed.step_kw
         held_long = self._held >= _hold_needed(step_kw, self.noise_kw)
         frozen = held_long and _frozen(span, np.array(self._change_signs))
         # A meter in steps its noise does not cross (a hold is no evidence) shows a move of a
@@ -245,18 +239,6 @@ def _frozen(span: np.ndarray, change_signs: np.ndarray) -> bool:
     if change_signs.size < FROZEN_READINGS:
         return False
     return float(np.mean(np.diff(change_signs) != 0)) >= WANDERED
-
-
-def _step_kw(changes: deque[float]) -> float:
-    """The step the readings come in [kW]: the smallest of their last changes, where every
-    change is a whole number of it (0: no steps seen)."""
-    if len(changes) < FROZEN_READINGS:
-        return 0.0
-    step = min(changes)
-    if step < MIN_STEP_KW:
-        return 0.0  # a meter in watts or finer (or a float's last bits): no steps to speak of
-    ratios = np.array(changes) / step
-    return step if bool(np.all(np.abs(ratios - np.round(ratios)) < 0.05)) else 0.0
 
 
 def _hold_needed(step_kw: float, noise_kw: float) -> float:

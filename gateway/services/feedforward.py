@@ -20,6 +20,7 @@ from gateway.services.site import Sample, SitePower
 from gateway.services.staticstep import (
     AFTER_READINGS,
     FED_ANSWER_SHARE,
+    METER_STEPS,
     STEP_FLOOR_SHARE,
     gpu_step_kw,
     shown_gpu_kw,
@@ -76,9 +77,10 @@ class FeedForward:
         meter = np.array([s.facility_kw for s in readings], dtype=float)
         gain = self._overhead_gain(pursuit, float(np.mean(meter[:before])), shown[:before])
         static = meter - gain * shown
+        meter_step_kw = 0.0 if self.site.feed is None else self.site.feed.step_kw
         floors = (
             self.config.settings.meter_noise_kw,
-            STEP_FLOOR_SHARE * asked_at_meter_kw(pursuit),
+            max(STEP_FLOOR_SHARE * asked_at_meter_kw(pursuit), METER_STEPS * meter_step_kw),
         )
         step_kw = static_step_kw(static, shown, before, gain, floors)
         if step_kw == 0.0:

@@ -8,6 +8,9 @@ meter's path: dead time, lag, each reading's averaging). A step in it, flat befo
 and beyond its own noise, is a disturbance the loop can move the plan by at once
 (`gateway.services.tracking`).
 
+On a meter that reads in steps, a step is more than one and a half of them: a chiller's
+step is two or more, where the truth crossing a step's edge by a few watts reads as one.
+
 Only while the GPU power the meter shows stayed put across the step (within `GPU_STILL` of it,
 at the gain): a wrong overhead gain then leaks next to nothing of the GPU's moves into the
 static load, and the loop's own moves are never read as a step.
@@ -23,6 +26,9 @@ from flexmodel.meterpath import MeterPath, step_share
 AFTER_READINGS = 3
 #: A step is at least this share of the reduction asked at the meter (less is the integral's).
 STEP_FLOOR_SHARE = 0.03
+#: On a meter that reads in steps (`MeterFeed.step_kw`), a step is more than this many of
+#: them: one step of the readings is a true change anywhere from none to two.
+METER_STEPS = 1.5
 #: A step is this many standard deviations of the two means' difference, at least.
 STEP_SIGMAS = 4.0
 #: Readings flat: each within this many standard deviations of their median.

@@ -452,3 +452,40 @@ def test_a_feed_with_no_good_reading_for_longer_than_its_max_age_is_stale():
     assert stale["fault"] == "stale: no good reading for 12.5 s (max age 12 s)"
     assert (stale["facility_power_kw"], stale["age_s"]) == (300.0, 12.5)
     assert (believed, filtered) == (None, None)
+
+
+class Readings:
+    """A meter that answers the given readings, one a call."""
+
+    source = "test://readings"
+
+    def __init__(self, values: list[float]) -> None:
+        self.values = iter(values)
+
+    async def read_kw(self) -> float:
+        return next(self.values)
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("values", "step_kw"),
+    [
+        ([40.0, 40.5, 40.5, 41.0, 40.0, 40.5, 41.5], 0.5),  # a register in 0.5 kW
+        ([40.0, 40.013, 40.27, 39.9, 40.11, 40.2], 0.0),  # no whole number of the least
+        ([40.0, 40.0 + 1e-14, 40.0, 40.0 + 2e-14, 40.0], 0.0),  # a float's last bits
+        ([40.0, 40.5, 41.0], 0.0),  # too few changes to tell
+    ],
+)
+def test_the_feed_finds_the_step_its_meter_reads_in(values, step_kw):
+    feed = MeterFeed(
+        Readings(values), clock=SteppedClock(), period_s=5, max_step_kw=100, max_kw=1000
+    )
+
+    async def read_all() -> None:
+        for _ in values:
+            await feed.sample()
+
+    asyncio.run(read_all())
+    assert feed.step_kw == pytest.approx(step_kw)
