@@ -575,6 +575,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="sites run at once, one process each")
     parser.add_argument("--plot", nargs="+", type=Path, help="only plot these results")
     args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
     if args.plot:
         # campaign.json is this tree's run, campaign_<rev>.json another loop's
         names = [
