@@ -89,6 +89,7 @@ class FeedForward:
         taken = [c for at_s, c, _ in pursuit.corrections if at_s < showed_s]
         per_kw = self._meter_per_planned(pursuit, gain, float(np.mean(shown[:before])))
         correction = (taken[-1] if taken else pursuit.correction_kw) + step_kw / per_kw
+        pursuit.static_fed_kw += step_kw / per_kw  # the correction's bound widens by it
         pursuit.correction_kw = self.memory.bounded(pursuit, correction, plan)
         pursuit.fed_gpu = (gpu_kw[-1], gpu_kw[-1] - step_kw / gain, pursuit.achieved_kw)
         pursuit.fed_s = self.clock.monotonic()

@@ -126,6 +126,7 @@ class GainHold:
             answer_kw = self._judged_kw(pursuit, answer_kw, planned_kw)
         pursuit.shed_kw += pursuit.gain * planned_kw if answer_kw is None else answer_kw
         pursuit.settled_share = pursuit.achieved_kw / max(pursuit.reduction_kw, 1e-9) - 1.0
+        pursuit.settled_error_kw = pursuit.achieved_kw - pursuit.reduction_kw
         return True
 
     def _judged_kw(self, pursuit: Pursuit, answer_kw: float, planned_kw: float) -> float | None:

@@ -48,6 +48,7 @@ class Pursuit:
     settled_at: dict[float, float] = field(default_factory=dict)
     #: the correction once settled, as a share of the reduction: the model's error here
     settled_share: float | None = None
+    settled_error_kw: float = 0.0  #: the same in kW: what it planned less what it asked
     #: a delta held on the site's gain (`FLEXGATE_LOOP_DELTA_BASIS`), not on the meter
     on_gain: bool = False
     #: on the site's gain: the planned moves (when, model kW shed) whose answer at the meter
@@ -67,6 +68,8 @@ class Pursuit:
     churned: bool = False
     #: a static load step was last fed forward then: the readings before it are not read again
     fed_s: float = -math.inf
+    #: the static load's steps fed forward, summed, as the correction took them [kW]
+    static_fed_kw: float = 0.0
     #: the agents' GPU power over the window before the event, from the site at rest [kW]
     start_gpu_kw: float | None = None
     #: a feed-forward's move as the agents' GPU power should show it: (the GPU power before,

@@ -61,7 +61,6 @@ from gateway.services.loopmemory import LoopMemory
 from gateway.services.pursuit import (
     PLANNED_KEPT,
     Pursuit,
-    asked_at_meter_kw,
     carried_correction_kw,
 )
 from gateway.services.reference import SiteReference
@@ -297,9 +296,7 @@ class Tracker:
             "ceiling": pursuit.ceiling if pursuit else False,
             "limit_margin_kw": pursuit.margin_kw if pursuit else 0.0,
             "correction_kw": pursuit.correction_kw if pursuit else 0.0,
-            "correction_bound_kw": (
-                self.memory.correction_bound_kw(asked_at_meter_kw(pursuit)) if pursuit else None
-            ),
+            "correction_bound_kw": self.memory.pursuit_bound_kw(pursuit) if pursuit else None,
             **self.config.doc(),
             #: "gain" (a delta on the site's gain), "meter" (a delta or level at the meter)
             "basis": None if pursuit is None else "gain" if pursuit.on_gain else "meter",

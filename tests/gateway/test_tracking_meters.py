@@ -447,6 +447,36 @@ def test_a_level_is_reached_where_the_model_puts_the_site_below_it(tmp_path, pas
     assert reached_kw == pytest.approx(level_kw, abs=0.03 * REDUCTION_KW)
 
 
+def test_a_small_level_is_reached_where_past_events_needed_a_small_share_of_more(tmp_path):
+    """Three past events of 12 kW each needed 12% more than the model planned at the meter
+    (1.44 kW). A level 2 kW under the mismatched site's draw needs 67% more (3.35 kW planned:
+    the first caps sit above what its GPUs truly draw and shed nothing): a model's error is part
+    offset, so the correction's bound is twice the largest past error in kW where that is more
+    than twice its largest share (bounded by the share, 0.5 kW, the correction stopped at 2.5 kW
+    and the site stayed 0.9 kW above the level, as the campaign's 2.6 kW setpoint on a site
+    whose deeper events needed 26% stayed 9% short)."""
+    site = make_site(tmp_path)
+    site.tracker.memory.model_errors.extend([0.12] * 3)
+    site.tracker.memory.model_errors_kw.extend([0.12 * 12.0] * 3)
+    asked_kw = 2.0
+
+    async def run() -> tuple[float, float]:
+        await site.start()
+        await site.run_for(WARM_UP_S)
+        level_kw = site.meter.true_facility_kw() - asked_kw
+        model_kw = site.power.facility_kw(site.book.mix().baseline_gpu_kw)
+        await site.tracker.pursue("ev-1", max(model_kw - level_kw, 0.0), level_kw)
+        await site.run_for(300.0)
+        return level_kw, site.meter.true_facility_kw()
+
+    try:
+        level_kw, reached_kw = asyncio.run(run())
+    finally:
+        site.close()
+    assert reached_kw == pytest.approx(level_kw, abs=0.05 * asked_kw)
+    assert site.tracker.doc()["correction_bound_kw"] == pytest.approx(asked_kw)  # 100%: the most
+
+
 def test_a_job_that_ends_mid_event_moves_the_target_by_its_draw_less_its_gpus_idle(tmp_path):
     """The 32-GPU job ends mid-event on a site exactly as declared: its GPUs idle at once (80 W
     each), the scheduler tells the gateway 15 s later. The site without the event now draws
