@@ -75,15 +75,15 @@ class Sampler:
         self.read_errors = 0
 
     def sample_once(self) -> None:
-        row = np.full(self._power.shape[0], np.nan)
-        limits = np.full(row.size, np.nan)
-        clocks = np.full(row.size, np.nan)
+        count = self._power.shape[0]
+        row, limits = [math.nan] * count, [math.nan] * count
+        clocks = [math.nan] * count
         # The backend as it is now reads a clock or not (a clock missing is no power reading
         # missing: not counted in `read_errors`).
         read_clock: Callable[[int], float | None] | None = getattr(
             self.backend, "sm_clock_mhz", None
         )
-        for index in range(row.size):
+        for index in range(count):
             try:
                 row[index] = self.backend.power_w(index)
                 limits[index] = self.backend.enforced_limit_w(index)
@@ -147,11 +147,11 @@ class Sampler:
         return [
             GpuPower(
                 index=i,
-                power_w=[float(v) for v in power[i, -last:] if np.isfinite(v)],
+                power_w=tail_w[np.isfinite(tail_w)].tolist(),
                 sample_interval_s=self.interval_s,
                 sm_clock_mhz=float(means[i]) if counts[i] else None,
             )
-            for i in range(power.shape[0])
+            for i, tail_w in enumerate(power[:, -last:])
         ]
 
     def job_telemetry(self) -> list[JobTelemetry]:

@@ -11,11 +11,14 @@ jobs that end and restart mid-event (the scheduler's report 5-60 s late), a job'
 drifting, and in at least a fifth of events a meter fault (frozen, a dropout, an offset).
 
 Strides: every meter period is simulated while the loop ramps and settles, and for a while
-after anything changes (a job, the cooling, a drift, a fault), and for as long as the true
-power still moves by more than 1% of the request (`STEADY`: a loop that cycles on a coarse
-meter's steps is ticked through, not frozen at one phase of its cycle); in between, a steady
-hold is stepped through in one stride of the clock (the truth held as it was). Scores weigh
-each sample by the time it stands for.
+after anything changes (a job, the cooling, a drift, a fault); after that, for as long as the
+true power still moves by more than 1% of the request (`STEADY`) unless it cycles about a mean
+that holds (a loop on a coarse meter's steps), and for as long as the loop's correction moves
+at a rate that would carry it 1% of the request through the stride (a loop still integrating
+an error the true power does not show yet). In between, the clock strides to the next change;
+the last watch's samples, repeated, stand for the stride in the scores (the site is not
+simulated through it: the loop resumes where it was). Scores weigh each sample by the time it
+stands for; `samples` counts those simulated.
 
 Scored on the site's true power (before the meter): deltas against the oracle's uncapped power
 now, setpoints and limits against their level; where a job that ended left the site unable
@@ -42,7 +45,9 @@ import importlib
 import inspect
 import json
 import math
+import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -117,20 +122,67 @@ class Trace:
 
     def __init__(self) -> None:
         self.rows: list[tuple[float, float, float, float, float | None, str | None]] = []
+        self.corrections: list[float] = []  #: the loop's correction at each row [kW]
+        self.simulated = 0  #: rows ticked through (the rest repeat them through strides)
+        self._ticked_from = 0  #: the first row ticked since the last stride
+
+    def _first(self, span_s: float) -> int:
+        """The first row ticked since the last stride within the last `span_s`."""
+        since_s = self.rows[-1][0] - span_s if self.rows else 0.0
+        first = len(self.rows)
+        while first > self._ticked_from and self.rows[first - 1][0] >= since_s:
+            first -= 1
+        return first
+
+    def _since(self, span_s: float) -> list[float]:
+        """True kW of the rows ticked since the last stride within the last `span_s`."""
+        return [row[1] for row in self.rows[self._first(span_s) :]]
 
     def moving(self, span_s: float, within_kw: float) -> bool:
         """The true power moved by more than `within_kw` over the last `span_s`: a loop still
-        settling, or cycling (a coarse meter's readings jump a whole step at a time), which a
-        stride would freeze at whatever phase it had then."""
-        since_s = self.rows[-1][0] - span_s if self.rows else 0.0
-        recent = [row[1] for row in self.rows if row[0] >= since_s]
+        settling, or cycling (a coarse meter's readings jump a whole step at a time)."""
+        recent = self._since(span_s)
         return bool(recent) and max(recent) - min(recent) > within_kw
+
+    def repeating(self, span_s: float, within_kw: float) -> bool:
+        """Ticked through for two spans since the last stride, and the last span's mean true
+        power within `within_kw` of the span's before: a loop cycling about a level it holds."""
+        if not self.rows or self.rows[-1][0] - self.rows[self._ticked_from][0] < 2 * span_s:
+            return False
+        both, last = self._since(2 * span_s), self._since(span_s)
+        before = both[: len(both) - len(last)]
+        return bool(before) and abs(statistics.fmean(last) - statistics.fmean(before)) <= within_kw
+
+    def creep_kw(self, span_s: float, stride_s: float) -> float:
+        """How far the loop's correction would move through a stride of `stride_s` at the
+        rate it moved over the last `span_s` [kW]: a loop still integrating an error (slowly:
+        a coarse meter's step) is not at rest even where the true power holds."""
+        recent = self.corrections[self._first(span_s) :]
+        return abs(recent[-1] - recent[0]) / span_s * stride_s if recent else 0.0
+
+    def repeat(self, span_s: float, until_s: float) -> None:
+        """The last `span_s` of samples, again and again, up to `until_s` (the next sample
+        after a stride of the clock): they stand for a steady hold or a steady cycle through
+        the stride (the site is not simulated through it; the loop resumes where it was)."""
+        t_end = self.rows[-1][0]
+        last = self.rows[self._first(span_s) :]
+        period_s = t_end - last[0][0] + METER_PERIOD_S  # ticked every meter period
+        shift_s, held = period_s, self.corrections[-1]
+        while t_end - span_s + shift_s < until_s:
+            copies = [(r[0] + shift_s, *r[1:]) for r in last if r[0] + shift_s < until_s]
+            self.rows += copies
+            self.corrections += [held] * len(copies)
+            shift_s += period_s
+        self._ticked_from = len(self.rows)
 
     def add(self, site: Any, start_s: float, reading: float | None) -> None:
         fault = site.sim.feed.state().get("fault")
         t = site.clock.monotonic() - start_s
         truth = (site.true_facility_kw(), site.oracle_uncapped_kw(), site.oracle_floor_kw())
         self.rows.append((t, *truth, reading, fault))
+        pursuit = getattr(site.tracker, "pursuit", None)
+        self.corrections.append(getattr(pursuit, "correction_kw", 0.0))
+        self.simulated += 1
 
 
 async def tick(site: Any, trace: Trace, start_s: float) -> None:
@@ -215,12 +267,18 @@ async def run_event(site: Any, plan: Plan, name: str) -> dict[str, Any]:
                     meter.fault, meter.offset_kw = "offset", plan.fault_kw * oracle0
             elif what == "clear" and plan.fault != "offset":
                 meter.fault = None
-        if now_s < dense_until_s or trace.moving(watch_s, STEADY * depth_kw):
-            await tick(site, trace, start_s)
-            continue
         next_s = min([actions[0][0] if actions else plan.duration_s, plan.duration_s])
         stride_s = math.floor((next_s - now_s) / METER_PERIOD_S) * METER_PERIOD_S
+        steady_kw = STEADY * depth_kw
+        if (
+            now_s < dense_until_s
+            or (trace.moving(watch_s, steady_kw) and not trace.repeating(watch_s, steady_kw))
+            or trace.creep_kw(watch_s, stride_s) > steady_kw
+        ):
+            await tick(site, trace, start_s)
+            continue
         if stride_s >= METER_PERIOD_S:
+            trace.repeat(watch_s, now_s + stride_s + METER_PERIOD_S)
             site.clock.step(stride_s)
         await tick(site, trace, start_s)
     site.tracker.release()
@@ -305,7 +363,7 @@ def score(
         "response_s": changed_s,
         "peak_over": float(max(np.max(ratio[t < (fault_s or math.inf)]) - 1.0, 0.0)),
         "allowance_s": allowance_s,
-        "samples": len(t),
+        "samples": trace.simulated,
     }
     if level_kw is not None:
         out["intervals_above"], out["intervals"] = intervals_above(
@@ -577,6 +635,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    # One thread of BLAS per site (before numpy loads): its small products gain nothing from
+    # threads, and `--jobs` processes would fight over the cores.
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(name, "1")
     if args.plot:
         # campaign.json is this tree's run, campaign_<rev>.json another loop's
         names = [
@@ -598,8 +660,11 @@ def main() -> None:
         "strides": "every meter period while the loop ramps and settles (300 s plus the "
         "meter's dead time, 3 lags and averaging, then 120 s more) and for 60 s plus 1.5 "
         "times that settling after every change (job end, start, report, drift, cooling step, "
-        "fault), and while the true power moves by more than 1% of the request over that "
-        "last watch; steady holds between are stepped through in one stride",
+        "fault); then while the true power moves by more than 1% of the request over that "
+        "last watch (unless its mean held over the last two watches: a steady cycle), or the "
+        "loop's correction moves at a rate that would carry it 1% of the request through the "
+        "stride; otherwise the clock strides to the next change, the last watch's samples "
+        "repeated through it in the scores",
         "jobs": args.jobs,
         "wall_s": time.perf_counter() - begin,
         "summary": summary(runs),
