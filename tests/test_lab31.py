@@ -17,8 +17,11 @@ from tests.conftest import ROOT
 from tests.test_cli import assert_bad_input, flexgate
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(200)
 def test_lab_over_openadr_31_meets_the_target_end_to_end(tmp_path: Path) -> None:
+    """A 30 s event: its settled half (what the lab judges) holds three of the loop's windows.
+    At 15 s it held one and a half, and on a loaded machine (the loop's delay p99 over 1 s) the
+    last correction of the ramp still showed in it: +5.6% once against the 5% bound."""
     result = flexgate(
         "lab",
         "--openadr",
@@ -26,10 +29,10 @@ def test_lab_over_openadr_31_meets_the_target_end_to_end(tmp_path: Path) -> None
         "--nodes",
         "2",
         "--duration",
-        "15",
+        "30",
         "--out",
         tmp_path,
-        timeout=150,
+        timeout=170,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "lab-report.json").read_text())
