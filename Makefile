@@ -60,7 +60,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/gateway_bench.py
 	$(BIN)/python bench/ven_bench.py
 	$(BIN)/python bench/closed_loop_bench.py
-	$(BIN)/python bench/campaign_bench.py --jobs 2  # about 20 min: both loops in docs/benchmarks.md
+	$(BIN)/python bench/campaign_bench.py --jobs 2  # about 15 min: both loops in docs/benchmarks.md
 	$(BIN)/python bench/pfi_bench.py
 	$(BIN)/python bench/meter_history_bench.py
 	$(BIN)/python bench/nats_bench.py  # needs nats-server (scripts/ci-nats-prometheus.sh)
