@@ -1,4 +1,4 @@
-"""The campaign benchmark's strides (bench/campaign_bench.py `Trace`): when a hold may be stepped
+"""The campaign benchmark's strides (bench/campaign_scoring.py `Trace`): when a hold may be stepped
 through, and what stands for it in the scores."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from campaign_bench import METER_PERIOD_S, Trace
+from campaign_bench import METER_PERIOD_S
+from campaign_scoring import Trace
 
 SPAN_S = 300.0
 STEADY_KW = 0.1  # 1% of a 10 kW request
@@ -36,7 +37,7 @@ def time_mean(rows, until_s: float) -> float:
 
 
 def test_a_steady_cycle_is_repeated_through_a_stride_with_its_mean():
-    trace = Trace()
+    trace = Trace(METER_PERIOD_S)
     ticked(trace, 2 * SPAN_S + METER_PERIOD_S, cycle)
     assert trace.moving(SPAN_S, STEADY_KW)  # a range of 0.5 kW: not a steady hold
     assert trace.repeating(SPAN_S, STEADY_KW)  # but it holds its mean
@@ -53,7 +54,7 @@ def test_a_steady_cycle_is_repeated_through_a_stride_with_its_mean():
 
 
 def test_after_a_stride_two_spans_are_ticked_before_the_next():
-    trace = Trace()
+    trace = Trace(METER_PERIOD_S)
     ticked(trace, 2 * SPAN_S + METER_PERIOD_S, cycle)
     trace.repeat(SPAN_S, trace.rows[-1][0] + 1000.0)
     ticked(trace, SPAN_S, cycle)
@@ -63,7 +64,7 @@ def test_after_a_stride_two_spans_are_ticked_before_the_next():
 
 
 def test_a_loop_still_settling_is_not_repeated():
-    trace = Trace()
+    trace = Trace(METER_PERIOD_S)
     ticked(trace, 2 * SPAN_S, lambda t: 30.0 + 2.0 * math.exp(-t / 200.0))
     assert trace.moving(SPAN_S, STEADY_KW)
     assert not trace.repeating(SPAN_S, STEADY_KW)
@@ -71,17 +72,17 @@ def test_a_loop_still_settling_is_not_repeated():
 
 def test_a_correction_still_integrating_would_creep_through_a_stride():
     """The true power flat, the correction moving 1 W/s: 3.6 kW over an hour's stride."""
-    trace = Trace()
+    trace = Trace(METER_PERIOD_S)
     ticked(trace, 2 * SPAN_S, lambda t: 30.0, lambda t: 0.001 * t)
     assert not trace.moving(SPAN_S, STEADY_KW)
     assert math.isclose(trace.creep_kw(SPAN_S, 3600.0), 3.6, rel_tol=0.03)
-    held = Trace()
+    held = Trace(METER_PERIOD_S)
     ticked(held, 2 * SPAN_S, lambda t: 30.0, lambda t: 1.5)
     assert held.creep_kw(SPAN_S, 3600.0) == 0.0
 
 
 def test_a_steady_hold_repeats_its_level():
-    trace = Trace()
+    trace = Trace(METER_PERIOD_S)
     ticked(trace, SPAN_S, lambda t: 30.0 + 0.01 * math.sin(t))
     until_s = trace.rows[-1][0] + 600.0
     trace.repeat(SPAN_S, until_s)
