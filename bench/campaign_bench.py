@@ -308,6 +308,19 @@ def _load(name: str, path: Path, *, package: bool = False) -> None:
     spec.loader.exec_module(module)
 
 
+def _results(parser: argparse.ArgumentParser, path: Path) -> dict[str, Any]:
+    """A campaign's results file, or the parser's error naming what is wrong with it."""
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        parser.error(f"--plot {path}: cannot be read ({exc.strerror})")
+    except json.JSONDecodeError as exc:
+        parser.error(f"--plot {path}: not JSON ({exc})")
+    if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list):
+        parser.error(f"--plot {path}: not a campaign's results (no 'runs' list)")
+    return doc
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=200)
@@ -331,7 +344,7 @@ def main() -> None:
         names = [
             p.stem.removeprefix("campaign_") if "_" in p.stem else "this tree" for p in args.plot
         ]
-        docs = {n: json.loads(p.read_text()) for n, p in zip(names, args.plot, strict=True)}
+        docs = {n: _results(parser, p) for n, p in zip(names, args.plot, strict=True)}
         plot(docs, RESULTS / "campaign.png")
         return
     if args.loop_root:

@@ -89,3 +89,23 @@ def test_a_steady_hold_repeats_its_level():
     assert trace.rows[-1][0] > until_s - 2 * METER_PERIOD_S
     assert all(abs(r[1] - 30.0) <= 0.01 for r in trace.rows)
     assert math.isclose(time_mean(trace.rows, until_s), 30.0, abs_tol=0.002)
+
+
+def test_plotting_results_that_are_not_there_or_not_a_campaign_is_refused_with_the_reason(
+    tmp_path,
+):
+    """`--plot` with a missing file, or a JSON file that is not a campaign's results: exit 2,
+    one line naming the file and what is wrong, no traceback, no plot written."""
+    import subprocess
+
+    bench = Path(__file__).resolve().parent.parent / "bench" / "campaign_bench.py"
+    other = tmp_path / "other.json"
+    other.write_text('{"benchmark": "pfi"}')
+    for path, reason in [(tmp_path / "missing.json", "cannot be read"), (other, "no 'runs'")]:
+        result = subprocess.run(
+            [sys.executable, str(bench), "--plot", str(path)], capture_output=True, text=True
+        )
+        assert result.returncode == 2
+        assert f"--plot {path}: " in result.stderr
+        assert reason in result.stderr
+        assert "Traceback" not in result.stderr
